@@ -1,0 +1,25 @@
+//! puppet-kicker's core: a cached index of every server's facts, the query language
+//! that selects servers from it, the fact sources that fill it and the snapshot that
+//! keeps it across processes.
+//!
+//! Nothing here knows about Ruby: the Ruby extension (`ext/puppet_kicker`) and the
+//! C-ABI library for JRuby only convert values in and out of [`Kicker`].
+
+pub mod config;
+pub mod error;
+pub mod facts;
+pub mod index;
+pub mod query;
+pub mod service;
+pub mod snapshot;
+pub mod source;
+pub mod time;
+pub mod yaml;
+
+pub use config::{Config, PuppetSettings};
+pub use error::{Error, Result};
+pub use facts::Node;
+pub use index::{Freshness, Index, RoleSelector};
+pub use service::{Kicker, Selection, Status};
+
+pub use query::Query;

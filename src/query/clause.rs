@@ -1,0 +1,229 @@
+//! One `servers_with_facts` clause: parsing and testing a server against it.
+//!
+//! The syntax is mcollective's fact filter, which users of the original wrote, plus
+//! dotted paths and `!~`: `fact OP value`, spaces allowed around `OP`.
+
+use super::compare::Operand;
+use crate::error::{Error, Result};
+use crate::facts::{FactPath, Node};
+use regex::{Regex, RegexBuilder};
+use serde_json::Value;
+use std::cmp::Ordering;
+
+/// Upper bound on a compiled regex, so a clause cannot eat the master's memory.
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+const OPERATORS: &str = "=, ==, !=, =~, !~, <, >, <=, >=, => (>=), =< (<=)";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Eq,
+    Ne,
+    Lt,
+    Gt,
+    Le,
+    Ge,
+}
+
+#[derive(Clone, Debug)]
+enum Test {
+    Compare(Op, Operand),
+    Regex { regex: Regex, negated: bool },
+}
+
+#[derive(Clone, Debug)]
+pub struct Clause {
+    text: String,
+    path: FactPath,
+    test: Test,
+}
+
+impl Clause {
+    pub fn parse(text: &str) -> Result<Clause> {
+        let error = |column: usize, what: String| {
+            Error::Query(format!("clause '{text}': {what} (at column {column})"))
+        };
+
+        let op_start = text.find(['=', '!', '<', '>', '~']).ok_or_else(|| {
+            error(
+                text.len() + 1,
+                format!("no operator; expected `fact OP value` with OP one of {OPERATORS}"),
+            )
+        })?;
+        let path = text[..op_start].trim();
+        if path.is_empty() {
+            return Err(error(
+                op_start + 1,
+                "no fact name before the operator".into(),
+            ));
+        }
+        if let Some(bad) = path.find(char::is_whitespace) {
+            return Err(error(
+                bad + 1,
+                format!("fact name '{path}' contains a space"),
+            ));
+        }
+        if path.split('.').any(str::is_empty) {
+            return Err(error(1, format!("fact path '{path}' has an empty segment")));
+        }
+
+        let op_len = text[op_start..]
+            .bytes()
+            .take_while(|b| b"=!<>~".contains(b))
+            .count();
+        let op_text = &text[op_start..op_start + op_len];
+        let value_start = op_start + op_len;
+        let value = text[value_start..].trim();
+        if value.is_empty() {
+            return Err(error(
+                value_start + 1,
+                format!("no value after the operator '{op_text}'"),
+            ));
+        }
+        let slashed = value.len() >= 2 && value.starts_with('/') && value.ends_with('/');
+        let regex_source = if slashed {
+            &value[1..value.len() - 1]
+        } else {
+            value
+        };
+        let regex = |negated: bool| -> Result<Test> {
+            let regex = RegexBuilder::new(regex_source)
+                .size_limit(REGEX_SIZE_LIMIT)
+                .build()
+                .map_err(|e| {
+                    error(
+                        value_start + 1,
+                        format!("invalid regex /{regex_source}/: {}", regex_error(&e)),
+                    )
+                })?;
+            Ok(Test::Regex { regex, negated })
+        };
+        let compare = |op: Op| -> Result<Test> {
+            if slashed && !matches!(op, Op::Eq | Op::Ne) {
+                return Err(error(
+                    value_start + 1,
+                    format!("a regex cannot be compared with '{op_text}'"),
+                ));
+            }
+            Ok(Test::Compare(op, Operand::new(value)))
+        };
+
+        let test = match op_text {
+            "=" | "==" if slashed => regex(false)?,
+            "!=" if slashed => regex(true)?,
+            "=" | "==" => compare(Op::Eq)?,
+            "!=" => compare(Op::Ne)?,
+            "=~" => regex(false)?,
+            "!~" => regex(true)?,
+            "<" => compare(Op::Lt)?,
+            ">" => compare(Op::Gt)?,
+            "<=" | "=<" => compare(Op::Le)?,
+            ">=" | "=>" => compare(Op::Ge)?,
+            other => {
+                return Err(error(
+                    op_start + 1,
+                    format!("unknown operator '{other}'; expected one of {OPERATORS}"),
+                ))
+            }
+        };
+        Ok(Clause {
+            text: text.to_string(),
+            path: FactPath::new(path),
+            test,
+        })
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn path(&self) -> &str {
+        self.path.as_str()
+    }
+
+    /// The value of an equality clause that an exact-match index can answer.
+    pub fn plain_equality(&self) -> Option<&str> {
+        match &self.test {
+            Test::Compare(Op::Eq, operand) if operand.is_plain_text() => Some(&operand.text),
+            _ => None,
+        }
+    }
+
+    /// Whether `node` satisfies the clause. A missing fact never matches, `!=` and
+    /// `!~` included (mcollective's rule); a clause on `environment` tests the
+    /// server's resolved environment.
+    pub fn matches(&self, node: &Node) -> bool {
+        if self.path.as_str() == "environment" {
+            return self.holds(|test| test.on_text(&node.environment));
+        }
+        match node.fact(&self.path) {
+            None | Some(Value::Null) => false,
+            Some(Value::Array(items)) => {
+                self.holds(|test| items.iter().any(|item| test.on_value(item)))
+            }
+            Some(value) => self.holds(|test| test.on_value(value)),
+        }
+    }
+
+    /// Applies the positive form of the test and negates it for `!=`/`!~`, so a
+    /// list fact is "not equal" only when no element is equal.
+    fn holds(&self, positive: impl Fn(&Positive) -> bool) -> bool {
+        match &self.test {
+            Test::Compare(Op::Ne, operand) => !positive(&Positive::Compare(Op::Eq, operand)),
+            Test::Compare(op, operand) => positive(&Positive::Compare(*op, operand)),
+            Test::Regex { regex, negated } => positive(&Positive::Regex(regex)) != *negated,
+        }
+    }
+}
+
+enum Positive<'a> {
+    Compare(Op, &'a Operand),
+    Regex(&'a Regex),
+}
+
+impl Positive<'_> {
+    fn on_value(&self, value: &Value) -> bool {
+        match (self, value) {
+            (_, Value::String(s)) => self.on_text(s),
+            (Positive::Compare(op, operand), _) => {
+                operand.compare(value).is_some_and(|o| op_holds(*op, o))
+            }
+            (Positive::Regex(regex), Value::Number(n)) => regex.is_match(&n.to_string()),
+            (Positive::Regex(regex), Value::Bool(b)) => {
+                regex.is_match(if *b { "true" } else { "false" })
+            }
+            (Positive::Regex(_), _) => false,
+        }
+    }
+
+    fn on_text(&self, s: &str) -> bool {
+        match self {
+            Positive::Compare(op, operand) => op_holds(*op, operand.compare_text(s)),
+            Positive::Regex(regex) => regex.is_match(s),
+        }
+    }
+}
+
+fn op_holds(op: Op, ordering: Ordering) -> bool {
+    match op {
+        Op::Eq => ordering == Ordering::Equal,
+        Op::Ne => ordering != Ordering::Equal,
+        Op::Lt => ordering == Ordering::Less,
+        Op::Gt => ordering == Ordering::Greater,
+        Op::Le => ordering != Ordering::Greater,
+        Op::Ge => ordering != Ordering::Less,
+    }
+}
+
+/// The regex crate's messages span several lines with a caret diagram; keep the
+/// last line, which says what is unsupported (look-around, back-references, ...).
+fn regex_error(e: &regex::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or(&text)
+        .trim()
+        .trim_start_matches("error: ")
+        .to_string()
+}

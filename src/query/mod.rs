@@ -1,0 +1,91 @@
+//! The query language of `servers_with_facts`: clauses, ANDed.
+
+mod clause;
+mod compare;
+
+pub use clause::{Clause, Op};
+pub use compare::Operand;
+
+use crate::error::Result;
+use crate::facts::Node;
+use lru::LruCache;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+/// A compiled `servers_with_facts` call: every clause must hold.
+#[derive(Clone, Debug, Default)]
+pub struct Query {
+    clauses: Vec<Arc<Clause>>,
+}
+
+impl Query {
+    pub fn new(clauses: Vec<Arc<Clause>>) -> Query {
+        Query { clauses }
+    }
+
+    /// Compiles clauses without a cache (tests, one-off tools).
+    pub fn parse<S: AsRef<str>>(texts: &[S]) -> Result<Query> {
+        let clauses = texts
+            .iter()
+            .map(|t| Clause::parse(t.as_ref()).map(Arc::new))
+            .collect::<Result<_>>()?;
+        Ok(Query { clauses })
+    }
+
+    pub fn clauses(&self) -> &[Arc<Clause>] {
+        &self.clauses
+    }
+
+    /// A clause on `environment` replaces the compiling node's environment as scope.
+    pub fn names_environment(&self) -> bool {
+        self.clauses.iter().any(|c| c.path() == "environment")
+    }
+
+    pub fn matches(&self, node: &Node) -> bool {
+        self.clauses.iter().all(|c| c.matches(node))
+    }
+}
+
+/// Compiled clauses by their text: manifests repeat the same few clauses on every
+/// compile, and compiling a regex costs far more than the lookup it serves.
+pub struct ClauseCache {
+    cache: Mutex<LruCache<String, Arc<Clause>>>,
+}
+
+impl ClauseCache {
+    pub fn new(capacity: usize) -> ClauseCache {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        ClauseCache {
+            cache: Mutex::new(LruCache::new(capacity)),
+        }
+    }
+
+    pub fn compile<S: AsRef<str>>(&self, texts: &[S]) -> Result<Query> {
+        let clauses = texts
+            .iter()
+            .map(|t| self.clause(t.as_ref()))
+            .collect::<Result<_>>()?;
+        Ok(Query { clauses })
+    }
+
+    fn clause(&self, text: &str) -> Result<Arc<Clause>> {
+        if let Some(hit) = self.lock().get(text) {
+            return Ok(hit.clone());
+        }
+        // Compile outside the lock; two threads may both compile a new clause once.
+        let clause = Arc::new(Clause::parse(text)?);
+        self.lock().put(text.to_string(), clause.clone());
+        Ok(clause)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Clause>>> {
+        // A poisoned cache only means another thread panicked mid-`put`; the map is
+        // still consistent, so keep using it.
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,380 @@
+//! The process-wide service the bindings call: one per Puppet process, shared by
+//! every compile and (under puppetserver) every JRuby instance.
+//!
+//! A compile reads the current index through an atomic pointer and never waits for
+//! a refresh, except on a cold start with no snapshot at all. Refreshes run on one
+//! background thread fed through a channel; they read the fact source, build a new
+//! index, swap it in and write the snapshot.
+
+use crate::config::{Config, OnNoData, PuppetSettings, SourceKind};
+use crate::error::{Error, Result};
+use crate::facts::Node;
+use crate::index::{Freshness, Index, RoleSelector};
+use crate::query::ClauseCache;
+use crate::snapshot::{self, SnapshotRef};
+use crate::source::{puppet_cache, Harvest};
+use crate::time::now;
+use arc_swap::ArcSwapOption;
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+/// Distinct clauses kept compiled; manifests use a few dozen.
+const CLAUSE_CACHE_SIZE: usize = 1024;
+/// An empty index is not refreshed again on every compile: at most this often.
+const EMPTY_RETRY_SECONDS: i64 = 5;
+/// Warnings kept for the bindings to log; older ones are dropped, counted.
+const MAX_PENDING_WARNINGS: usize = 256;
+
+pub struct Kicker {
+    settings: PuppetSettings,
+    shared: Arc<Shared>,
+    clauses: ClauseCache,
+    refresh: Sender<Refresh>,
+}
+
+/// State the refresh thread and the compiles share.
+struct Shared {
+    config: Config,
+    current: ArcSwapOption<Index>,
+    refresh_queued: AtomicBool,
+    last_attempt: AtomicI64,
+    last_error: Mutex<Option<String>>,
+    warnings: Mutex<Vec<String>>,
+    seen_environments: Mutex<BTreeMap<String, String>>,
+}
+
+/// A refresh request; `done` is told when the refresh that covers it finished.
+struct Refresh {
+    done: Option<Sender<()>>,
+}
+
+/// Servers selected by a query: positions into the index they were read from, which
+/// stays alive (and unchanged) as long as the selection does.
+pub struct Selection {
+    index: Option<Arc<Index>>,
+    positions: Vec<u32>,
+}
+
+impl Selection {
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = &Node> + '_ {
+        let index = self.index.as_deref();
+        self.positions
+            .iter()
+            .map(move |p| index.expect("positions come from an index").node(*p))
+    }
+}
+
+/// What `status` reports, for operators and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub servers: usize,
+    pub built_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub config_file: Option<PathBuf>,
+    pub cache_dir: PathBuf,
+}
+
+static GLOBAL: Mutex<Option<Arc<Kicker>>> = Mutex::new(None);
+
+impl Kicker {
+    /// The process-wide instance for these settings: reused when they are unchanged,
+    /// replaced (configuration re-read) when they differ.
+    pub fn configure(settings: PuppetSettings) -> Result<Arc<Kicker>> {
+        let mut global = lock(&GLOBAL);
+        if let Some(kicker) = global.as_ref().filter(|k| k.settings == settings) {
+            return Ok(kicker.clone());
+        }
+        let kicker = Arc::new(Kicker::start(settings)?);
+        *global = Some(kicker.clone());
+        Ok(kicker)
+    }
+
+    /// The instance `configure` made last.
+    pub fn global() -> Result<Arc<Kicker>> {
+        lock(&GLOBAL)
+            .clone()
+            .ok_or_else(|| Error::Config("puppet-kicker is not configured yet".into()))
+    }
+
+    /// Reads the configuration and the snapshot, and starts the refresh thread.
+    pub fn start(settings: PuppetSettings) -> Result<Kicker> {
+        let config = Config::load(&settings)?;
+        let shared = Arc::new(Shared {
+            current: ArcSwapOption::empty(),
+            refresh_queued: AtomicBool::new(false),
+            last_attempt: AtomicI64::new(0),
+            last_error: Mutex::new(None),
+            warnings: Mutex::new(Vec::new()),
+            seen_environments: Mutex::new(BTreeMap::new()),
+            config,
+        });
+        match snapshot::read(&snapshot::path_in(&shared.config.cache_dir)) {
+            Ok(Some(snap)) => {
+                *lock(&shared.seen_environments) = snap.seen_environments;
+                let index = Index::build(snap.nodes, &shared.config.role_fact, snap.built_at);
+                shared.current.store(Some(Arc::new(index)));
+            }
+            Ok(None) => {}
+            Err(warning) => shared.warn(warning),
+        }
+        let (refresh, requests) = crossbeam_channel::unbounded();
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name("puppet-kicker-refresh".into())
+            .spawn(move || refresh_loop(&worker, &requests))
+            .map_err(|e| Error::Io(format!("cannot start the refresh thread: {e}")))?;
+        Ok(Kicker {
+            settings,
+            shared,
+            clauses: ClauseCache::new(CLAUSE_CACHE_SIZE),
+            refresh,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// `servers_with_role`: servers of `environment` with any of the roles.
+    pub fn servers_with_role(&self, roles: &RoleSelector, environment: &str) -> Result<Selection> {
+        let Some(index) = self.index()? else {
+            return Ok(Selection::empty());
+        };
+        let positions = index.with_role(roles, environment, self.freshness());
+        Ok(Selection {
+            index: Some(index),
+            positions,
+        })
+    }
+
+    /// `servers_with_facts`: servers matching every clause.
+    pub fn servers_with_facts<S: AsRef<str>>(
+        &self,
+        clauses: &[S],
+        environment: &str,
+    ) -> Result<Selection> {
+        let query = self.clauses.compile(clauses)?;
+        let Some(index) = self.index()? else {
+            return Ok(Selection::empty());
+        };
+        let positions = index.with_facts(
+            &query,
+            environment,
+            &self.shared.config.role_fact,
+            self.freshness(),
+        );
+        Ok(Selection {
+            index: Some(index),
+            positions,
+        })
+    }
+
+    /// Records where a certname compiled, for servers whose facts name no environment.
+    pub fn note_environment(&self, certname: &str, environment: &str) {
+        let mut seen = lock(&self.shared.seen_environments);
+        if seen.get(certname).map(String::as_str) != Some(environment) {
+            seen.insert(certname.to_string(), environment.to_string());
+        }
+    }
+
+    /// Refreshes now and waits up to `timeout` for it; true when it finished.
+    pub fn refresh_and_wait(&self, timeout: Duration) -> bool {
+        let (done, finished) = crossbeam_channel::bounded(1);
+        self.shared.refresh_queued.store(true, Ordering::SeqCst);
+        self.refresh.send(Refresh { done: Some(done) }).is_ok()
+            && finished.recv_timeout(timeout).is_ok()
+    }
+
+    /// Warnings from refreshes and snapshot reads since the last call, for logging.
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.shared.warnings))
+    }
+
+    pub fn status(&self) -> Status {
+        let index = self.shared.current.load_full();
+        Status {
+            servers: index.as_ref().map_or(0, |i| i.len()),
+            built_at: index.as_ref().map(|i| i.built_at()),
+            last_error: lock(&self.shared.last_error).clone(),
+            config_file: self.shared.config.file.clone(),
+            cache_dir: self.shared.config.cache_dir.clone(),
+        }
+    }
+
+    /// The index to answer from, per the no-data policy. Never waits when any
+    /// non-empty index exists; starts a background refresh when it is older than
+    /// `cache.ttl`.
+    fn index(&self) -> Result<Option<Arc<Index>>> {
+        let config = &self.shared.config;
+        let mut index = self.shared.current.load_full();
+        match &index {
+            Some(current) if !current.is_empty() => {
+                if now() - current.built_at() >= config.cache_ttl as i64 {
+                    self.request_refresh();
+                }
+            }
+            _ => {
+                if now() - self.shared.last_attempt.load(Ordering::SeqCst) >= EMPTY_RETRY_SECONDS {
+                    self.refresh_and_wait(Duration::from_secs(config.cold_start_timeout));
+                    index = self.shared.current.load_full();
+                }
+            }
+        }
+        match index {
+            Some(index) if !index.is_empty() => Ok(Some(index)),
+            _ if config.on_no_data == OnNoData::Empty => Ok(None),
+            _ => Err(Error::NoData(self.no_data_message())),
+        }
+    }
+
+    fn no_data_message(&self) -> String {
+        let config = &self.shared.config;
+        let source = match config.source {
+            SourceKind::PuppetCache => format!(
+                "the puppet_cache source ({})",
+                config
+                    .puppet_cache_dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let why = match lock(&self.shared.last_error).as_deref() {
+            Some(error) => format!("the last refresh failed: {error}"),
+            None if self.shared.current.load().is_some() => format!("{source} holds no server"),
+            None => format!(
+                "{source} did not answer within {}s",
+                config.cold_start_timeout
+            ),
+        };
+        let file = config
+            .file
+            .as_ref()
+            .map_or("puppet_kicker.yaml".to_string(), |f| {
+                f.display().to_string()
+            });
+        format!("puppet-kicker has no fact data, so it will not return an empty list of servers: {why}. Set `on_no_data: empty` in {file} to return [] instead")
+    }
+
+    fn freshness(&self) -> Freshness {
+        Freshness {
+            now: now(),
+            max_age: self.shared.config.max_age,
+        }
+    }
+
+    fn request_refresh(&self) {
+        if !self.shared.refresh_queued.swap(true, Ordering::SeqCst) {
+            let _ = self.refresh.send(Refresh { done: None });
+        }
+    }
+}
+
+impl Selection {
+    fn empty() -> Selection {
+        Selection {
+            index: None,
+            positions: Vec::new(),
+        }
+    }
+}
+
+impl Shared {
+    fn warn(&self, warning: String) {
+        let mut warnings = lock(&self.warnings);
+        if warnings.len() < MAX_PENDING_WARNINGS {
+            warnings.push(warning);
+        }
+    }
+
+    /// Reads the source and swaps in a new index; the snapshot follows.
+    fn refresh(&self) -> Result<()> {
+        self.last_attempt.store(now(), Ordering::SeqCst);
+        let started = now();
+        let harvest: Harvest = match self.config.source {
+            SourceKind::PuppetCache => puppet_cache::load(&self.config.puppet_cache_dirs)?,
+        };
+        for warning in harvest.warnings {
+            self.warn(warning);
+        }
+        let seen = lock(&self.seen_environments).clone();
+        let nodes = harvest
+            .observations
+            .into_iter()
+            .map(|o| {
+                let seen_env = seen.get(&o.certname).map(String::as_str);
+                Node::new(o.certname, o.facts, o.timestamp, seen_env)
+            })
+            .collect();
+        let index = Index::build(nodes, &self.config.role_fact, started);
+        let snap = SnapshotRef {
+            built_at: started,
+            nodes: index.nodes(),
+            seen_environments: &seen,
+        };
+        if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
+            self.warn(warning);
+        }
+        self.current.store(Some(Arc::new(index)));
+        Ok(())
+    }
+}
+
+fn refresh_loop(shared: &Shared, requests: &Receiver<Refresh>) {
+    while let Ok(first) = requests.recv() {
+        // Everything queued meanwhile is served by this one refresh.
+        let mut waiters: Vec<Sender<()>> = first.done.into_iter().collect();
+        waiters.extend(requests.try_iter().filter_map(|r| r.done));
+        shared.refresh_queued.store(false, Ordering::SeqCst);
+
+        let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh()))
+            .unwrap_or_else(|_| Err(Error::Io("internal error: the refresh panicked".into())));
+        let mut last_error = lock(&shared.last_error);
+        match outcome {
+            Ok(()) => *last_error = None,
+            Err(e) => {
+                shared.warn(format!(
+                    "puppet-kicker refresh failed, still serving the last snapshot: {e}"
+                ));
+                *last_error = Some(e.to_string());
+            }
+        }
+        drop(last_error);
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
+    }
+}
+
+/// Locks, ignoring poisoning: every critical section here leaves its data whole.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Kept for bindings that want the version they loaded.
+pub fn version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        format!(
+            "{} (index format {})",
+            env!("CARGO_PKG_VERSION"),
+            snapshot::FORMAT_VERSION
+        )
+    })
+}

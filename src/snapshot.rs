@@ -1,0 +1,165 @@
+//! The index on disk, so that each short-lived `puppet apply` (and a restarted
+//! master) starts warm. MessagePack through rmp-serde, behind a magic and a format
+//! version; written to a temporary file and renamed, so a reader never sees half.
+
+use crate::facts::Node;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"PKINDEX\0";
+/// Bump when `Snapshot` changes shape; older files are then ignored and rebuilt.
+pub const FORMAT_VERSION: u32 = 1;
+pub const FILE_NAME: &str = "index.msgpack";
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Unix seconds when the data was read from its source.
+    pub built_at: i64,
+    pub nodes: Vec<Node>,
+    /// Where the master last saw each certname compile or report.
+    pub seen_environments: BTreeMap<String, String>,
+}
+
+/// The same shape as [`Snapshot`], borrowed, so writing does not copy the index.
+#[derive(Serialize)]
+pub struct SnapshotRef<'a> {
+    pub built_at: i64,
+    pub nodes: &'a [Node],
+    pub seen_environments: &'a BTreeMap<String, String>,
+}
+
+pub fn path_in(cache_dir: &Path) -> PathBuf {
+    cache_dir.join(FILE_NAME)
+}
+
+/// `Ok(None)` when there is no snapshot; `Err` (a warning to log) when there is one
+/// we cannot use.
+pub fn read(path: &Path) -> Result<Option<Snapshot>, String> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read snapshot {}: {e}", path.display())),
+    };
+    let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
+        return Err(format!(
+            "ignoring snapshot {}: not a puppet-kicker index",
+            path.display()
+        ));
+    };
+    let (version, payload) = rest.split_at(4.min(rest.len()));
+    let version = <[u8; 4]>::try_from(version)
+        .map(u32::from_le_bytes)
+        .unwrap_or(0);
+    if version != FORMAT_VERSION {
+        return Err(format!(
+            "ignoring snapshot {}: format version {version}, this version reads {FORMAT_VERSION}; it will be rebuilt",
+            path.display()
+        ));
+    }
+    rmp_serde::from_slice(payload).map(Some).map_err(|e| {
+        format!(
+            "ignoring corrupt snapshot {}: {e}; it will be rebuilt",
+            path.display()
+        )
+    })
+}
+
+pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), String> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        format!("cannot {what} snapshot {}: {e}", path.display())
+    };
+    let payload = rmp_serde::to_vec_named(snapshot).map_err(|e| fail("encode", &e))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(|e| fail("create the directory of", &e))?;
+    let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(MAGIC)?;
+        file.write_all(&FORMAT_VERSION.to_le_bytes())?;
+        file.write_all(&payload)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        fail("write", &e)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> Snapshot {
+        let facts = json!({"role": "node", "os": {"release": {"full": "12.5"}}, "load": 0.5, "n": -3, "ok": true, "l": [1, "a", null]});
+        Snapshot {
+            built_at: 1234,
+            nodes: vec![Node::new(
+                "web1".into(),
+                facts.as_object().cloned().unwrap(),
+                99,
+                None,
+            )],
+            seen_environments: BTreeMap::from([("web1".to_string(), "staging".to_string())]),
+        }
+    }
+
+    #[test]
+    fn round_trips_structured_facts() {
+        let dir = tempdir("roundtrip");
+        let path = path_in(&dir);
+        assert_eq!(read(&path), Ok(None));
+        write_owned(&path, &sample());
+        assert_eq!(read(&path).unwrap(), Some(sample()));
+        let leftovers: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name() != FILE_NAME)
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    }
+
+    #[test]
+    fn corrupt_truncated_and_old_snapshots_are_refused_with_a_reason() {
+        let dir = tempdir("corrupt");
+        let path = path_in(&dir);
+        write_owned(&path, &sample());
+        let good = fs::read(&path).unwrap();
+
+        fs::write(&path, &good[..good.len() / 2]).unwrap();
+        assert!(read(&path).unwrap_err().contains("corrupt"));
+
+        let mut old = good.clone();
+        old[8..12].copy_from_slice(&0u32.to_le_bytes());
+        fs::write(&path, &old).unwrap();
+        assert!(read(&path).unwrap_err().contains("format version 0"));
+
+        fs::write(&path, b"garbage").unwrap();
+        assert!(read(&path)
+            .unwrap_err()
+            .contains("not a puppet-kicker index"));
+    }
+
+    fn write_owned(path: &Path, s: &Snapshot) {
+        write(
+            path,
+            &SnapshotRef {
+                built_at: s.built_at,
+                nodes: &s.nodes,
+                seen_environments: &s.seen_environments,
+            },
+        )
+        .unwrap();
+    }
+
+    pub(crate) fn tempdir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("pk-test-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}

@@ -1,0 +1,133 @@
+//! The master's own fact cache: one file per node, written by the master whenever an
+//! agent sends its facts. puppetserver 7 writes JSON (`$server_datadir/facts`),
+//! older masters wrote Ruby-tagged YAML (`$vardir/yaml/facts`); we read both.
+
+use super::{Harvest, Observation};
+use crate::error::{Error, Result};
+use crate::time::parse_timestamp;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+/// A node's cached facts are tens of kilobytes; anything far larger is not Puppet's.
+pub const MAX_FILE_SIZE: u64 = 16 << 20;
+
+/// Reads every `*.json` and `*.yaml` file in `dirs`. Fails only when no directory
+/// can be read at all; a file that does not parse is skipped with a warning.
+pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
+    let mut harvest = Harvest::default();
+    let mut failures = Vec::new();
+    let mut readable = 0;
+    for dir in dirs {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                failures.push(format!("{} ({})", dir.display(), describe(&e)));
+                continue;
+            }
+        };
+        readable += 1;
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for path in paths {
+            let Some(format) = Format::of(&path) else {
+                continue;
+            };
+            match read_file(&path, format) {
+                Ok(observation) => harvest.observations.push(observation),
+                Err(reason) => harvest.warnings.push(format!(
+                    "skipped fact cache file {}: {reason}",
+                    path.display()
+                )),
+            }
+        }
+    }
+    if readable == 0 {
+        return Err(Error::Io(format!(
+            "no fact cache directory could be read: {}",
+            failures.join(", ")
+        )));
+    }
+    Ok(harvest)
+}
+
+#[derive(Clone, Copy)]
+enum Format {
+    Json,
+    Yaml,
+}
+
+impl Format {
+    fn of(path: &Path) -> Option<Format> {
+        match path.extension()?.to_str()? {
+            "json" => Some(Format::Json),
+            "yaml" => Some(Format::Yaml),
+            _ => None,
+        }
+    }
+}
+
+fn read_file(path: &Path, format: Format) -> Result<Observation, String> {
+    let metadata = fs::metadata(path).map_err(|e| describe(&e))?;
+    if !metadata.is_file() {
+        return Err("not a regular file".into());
+    }
+    if metadata.len() > MAX_FILE_SIZE {
+        return Err(format!(
+            "{} bytes, larger than the {MAX_FILE_SIZE}-byte limit",
+            metadata.len()
+        ));
+    }
+    let text = fs::read_to_string(path).map_err(|e| describe(&e))?;
+    let document = match format {
+        Format::Json => serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))?,
+        Format::Yaml => crate::yaml::parse(&text).map_err(|e| format!("invalid YAML: {e}"))?,
+    };
+    let mtime = metadata
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs() as i64);
+    observation(document, path, mtime.unwrap_or(0))
+}
+
+/// `{name, values, timestamp, expiration}`, as `Puppet::Node::Facts` serializes.
+fn observation(document: Value, path: &Path, mtime: i64) -> Result<Observation, String> {
+    let Value::Object(mut top) = document else {
+        return Err("not a Puppet::Node::Facts document (expected a mapping)".into());
+    };
+    let Some(Value::Object(facts)) = top.remove("values") else {
+        return Err("no 'values' mapping of facts".into());
+    };
+    let certname = match top.get("name") {
+        Some(Value::String(name)) if !name.is_empty() => name.clone(),
+        _ => path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string(),
+    };
+    if certname.is_empty() || certname.contains(['/', '\0']) {
+        return Err(format!("invalid certname {certname:?}"));
+    }
+    // Puppet 3 kept the time inside the values as `_timestamp`.
+    let timestamp = [top.get("timestamp"), facts.get("_timestamp")]
+        .into_iter()
+        .flatten()
+        .find_map(|t| t.as_str().and_then(parse_timestamp))
+        .unwrap_or(mtime);
+    Ok(Observation {
+        certname,
+        facts,
+        timestamp,
+    })
+}
+
+fn describe(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "not found".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}

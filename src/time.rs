@@ -1,0 +1,117 @@
+//! Timestamps as Puppet writes them in its fact caches, to Unix seconds.
+//!
+//! JSON cache: `2026-11-20T10:15:30.123456789+00:00`; YAML cache (Ruby `Time`):
+//! `2026-11-20 10:15:30.123456789 +00:00`. Small enough not to need a date crate.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Parses `YYYY-MM-DD[T ]HH:MM:SS[.frac][ ](Z|±HH:MM|±HHMM)`; no offset means UTC.
+pub fn parse_timestamp(text: &str) -> Option<i64> {
+    let s = text.trim();
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    if s.get(4..5)? != "-" || s.get(7..8)? != "-" || !matches!(s.get(10..11)?, "T" | " " | "t") {
+        return None;
+    }
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if s.get(13..14)? != ":" || s.get(16..17)? != ":" {
+        return None;
+    }
+    let mut rest = &s[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        rest = frac.trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    let offset = parse_offset(rest.trim())?;
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset)
+}
+
+fn parse_offset(s: &str) -> Option<i64> {
+    if s.is_empty() || s == "Z" || s == "UTC" {
+        return Some(0);
+    }
+    let sign = match s.as_bytes()[0] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    let digits: String = s[1..].chars().filter(|c| *c != ':').collect();
+    if digits.len() != 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let hours: i64 = digits[..2].parse().ok()?;
+    let minutes: i64 = digits[2..].parse().ok()?;
+    Some(sign * (hours * 3600 + minutes * 60))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses a duration: whole seconds, or a number with `s`, `m`, `h`, `d` or `w`.
+pub fn parse_duration(text: &str) -> Option<u64> {
+    let s = text.trim();
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&s[..i], s[i..].trim()),
+        None => (s, "s"),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let factor = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return None,
+    };
+    n.checked_mul(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_cache_formats_parse_to_the_same_instant() {
+        let json = parse_timestamp("2026-11-20T10:15:30.123456789+00:00");
+        let yaml = parse_timestamp("2026-11-20 10:15:30.123456789 +00:00");
+        assert_eq!(json, Some(1_795_169_730));
+        assert_eq!(json, yaml);
+        assert_eq!(parse_timestamp("2026-11-20T12:15:30+02:00"), json);
+        assert_eq!(parse_timestamp("2026-11-20 05:15:30 -0500"), json);
+        assert_eq!(parse_timestamp("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_timestamp("2026-13-01T00:00:00Z"), None);
+        assert_eq!(parse_timestamp("yesterday"), None);
+    }
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("90"), Some(90));
+        assert_eq!(parse_duration("7d"), Some(604_800));
+        assert_eq!(parse_duration("2h"), Some(7200));
+        assert_eq!(parse_duration("10 m"), Some(600));
+        assert_eq!(parse_duration("1y"), None);
+        assert_eq!(parse_duration("-5"), None);
+    }
+}
