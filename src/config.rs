@@ -65,17 +65,11 @@ const KNOWN_KEYS: &[&str] = &[
 
 impl Config {
     pub fn defaults(settings: &PuppetSettings) -> Config {
-        let server_datadir = settings
-            .server_datadir
-            .clone()
-            .unwrap_or_else(|| settings.vardir.join("server_data"));
+        let server_datadir = settings.server_datadir.clone().unwrap_or_else(|| settings.vardir.join("server_data"));
         Config {
             file: None,
             source: SourceKind::PuppetCache,
-            puppet_cache_dirs: vec![
-                server_datadir.join("facts"),
-                settings.vardir.join("yaml").join("facts"),
-            ],
+            puppet_cache_dirs: vec![server_datadir.join("facts"), settings.vardir.join("yaml").join("facts")],
             cache_dir: settings.vardir.join("puppet_kicker"),
             cache_ttl: 60,
             cold_start_timeout: 20,
@@ -93,23 +87,15 @@ impl Config {
         };
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
-                return Ok(Config::defaults(settings))
-            }
-            Err(e) => {
-                return Err(Error::Config(format!(
-                    "cannot read {}: {e}",
-                    path.display()
-                )))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(Config::defaults(settings)),
+            Err(e) => return Err(Error::Config(format!("cannot read {}: {e}", path.display()))),
         };
         Config::parse(&text, &path, settings)
     }
 
     pub fn parse(text: &str, path: &Path, settings: &PuppetSettings) -> Result<Config> {
         let fail = |what: String| Error::Config(format!("{}: {what}", path.display()));
-        let document =
-            crate::yaml::parse(text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
+        let document = crate::yaml::parse(text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
         let mut config = Config::defaults(settings);
         config.file = Some(path.to_path_buf());
         let mut entries = Vec::new();
@@ -119,9 +105,7 @@ impl Config {
             _ => return Err(fail("must be a mapping of settings".into())),
         }
         for (key, value) in entries {
-            config
-                .set(&key, value, path.parent().unwrap_or(&settings.confdir))
-                .map_err(fail)?;
+            config.set(&key, value, path.parent().unwrap_or(&settings.confdir)).map_err(fail)?;
         }
         Ok(config)
     }
@@ -132,10 +116,9 @@ impl Config {
             "source" => {
                 self.source = match value.as_str() {
                     Some("puppet_cache") => SourceKind::PuppetCache,
-                    Some("mcollective") => return Err(
-                        "'source: mcollective' is not available in this version; use puppet_cache"
-                            .into(),
-                    ),
+                    Some("mcollective") => {
+                        return Err("'source: mcollective' is not available in this version; use puppet_cache".into())
+                    }
                     _ => return Err(bad("one of: puppet_cache")),
                 }
             }
@@ -155,23 +138,13 @@ impl Config {
                 self.puppet_cache_dirs = dirs.into_iter().map(|d| base.join(d)).collect();
             }
             "cache.dir" => {
-                self.cache_dir = base.join(
-                    value
-                        .as_str()
-                        .filter(|s| !s.is_empty())
-                        .ok_or_else(|| bad("a directory"))?,
-                )
+                self.cache_dir = base.join(value.as_str().filter(|s| !s.is_empty()).ok_or_else(|| bad("a directory"))?)
             }
-            "cache.ttl" => {
-                self.cache_ttl = duration(value).ok_or_else(|| bad("a duration (300, 5m, 1h)"))?
-            }
+            "cache.ttl" => self.cache_ttl = duration(value).ok_or_else(|| bad("a duration (300, 5m, 1h)"))?,
             "cache.cold_start_timeout" => {
-                self.cold_start_timeout =
-                    duration(value).ok_or_else(|| bad("a duration (20, 1m)"))?
+                self.cold_start_timeout = duration(value).ok_or_else(|| bad("a duration (20, 1m)"))?
             }
-            "max_age" => {
-                self.max_age = duration(value).ok_or_else(|| bad("a duration (604800, 7d)"))?
-            }
+            "max_age" => self.max_age = duration(value).ok_or_else(|| bad("a duration (604800, 7d)"))?,
             "on_no_data" => {
                 self.on_no_data = match value.as_str() {
                     Some("fail") => OnNoData::Fail,
@@ -180,18 +153,9 @@ impl Config {
                 }
             }
             "role_fact" => {
-                self.role_fact = value
-                    .as_str()
-                    .filter(|s| !s.is_empty())
-                    .ok_or_else(|| bad("a fact name"))?
-                    .to_string()
+                self.role_fact = value.as_str().filter(|s| !s.is_empty()).ok_or_else(|| bad("a fact name"))?.to_string()
             }
-            _ => {
-                return Err(format!(
-                    "unknown key '{key}'; known keys: {}",
-                    KNOWN_KEYS.join(", ")
-                ))
-            }
+            _ => return Err(format!("unknown key '{key}'; known keys: {}", KNOWN_KEYS.join(", "))),
         }
         Ok(())
     }
@@ -203,11 +167,7 @@ fn flatten<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'a Value)
     match value {
         Value::Object(map) if !KNOWN_KEYS.contains(&prefix) => {
             for (key, child) in map {
-                let path = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}.{key}")
-                };
+                let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
                 flatten(&path, child, out);
             }
         }
@@ -228,19 +188,11 @@ mod tests {
     use super::*;
 
     fn settings() -> PuppetSettings {
-        PuppetSettings {
-            confdir: "/etc/puppet".into(),
-            vardir: "/var/lib/puppet".into(),
-            ..Default::default()
-        }
+        PuppetSettings { confdir: "/etc/puppet".into(), vardir: "/var/lib/puppet".into(), ..Default::default() }
     }
 
     fn parse(text: &str) -> Result<Config> {
-        Config::parse(
-            text,
-            Path::new("/etc/puppet/puppet_kicker.yaml"),
-            &settings(),
-        )
+        Config::parse(text, Path::new("/etc/puppet/puppet_kicker.yaml"), &settings())
     }
 
     #[test]
@@ -248,39 +200,21 @@ mod tests {
         let c = Config::defaults(&settings());
         assert_eq!(
             c.puppet_cache_dirs,
-            [
-                PathBuf::from("/var/lib/puppet/server_data/facts"),
-                PathBuf::from("/var/lib/puppet/yaml/facts")
-            ]
+            [PathBuf::from("/var/lib/puppet/server_data/facts"), PathBuf::from("/var/lib/puppet/yaml/facts")]
         );
         assert_eq!(c.cache_dir, PathBuf::from("/var/lib/puppet/puppet_kicker"));
         assert_eq!(c.on_no_data, OnNoData::Fail);
         assert_eq!(c.max_age, 604_800);
-        let with_datadir = PuppetSettings {
-            server_datadir: Some("/srv/data".into()),
-            ..settings()
-        };
-        assert_eq!(
-            Config::defaults(&with_datadir).puppet_cache_dirs[0],
-            PathBuf::from("/srv/data/facts")
-        );
+        let with_datadir = PuppetSettings { server_datadir: Some("/srv/data".into()), ..settings() };
+        assert_eq!(Config::defaults(&with_datadir).puppet_cache_dirs[0], PathBuf::from("/srv/data/facts"));
     }
 
     #[test]
     fn every_key_is_read() {
         let c = parse("source: puppet_cache\npuppet_cache:\n  dirs: [facts, /abs/facts]\ncache:\n  dir: /tmp/pk\n  ttl: 5m\n  cold_start_timeout: 3\non_no_data: empty\nmax_age: 2d\nrole_fact: pp_role\n").unwrap();
-        assert_eq!(
-            c.puppet_cache_dirs,
-            [
-                PathBuf::from("/etc/puppet/facts"),
-                PathBuf::from("/abs/facts")
-            ]
-        );
+        assert_eq!(c.puppet_cache_dirs, [PathBuf::from("/etc/puppet/facts"), PathBuf::from("/abs/facts")]);
         assert_eq!(c.cache_dir, PathBuf::from("/tmp/pk"));
-        assert_eq!(
-            (c.cache_ttl, c.cold_start_timeout, c.max_age),
-            (300, 3, 172_800)
-        );
+        assert_eq!((c.cache_ttl, c.cold_start_timeout, c.max_age), (300, 3, 172_800));
         assert_eq!(c.on_no_data, OnNoData::Empty);
         assert_eq!(c.role_fact, "pp_role");
         assert!(parse("").is_ok());
@@ -289,10 +223,7 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_values_name_the_key() {
         let e = parse("cache:\n  tll: 5\n").unwrap_err().to_string();
-        assert!(
-            e.contains("puppet_kicker.yaml") && e.contains("unknown key 'cache.tll'"),
-            "{e}"
-        );
+        assert!(e.contains("puppet_kicker.yaml") && e.contains("unknown key 'cache.tll'"), "{e}");
         let e = parse("cache:\n  ttl: soon\n").unwrap_err().to_string();
         assert!(e.contains("'cache.ttl' must be a duration"), "{e}");
         let e = parse("on_no_data: maybe\n").unwrap_err().to_string();
@@ -305,18 +236,9 @@ mod tests {
 
     #[test]
     fn a_missing_default_file_means_defaults_but_a_named_one_is_an_error() {
-        let missing = PuppetSettings {
-            confdir: "/nonexistent".into(),
-            ..settings()
-        };
+        let missing = PuppetSettings { confdir: "/nonexistent".into(), ..settings() };
         assert_eq!(Config::load(&missing).unwrap(), Config::defaults(&missing));
-        let named = PuppetSettings {
-            config_file: Some("/nonexistent/pk.yaml".into()),
-            ..settings()
-        };
-        assert!(Config::load(&named)
-            .unwrap_err()
-            .to_string()
-            .contains("/nonexistent/pk.yaml"));
+        let named = PuppetSettings { config_file: Some("/nonexistent/pk.yaml".into()), ..settings() };
+        assert!(Config::load(&named).unwrap_err().to_string().contains("/nonexistent/pk.yaml"));
     }
 }

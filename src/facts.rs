@@ -25,12 +25,7 @@ impl Node {
     /// Builds a node, deciding its environment the way every master must agree on:
     /// the `environment` fact, else `agent_specified_environment`, else where the
     /// master last saw it compile or report, else `production`.
-    pub fn new(
-        certname: String,
-        facts: Facts,
-        timestamp: i64,
-        last_seen_env: Option<&str>,
-    ) -> Node {
+    pub fn new(certname: String, facts: Facts, timestamp: i64, last_seen_env: Option<&str>) -> Node {
         let environment = ["environment", "agent_specified_environment"]
             .iter()
             .find_map(|name| match facts.get(*name) {
@@ -40,12 +35,7 @@ impl Node {
             .or(last_seen_env.filter(|s| !s.is_empty()))
             .unwrap_or(DEFAULT_ENVIRONMENT)
             .to_string();
-        Node {
-            certname,
-            environment,
-            facts,
-            timestamp,
-        }
+        Node { certname, environment, facts, timestamp }
     }
 
     /// The name results are sorted by: the `fqdn` fact, or the certname without one.
@@ -58,9 +48,7 @@ impl Node {
 
     /// The one result order: by `fqdn` (or certname), then certname.
     pub fn canonical_cmp(&self, other: &Node) -> Ordering {
-        self.sort_name()
-            .cmp(other.sort_name())
-            .then_with(|| self.certname.cmp(&other.certname))
+        self.sort_name().cmp(other.sort_name()).then_with(|| self.certname.cmp(&other.certname))
     }
 
     /// The value at a fact path: a top-level fact named exactly `path` wins (legacy
@@ -79,10 +67,7 @@ pub struct FactPath {
 
 impl FactPath {
     pub fn new(path: &str) -> FactPath {
-        FactPath {
-            full: path.to_string(),
-            segments: path.split('.').map(str::to_string).collect(),
-        }
+        FactPath { full: path.to_string(), segments: path.split('.').map(str::to_string).collect() }
     }
 
     pub fn as_str(&self) -> &str {
@@ -126,12 +111,7 @@ mod tests {
             Some("y"),
         );
         assert_eq!(n.environment, "dev");
-        let n = Node::new(
-            "a".into(),
-            facts(json!({"agent_specified_environment": "x"})),
-            0,
-            Some("y"),
-        );
+        let n = Node::new("a".into(), facts(json!({"agent_specified_environment": "x"})), 0, Some("y"));
         assert_eq!(n.environment, "x");
         let n = Node::new("a".into(), facts(json!({})), 0, Some("y"));
         assert_eq!(n.environment, "y");
@@ -146,18 +126,9 @@ mod tests {
             "disks": [{"name": "sda"}],
             "legacy.dotted": "yes",
         }));
-        assert_eq!(
-            lookup(&f, &FactPath::new("os.release.full")),
-            Some(&json!("12.5"))
-        );
-        assert_eq!(
-            lookup(&f, &FactPath::new("disks.0.name")),
-            Some(&json!("sda"))
-        );
-        assert_eq!(
-            lookup(&f, &FactPath::new("legacy.dotted")),
-            Some(&json!("yes"))
-        );
+        assert_eq!(lookup(&f, &FactPath::new("os.release.full")), Some(&json!("12.5")));
+        assert_eq!(lookup(&f, &FactPath::new("disks.0.name")), Some(&json!("sda")));
+        assert_eq!(lookup(&f, &FactPath::new("legacy.dotted")), Some(&json!("yes")));
         assert_eq!(lookup(&f, &FactPath::new("os.nope")), None);
         assert_eq!(lookup(&f, &FactPath::new("disks.x.name")), None);
     }
@@ -169,9 +140,6 @@ mod tests {
         let c = Node::new("c".into(), facts(json!({"fqdn": "b"})), 0, None);
         let mut v = [c.clone(), b.clone(), a.clone()];
         v.sort_by(Node::canonical_cmp);
-        assert_eq!(
-            v.iter().map(|n| n.certname.as_str()).collect::<Vec<_>>(),
-            ["z", "b", "c"]
-        );
+        assert_eq!(v.iter().map(|n| n.certname.as_str()).collect::<Vec<_>>(), ["z", "b", "c"]);
     }
 }

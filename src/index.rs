@@ -52,11 +52,7 @@ impl Freshness {
 impl Index {
     /// Builds the index; duplicate certnames keep the newest facts.
     pub fn build(mut nodes: Vec<Node>, role_fact: &str, built_at: i64) -> Index {
-        nodes.sort_by(|a, b| {
-            a.certname
-                .cmp(&b.certname)
-                .then(b.timestamp.cmp(&a.timestamp))
-        });
+        nodes.sort_by(|a, b| a.certname.cmp(&b.certname).then(b.timestamp.cmp(&a.timestamp)));
         nodes.dedup_by(|later, first| later.certname == first.certname);
         nodes.sort_by(Node::canonical_cmp);
 
@@ -72,11 +68,7 @@ impl Index {
                 }
             }
         }
-        Index {
-            nodes,
-            by_environment,
-            built_at,
-        }
+        Index { nodes, by_environment, built_at }
     }
 
     pub fn nodes(&self) -> &[Node] {
@@ -106,15 +98,10 @@ impl Index {
             return Vec::new();
         };
         let lists: Vec<&Positions> = match roles {
-            RoleSelector::Names(names) => {
-                names.iter().filter_map(|n| entry.by_role.get(n)).collect()
+            RoleSelector::Names(names) => names.iter().filter_map(|n| entry.by_role.get(n)).collect(),
+            RoleSelector::Pattern(regex) => {
+                entry.by_role.iter().filter(|(role, _)| regex.is_match(role)).map(|(_, p)| p).collect()
             }
-            RoleSelector::Pattern(regex) => entry
-                .by_role
-                .iter()
-                .filter(|(role, _)| regex.is_match(role))
-                .map(|(_, p)| p)
-                .collect(),
         };
         let mut positions: Vec<u32> = match lists.as_slice() {
             [] => return Vec::new(),
@@ -132,13 +119,7 @@ impl Index {
 
     /// `servers_with_facts`: servers matching every clause, scoped to `environment`
     /// unless a clause names the environment itself.
-    pub fn with_facts(
-        &self,
-        query: &Query,
-        environment: &str,
-        role_fact: &str,
-        fresh: Freshness,
-    ) -> Vec<u32> {
+    pub fn with_facts(&self, query: &Query, environment: &str, role_fact: &str, fresh: Freshness) -> Vec<u32> {
         let candidates: Box<dyn Iterator<Item = u32> + '_> = if query.names_environment() {
             Box::new(0..self.nodes.len() as u32)
         } else {
@@ -182,10 +163,7 @@ mod tests {
     use serde_json::json;
 
     const NOW: i64 = 1_000_000;
-    const FRESH: Freshness = Freshness {
-        now: NOW,
-        max_age: 3600,
-    };
+    const FRESH: Freshness = Freshness { now: NOW, max_age: 3600 };
 
     fn node(certname: &str, facts: Value, age: i64) -> Node {
         let facts: Facts = facts.as_object().cloned().unwrap();
@@ -195,32 +173,12 @@ mod tests {
     fn sample() -> Index {
         Index::build(
             vec![
-                node(
-                    "web3",
-                    json!({"fqdn": "c.example", "role": "node", "uptime": 5}),
-                    0,
-                ),
-                node(
-                    "web1",
-                    json!({"fqdn": "a.example", "role": "node", "uptime": 50}),
-                    0,
-                ),
-                node(
-                    "lb1",
-                    json!({"fqdn": "b.example", "role": ["haproxy", "edge"]}),
-                    0,
-                ),
+                node("web3", json!({"fqdn": "c.example", "role": "node", "uptime": 5}), 0),
+                node("web1", json!({"fqdn": "a.example", "role": "node", "uptime": 50}), 0),
+                node("lb1", json!({"fqdn": "b.example", "role": ["haproxy", "edge"]}), 0),
                 node("old", json!({"fqdn": "0.example", "role": "node"}), 7200),
-                node(
-                    "stage",
-                    json!({"role": "node", "environment": "staging"}),
-                    0,
-                ),
-                node(
-                    "web1",
-                    json!({"fqdn": "a.example", "role": "stale-duplicate"}),
-                    10,
-                ),
+                node("stage", json!({"role": "node", "environment": "staging"}), 0),
+                node("web1", json!({"fqdn": "a.example", "role": "stale-duplicate"}), 10),
             ],
             "role",
             NOW,
@@ -228,34 +186,19 @@ mod tests {
     }
 
     fn certnames(index: &Index, positions: Vec<u32>) -> Vec<&str> {
-        positions
-            .into_iter()
-            .map(|p| index.node(p).certname.as_str())
-            .collect()
+        positions.into_iter().map(|p| index.node(p).certname.as_str()).collect()
     }
 
     #[test]
     fn roles_come_from_the_inverted_index_in_fqdn_order() {
         let idx = sample();
         let names = RoleSelector::Names(vec!["node".into()]);
-        assert_eq!(
-            certnames(&idx, idx.with_role(&names, "production", FRESH)),
-            ["web1", "web3"]
-        );
+        assert_eq!(certnames(&idx, idx.with_role(&names, "production", FRESH)), ["web1", "web3"]);
         let any = RoleSelector::Names(vec!["edge".into(), "node".into()]);
-        assert_eq!(
-            certnames(&idx, idx.with_role(&any, "production", FRESH)),
-            ["web1", "lb1", "web3"]
-        );
+        assert_eq!(certnames(&idx, idx.with_role(&any, "production", FRESH)), ["web1", "lb1", "web3"]);
         let pattern = RoleSelector::Pattern(Regex::new("^hap").unwrap());
-        assert_eq!(
-            certnames(&idx, idx.with_role(&pattern, "production", FRESH)),
-            ["lb1"]
-        );
-        assert_eq!(
-            certnames(&idx, idx.with_role(&names, "staging", FRESH)),
-            ["stage"]
-        );
+        assert_eq!(certnames(&idx, idx.with_role(&pattern, "production", FRESH)), ["lb1"]);
+        assert_eq!(certnames(&idx, idx.with_role(&names, "staging", FRESH)), ["stage"]);
         assert!(idx.with_role(&names, "nowhere", FRESH).is_empty());
     }
 
@@ -263,14 +206,8 @@ mod tests {
     fn servers_older_than_max_age_are_left_out() {
         let idx = sample();
         let names = RoleSelector::Names(vec!["node".into()]);
-        let lenient = Freshness {
-            now: NOW,
-            max_age: 86_400,
-        };
-        assert_eq!(
-            certnames(&idx, idx.with_role(&names, "production", lenient)),
-            ["old", "web1", "web3"]
-        );
+        let lenient = Freshness { now: NOW, max_age: 86_400 };
+        assert_eq!(certnames(&idx, idx.with_role(&names, "production", lenient)), ["old", "web1", "web3"]);
     }
 
     #[test]
@@ -285,25 +222,13 @@ mod tests {
     fn fact_queries_are_scoped_to_the_environment_unless_a_clause_names_it() {
         let idx = sample();
         let q = Query::parse(&["role=node", "uptime>10"]).unwrap();
-        assert_eq!(
-            certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)),
-            ["web1"]
-        );
+        assert_eq!(certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)), ["web1"]);
         let q = Query::parse(&["role=node"]).unwrap();
-        assert_eq!(
-            certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)),
-            ["web1", "web3"]
-        );
+        assert_eq!(certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)), ["web1", "web3"]);
         let q = Query::parse(&["environment=staging"]).unwrap();
-        assert_eq!(
-            certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)),
-            ["stage"]
-        );
+        assert_eq!(certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)), ["stage"]);
         let q = Query::parse(&["role=/^(node|edge)$/"]).unwrap();
-        assert_eq!(
-            certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)),
-            ["web1", "lb1", "web3"]
-        );
+        assert_eq!(certnames(&idx, idx.with_facts(&q, "production", "role", FRESH)), ["web1", "lb1", "web3"]);
     }
 
     #[test]

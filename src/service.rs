@@ -19,7 +19,7 @@ use crossbeam_channel::{Receiver, Sender};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -41,16 +41,23 @@ pub struct Kicker {
 struct Shared {
     config: Config,
     current: ArcSwapOption<Index>,
-    refresh_queued: AtomicBool,
-    last_attempt: AtomicI64,
+    refresh_state: Mutex<RefreshState>,
+    /// Unix seconds when the last refresh finished, well or not.
+    last_finished: AtomicI64,
     last_error: Mutex<Option<String>>,
     warnings: Mutex<Vec<String>>,
     seen_environments: Mutex<BTreeMap<String, String>>,
 }
 
-/// A refresh request; `done` is told when the refresh that covers it finished.
-struct Refresh {
-    done: Option<Sender<()>>,
+/// Wakes the refresh thread; what to do is in `RefreshState`.
+struct Refresh;
+
+/// Whether a refresh is queued or running, and who waits for it to finish. One lock,
+/// so a waiter can never register just after the refresh it waits for has ended.
+#[derive(Default)]
+struct RefreshState {
+    in_flight: bool,
+    waiters: Vec<Sender<()>>,
 }
 
 /// Servers selected by a query: positions into the index they were read from, which
@@ -71,9 +78,7 @@ impl Selection {
 
     pub fn nodes(&self) -> impl ExactSizeIterator<Item = &Node> + '_ {
         let index = self.index.as_deref();
-        self.positions
-            .iter()
-            .map(move |p| index.expect("positions come from an index").node(*p))
+        self.positions.iter().map(move |p| index.expect("positions come from an index").node(*p))
     }
 }
 
@@ -104,9 +109,7 @@ impl Kicker {
 
     /// The instance `configure` made last.
     pub fn global() -> Result<Arc<Kicker>> {
-        lock(&GLOBAL)
-            .clone()
-            .ok_or_else(|| Error::Config("puppet-kicker is not configured yet".into()))
+        lock(&GLOBAL).clone().ok_or_else(|| Error::Config("puppet-kicker is not configured yet".into()))
     }
 
     /// Reads the configuration and the snapshot, and starts the refresh thread.
@@ -114,8 +117,8 @@ impl Kicker {
         let config = Config::load(&settings)?;
         let shared = Arc::new(Shared {
             current: ArcSwapOption::empty(),
-            refresh_queued: AtomicBool::new(false),
-            last_attempt: AtomicI64::new(0),
+            refresh_state: Mutex::new(RefreshState::default()),
+            last_finished: AtomicI64::new(0),
             last_error: Mutex::new(None),
             warnings: Mutex::new(Vec::new()),
             seen_environments: Mutex::new(BTreeMap::new()),
@@ -136,12 +139,7 @@ impl Kicker {
             .name("puppet-kicker-refresh".into())
             .spawn(move || refresh_loop(&worker, &requests))
             .map_err(|e| Error::Io(format!("cannot start the refresh thread: {e}")))?;
-        Ok(Kicker {
-            settings,
-            shared,
-            clauses: ClauseCache::new(CLAUSE_CACHE_SIZE),
-            refresh,
-        })
+        Ok(Kicker { settings, shared, clauses: ClauseCache::new(CLAUSE_CACHE_SIZE), refresh })
     }
 
     pub fn config(&self) -> &Config {
@@ -154,32 +152,17 @@ impl Kicker {
             return Ok(Selection::empty());
         };
         let positions = index.with_role(roles, environment, self.freshness());
-        Ok(Selection {
-            index: Some(index),
-            positions,
-        })
+        Ok(Selection { index: Some(index), positions })
     }
 
     /// `servers_with_facts`: servers matching every clause.
-    pub fn servers_with_facts<S: AsRef<str>>(
-        &self,
-        clauses: &[S],
-        environment: &str,
-    ) -> Result<Selection> {
+    pub fn servers_with_facts<S: AsRef<str>>(&self, clauses: &[S], environment: &str) -> Result<Selection> {
         let query = self.clauses.compile(clauses)?;
         let Some(index) = self.index()? else {
             return Ok(Selection::empty());
         };
-        let positions = index.with_facts(
-            &query,
-            environment,
-            &self.shared.config.role_fact,
-            self.freshness(),
-        );
-        Ok(Selection {
-            index: Some(index),
-            positions,
-        })
+        let positions = index.with_facts(&query, environment, &self.shared.config.role_fact, self.freshness());
+        Ok(Selection { index: Some(index), positions })
     }
 
     /// Records where a certname compiled, for servers whose facts name no environment.
@@ -190,12 +173,13 @@ impl Kicker {
         }
     }
 
-    /// Refreshes now and waits up to `timeout` for it; true when it finished.
+    /// Starts a refresh, or joins the one in flight, and waits up to `timeout` for
+    /// it to finish; true when it did.
     pub fn refresh_and_wait(&self, timeout: Duration) -> bool {
         let (done, finished) = crossbeam_channel::bounded(1);
-        self.shared.refresh_queued.store(true, Ordering::SeqCst);
-        self.refresh.send(Refresh { done: Some(done) }).is_ok()
-            && finished.recv_timeout(timeout).is_ok()
+        lock(&self.shared.refresh_state).waiters.push(done);
+        self.request_refresh();
+        finished.recv_timeout(timeout).is_ok()
     }
 
     /// Warnings from refreshes and snapshot reads since the last call, for logging.
@@ -227,7 +211,10 @@ impl Kicker {
                 }
             }
             _ => {
-                if now() - self.shared.last_attempt.load(Ordering::SeqCst) >= EMPTY_RETRY_SECONDS {
+                // No data: wait for a refresh, unless one just failed or found nothing.
+                let in_flight = lock(&self.shared.refresh_state).in_flight;
+                let last_finished = self.shared.last_finished.load(Ordering::SeqCst);
+                if in_flight || now() - last_finished >= EMPTY_RETRY_SECONDS {
                     self.refresh_and_wait(Duration::from_secs(config.cold_start_timeout));
                     index = self.shared.current.load_full();
                 }
@@ -245,51 +232,34 @@ impl Kicker {
         let source = match config.source {
             SourceKind::PuppetCache => format!(
                 "the puppet_cache source ({})",
-                config
-                    .puppet_cache_dirs
-                    .iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                config.puppet_cache_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
         };
         let why = match lock(&self.shared.last_error).as_deref() {
             Some(error) => format!("the last refresh failed: {error}"),
             None if self.shared.current.load().is_some() => format!("{source} holds no server"),
-            None => format!(
-                "{source} did not answer within {}s",
-                config.cold_start_timeout
-            ),
+            None => format!("{source} did not answer within {}s", config.cold_start_timeout),
         };
-        let file = config
-            .file
-            .as_ref()
-            .map_or("puppet_kicker.yaml".to_string(), |f| {
-                f.display().to_string()
-            });
+        let file = config.file.as_ref().map_or("puppet_kicker.yaml".to_string(), |f| f.display().to_string());
         format!("puppet-kicker has no fact data, so it will not return an empty list of servers: {why}. Set `on_no_data: empty` in {file} to return [] instead")
     }
 
     fn freshness(&self) -> Freshness {
-        Freshness {
-            now: now(),
-            max_age: self.shared.config.max_age,
-        }
+        Freshness { now: now(), max_age: self.shared.config.max_age }
     }
 
     fn request_refresh(&self) {
-        if !self.shared.refresh_queued.swap(true, Ordering::SeqCst) {
-            let _ = self.refresh.send(Refresh { done: None });
+        let mut state = lock(&self.shared.refresh_state);
+        if !state.in_flight {
+            state.in_flight = true;
+            let _ = self.refresh.send(Refresh);
         }
     }
 }
 
 impl Selection {
     fn empty() -> Selection {
-        Selection {
-            index: None,
-            positions: Vec::new(),
-        }
+        Selection { index: None, positions: Vec::new() }
     }
 }
 
@@ -303,7 +273,6 @@ impl Shared {
 
     /// Reads the source and swaps in a new index; the snapshot follows.
     fn refresh(&self) -> Result<()> {
-        self.last_attempt.store(now(), Ordering::SeqCst);
         let started = now();
         let harvest: Harvest = match self.config.source {
             SourceKind::PuppetCache => puppet_cache::load(&self.config.puppet_cache_dirs)?,
@@ -321,11 +290,7 @@ impl Shared {
             })
             .collect();
         let index = Index::build(nodes, &self.config.role_fact, started);
-        let snap = SnapshotRef {
-            built_at: started,
-            nodes: index.nodes(),
-            seen_environments: &seen,
-        };
+        let snap = SnapshotRef { built_at: started, nodes: index.nodes(), seen_environments: &seen };
         if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
             self.warn(warning);
         }
@@ -335,25 +300,24 @@ impl Shared {
 }
 
 fn refresh_loop(shared: &Shared, requests: &Receiver<Refresh>) {
-    while let Ok(first) = requests.recv() {
-        // Everything queued meanwhile is served by this one refresh.
-        let mut waiters: Vec<Sender<()>> = first.done.into_iter().collect();
-        waiters.extend(requests.try_iter().filter_map(|r| r.done));
-        shared.refresh_queued.store(false, Ordering::SeqCst);
-
+    while let Ok(Refresh) = requests.recv() {
         let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh()))
             .unwrap_or_else(|_| Err(Error::Io("internal error: the refresh panicked".into())));
         let mut last_error = lock(&shared.last_error);
         match outcome {
             Ok(()) => *last_error = None,
             Err(e) => {
-                shared.warn(format!(
-                    "puppet-kicker refresh failed, still serving the last snapshot: {e}"
-                ));
+                shared.warn(format!("puppet-kicker refresh failed, still serving the last snapshot: {e}"));
                 *last_error = Some(e.to_string());
             }
         }
         drop(last_error);
+        shared.last_finished.store(now(), Ordering::SeqCst);
+        let waiters = {
+            let mut state = lock(&shared.refresh_state);
+            state.in_flight = false;
+            std::mem::take(&mut state.waiters)
+        };
         for waiter in waiters {
             let _ = waiter.send(());
         }
@@ -362,19 +326,11 @@ fn refresh_loop(shared: &Shared, requests: &Receiver<Refresh>) {
 
 /// Locks, ignoring poisoning: every critical section here leaves its data whole.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Kept for bindings that want the version they loaded.
 pub fn version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
-    VERSION.get_or_init(|| {
-        format!(
-            "{} (index format {})",
-            env!("CARGO_PKG_VERSION"),
-            snapshot::FORMAT_VERSION
-        )
-    })
+    VERSION.get_or_init(|| format!("{} (index format {})", env!("CARGO_PKG_VERSION"), snapshot::FORMAT_VERSION))
 }

@@ -44,33 +44,23 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, String> {
         Err(e) => return Err(format!("cannot read snapshot {}: {e}", path.display())),
     };
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
-        return Err(format!(
-            "ignoring snapshot {}: not a puppet-kicker index",
-            path.display()
-        ));
+        return Err(format!("ignoring snapshot {}: not a puppet-kicker index", path.display()));
     };
     let (version, payload) = rest.split_at(4.min(rest.len()));
-    let version = <[u8; 4]>::try_from(version)
-        .map(u32::from_le_bytes)
-        .unwrap_or(0);
+    let version = <[u8; 4]>::try_from(version).map(u32::from_le_bytes).unwrap_or(0);
     if version != FORMAT_VERSION {
         return Err(format!(
             "ignoring snapshot {}: format version {version}, this version reads {FORMAT_VERSION}; it will be rebuilt",
             path.display()
         ));
     }
-    rmp_serde::from_slice(payload).map(Some).map_err(|e| {
-        format!(
-            "ignoring corrupt snapshot {}: {e}; it will be rebuilt",
-            path.display()
-        )
-    })
+    rmp_serde::from_slice(payload)
+        .map(Some)
+        .map_err(|e| format!("ignoring corrupt snapshot {}: {e}; it will be rebuilt", path.display()))
 }
 
 pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
-        format!("cannot {what} snapshot {}: {e}", path.display())
-    };
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("cannot {what} snapshot {}: {e}", path.display());
     let payload = rmp_serde::to_vec_named(snapshot).map_err(|e| fail("encode", &e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(|e| fail("create the directory of", &e))?;
@@ -98,12 +88,7 @@ mod tests {
         let facts = json!({"role": "node", "os": {"release": {"full": "12.5"}}, "load": 0.5, "n": -3, "ok": true, "l": [1, "a", null]});
         Snapshot {
             built_at: 1234,
-            nodes: vec![Node::new(
-                "web1".into(),
-                facts.as_object().cloned().unwrap(),
-                99,
-                None,
-            )],
+            nodes: vec![Node::new("web1".into(), facts.as_object().cloned().unwrap(), 99, None)],
             seen_environments: BTreeMap::from([("web1".to_string(), "staging".to_string())]),
         }
     }
@@ -115,11 +100,8 @@ mod tests {
         assert_eq!(read(&path), Ok(None));
         write_owned(&path, &sample());
         assert_eq!(read(&path).unwrap(), Some(sample()));
-        let leftovers: Vec<_> = fs::read_dir(&dir)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name() != FILE_NAME)
-            .collect();
+        let leftovers: Vec<_> =
+            fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name() != FILE_NAME).collect();
         assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
     }
 
@@ -139,21 +121,12 @@ mod tests {
         assert!(read(&path).unwrap_err().contains("format version 0"));
 
         fs::write(&path, b"garbage").unwrap();
-        assert!(read(&path)
-            .unwrap_err()
-            .contains("not a puppet-kicker index"));
+        assert!(read(&path).unwrap_err().contains("not a puppet-kicker index"));
     }
 
     fn write_owned(path: &Path, s: &Snapshot) {
-        write(
-            path,
-            &SnapshotRef {
-                built_at: s.built_at,
-                nodes: &s.nodes,
-                seen_environments: &s.seen_environments,
-            },
-        )
-        .unwrap();
+        write(path, &SnapshotRef { built_at: s.built_at, nodes: &s.nodes, seen_environments: &s.seen_environments })
+            .unwrap();
     }
 
     pub(crate) fn tempdir(name: &str) -> PathBuf {

@@ -6,10 +6,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 /// Parses `YYYY-MM-DD[T ]HH:MM:SS[.frac][ ](Z|±HH:MM|±HHMM)`; no offset means UTC.
@@ -29,12 +26,7 @@ pub fn parse_timestamp(text: &str) -> Option<i64> {
         rest = frac.trim_start_matches(|c: char| c.is_ascii_digit());
     }
     let offset = parse_offset(rest.trim())?;
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
         return None;
     }
     Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset)

@@ -32,12 +32,7 @@ fn convert(yaml: &Yaml, depth: usize) -> Result<Value, String> {
             None => Value::String(text.clone()),
         },
         Yaml::String(s) => Value::String(s.clone()),
-        Yaml::Array(items) => Value::Array(
-            items
-                .iter()
-                .map(|i| convert(i, depth + 1))
-                .collect::<Result<_, _>>()?,
-        ),
+        Yaml::Array(items) => Value::Array(items.iter().map(|i| convert(i, depth + 1)).collect::<Result<_, _>>()?),
         Yaml::Hash(hash) => {
             let mut map = Map::new();
             for (key, value) in hash {
@@ -93,10 +88,7 @@ mod tests {
         assert_eq!(v["values"]["processors"]["count"], json!(4));
         assert_eq!(v["values"]["load"], json!(0.5));
         assert_eq!(v["values"]["virtual"], json!(false));
-        assert_eq!(
-            v["timestamp"],
-            json!("2026-11-20 10:15:30.123456789 +00:00")
-        );
+        assert_eq!(v["timestamp"], json!("2026-11-20 10:15:30.123456789 +00:00"));
     }
 
     #[test]

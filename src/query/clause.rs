@@ -40,70 +40,41 @@ pub struct Clause {
 
 impl Clause {
     pub fn parse(text: &str) -> Result<Clause> {
-        let error = |column: usize, what: String| {
-            Error::Query(format!("clause '{text}': {what} (at column {column})"))
-        };
+        let error = |column: usize, what: String| Error::Query(format!("clause '{text}': {what} (at column {column})"));
 
         let op_start = text.find(['=', '!', '<', '>', '~']).ok_or_else(|| {
-            error(
-                text.len() + 1,
-                format!("no operator; expected `fact OP value` with OP one of {OPERATORS}"),
-            )
+            error(text.len() + 1, format!("no operator; expected `fact OP value` with OP one of {OPERATORS}"))
         })?;
         let path = text[..op_start].trim();
         if path.is_empty() {
-            return Err(error(
-                op_start + 1,
-                "no fact name before the operator".into(),
-            ));
+            return Err(error(op_start + 1, "no fact name before the operator".into()));
         }
         if let Some(bad) = path.find(char::is_whitespace) {
-            return Err(error(
-                bad + 1,
-                format!("fact name '{path}' contains a space"),
-            ));
+            return Err(error(bad + 1, format!("fact name '{path}' contains a space")));
         }
         if path.split('.').any(str::is_empty) {
             return Err(error(1, format!("fact path '{path}' has an empty segment")));
         }
 
-        let op_len = text[op_start..]
-            .bytes()
-            .take_while(|b| b"=!<>~".contains(b))
-            .count();
+        let op_len = text[op_start..].bytes().take_while(|b| b"=!<>~".contains(b)).count();
         let op_text = &text[op_start..op_start + op_len];
         let value_start = op_start + op_len;
         let value = text[value_start..].trim();
         if value.is_empty() {
-            return Err(error(
-                value_start + 1,
-                format!("no value after the operator '{op_text}'"),
-            ));
+            return Err(error(value_start + 1, format!("no value after the operator '{op_text}'")));
         }
         let slashed = value.len() >= 2 && value.starts_with('/') && value.ends_with('/');
-        let regex_source = if slashed {
-            &value[1..value.len() - 1]
-        } else {
-            value
-        };
+        let regex_source = if slashed { &value[1..value.len() - 1] } else { value };
         let regex = |negated: bool| -> Result<Test> {
             let regex = RegexBuilder::new(regex_source)
                 .size_limit(REGEX_SIZE_LIMIT)
                 .build()
-                .map_err(|e| {
-                    error(
-                        value_start + 1,
-                        format!("invalid regex /{regex_source}/: {}", regex_error(&e)),
-                    )
-                })?;
+                .map_err(|e| error(value_start + 1, format!("invalid regex /{regex_source}/: {}", regex_error(&e))))?;
             Ok(Test::Regex { regex, negated })
         };
         let compare = |op: Op| -> Result<Test> {
             if slashed && !matches!(op, Op::Eq | Op::Ne) {
-                return Err(error(
-                    value_start + 1,
-                    format!("a regex cannot be compared with '{op_text}'"),
-                ));
+                return Err(error(value_start + 1, format!("a regex cannot be compared with '{op_text}'")));
             }
             Ok(Test::Compare(op, Operand::new(value)))
         };
@@ -120,17 +91,10 @@ impl Clause {
             "<=" | "=<" => compare(Op::Le)?,
             ">=" | "=>" => compare(Op::Ge)?,
             other => {
-                return Err(error(
-                    op_start + 1,
-                    format!("unknown operator '{other}'; expected one of {OPERATORS}"),
-                ))
+                return Err(error(op_start + 1, format!("unknown operator '{other}'; expected one of {OPERATORS}")))
             }
         };
-        Ok(Clause {
-            text: text.to_string(),
-            path: FactPath::new(path),
-            test,
-        })
+        Ok(Clause { text: text.to_string(), path: FactPath::new(path), test })
     }
 
     pub fn text(&self) -> &str {
@@ -158,9 +122,7 @@ impl Clause {
         }
         match node.fact(&self.path) {
             None | Some(Value::Null) => false,
-            Some(Value::Array(items)) => {
-                self.holds(|test| items.iter().any(|item| test.on_value(item)))
-            }
+            Some(Value::Array(items)) => self.holds(|test| items.iter().any(|item| test.on_value(item))),
             Some(value) => self.holds(|test| test.on_value(value)),
         }
     }
@@ -185,13 +147,9 @@ impl Positive<'_> {
     fn on_value(&self, value: &Value) -> bool {
         match (self, value) {
             (_, Value::String(s)) => self.on_text(s),
-            (Positive::Compare(op, operand), _) => {
-                operand.compare(value).is_some_and(|o| op_holds(*op, o))
-            }
+            (Positive::Compare(op, operand), _) => operand.compare(value).is_some_and(|o| op_holds(*op, o)),
             (Positive::Regex(regex), Value::Number(n)) => regex.is_match(&n.to_string()),
-            (Positive::Regex(regex), Value::Bool(b)) => {
-                regex.is_match(if *b { "true" } else { "false" })
-            }
+            (Positive::Regex(regex), Value::Bool(b)) => regex.is_match(if *b { "true" } else { "false" }),
             (Positive::Regex(_), _) => false,
         }
     }
@@ -219,11 +177,5 @@ fn op_holds(op: Op, ordering: Ordering) -> bool {
 /// last line, which says what is unsupported (look-around, back-references, ...).
 fn regex_error(e: &regex::Error) -> String {
     let text = e.to_string();
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or(&text)
-        .trim()
-        .trim_start_matches("error: ")
-        .to_string()
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(&text).trim().trim_start_matches("error: ").to_string()
 }

@@ -28,10 +28,7 @@ struct Shape {
 
 impl Operand {
     pub fn new(text: &str) -> Operand {
-        Operand {
-            text: text.to_string(),
-            shape: Shape::of(text),
-        }
+        Operand { text: text.to_string(), shape: Shape::of(text) }
     }
 
     /// True when equality on this operand is plain string equality, so an exact-match
@@ -51,10 +48,7 @@ impl Operand {
         match fact {
             Value::String(s) => Some(self.compare_text(s)),
             Value::Number(n) => {
-                let integer = n
-                    .as_i64()
-                    .map(i128::from)
-                    .or_else(|| n.as_u64().map(i128::from));
+                let integer = n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from));
                 match (integer, self.shape.integer) {
                     (Some(a), Some(b)) => Some(a.cmp(&b)),
                     _ => match self.shape.float {
@@ -75,28 +69,11 @@ impl Operand {
 
 impl Shape {
     fn of(s: &str) -> Shape {
-        let version = if is_version(s) {
-            s.split('.')
-                .map(|p| p.parse::<u64>().ok())
-                .collect::<Option<Vec<_>>>()
-        } else {
-            None
-        };
-        let integer = if is_integer(s) {
-            s.parse::<i128>().ok()
-        } else {
-            None
-        };
-        let float = if is_decimal(s) {
-            s.parse::<f64>().ok().filter(|f| f.is_finite())
-        } else {
-            None
-        };
-        Shape {
-            version,
-            integer,
-            float,
-        }
+        let version =
+            if is_version(s) { s.split('.').map(|p| p.parse::<u64>().ok()).collect::<Option<Vec<_>>>() } else { None };
+        let integer = if is_integer(s) { s.parse::<i128>().ok() } else { None };
+        let float = if is_decimal(s) { s.parse::<f64>().ok().filter(|f| f.is_finite()) } else { None };
+        Shape { version, integer, float }
     }
 }
 
@@ -118,9 +95,7 @@ fn compare_strings(a: &Shape, a_text: &str, b: &Shape, b_text: &str) -> Ordering
 }
 
 fn is_version(s: &str) -> bool {
-    !s.is_empty()
-        && s.split('.')
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    !s.is_empty() && s.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn is_integer(s: &str) -> bool {
@@ -181,15 +156,8 @@ mod tests {
     fn anything_else_compares_as_case_sensitive_strings() {
         assert_eq!(cmp(json!("Debian"), "Debian"), Some(Equal));
         assert_eq!(cmp(json!("debian"), "Debian"), Some(Greater));
-        assert_eq!(
-            cmp(json!("10.0.0.1a"), "10.0.0.1"),
-            Some("10.0.0.1a".cmp("10.0.0.1"))
-        );
-        assert_eq!(
-            cmp(json!("1.2"), "-1"),
-            Some(Greater),
-            "version against signed number: numbers"
-        );
+        assert_eq!(cmp(json!("10.0.0.1a"), "10.0.0.1"), Some("10.0.0.1a".cmp("10.0.0.1")));
+        assert_eq!(cmp(json!("1.2"), "-1"), Some(Greater), "version against signed number: numbers");
     }
 
     #[test]

@@ -25,10 +25,7 @@ impl Query {
 
     /// Compiles clauses without a cache (tests, one-off tools).
     pub fn parse<S: AsRef<str>>(texts: &[S]) -> Result<Query> {
-        let clauses = texts
-            .iter()
-            .map(|t| Clause::parse(t.as_ref()).map(Arc::new))
-            .collect::<Result<_>>()?;
+        let clauses = texts.iter().map(|t| Clause::parse(t.as_ref()).map(Arc::new)).collect::<Result<_>>()?;
         Ok(Query { clauses })
     }
 
@@ -55,16 +52,11 @@ pub struct ClauseCache {
 impl ClauseCache {
     pub fn new(capacity: usize) -> ClauseCache {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
-        ClauseCache {
-            cache: Mutex::new(LruCache::new(capacity)),
-        }
+        ClauseCache { cache: Mutex::new(LruCache::new(capacity)) }
     }
 
     pub fn compile<S: AsRef<str>>(&self, texts: &[S]) -> Result<Query> {
-        let clauses = texts
-            .iter()
-            .map(|t| self.clause(t.as_ref()))
-            .collect::<Result<_>>()?;
+        let clauses = texts.iter().map(|t| self.clause(t.as_ref())).collect::<Result<_>>()?;
         Ok(Query { clauses })
     }
 
@@ -81,9 +73,7 @@ impl ClauseCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Clause>>> {
         // A poisoned cache only means another thread panicked mid-`put`; the map is
         // still consistent, so keep using it.
-        self.cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

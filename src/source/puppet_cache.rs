@@ -36,18 +36,12 @@ pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
             };
             match read_file(&path, format) {
                 Ok(observation) => harvest.observations.push(observation),
-                Err(reason) => harvest.warnings.push(format!(
-                    "skipped fact cache file {}: {reason}",
-                    path.display()
-                )),
+                Err(reason) => harvest.warnings.push(format!("skipped fact cache file {}: {reason}", path.display())),
             }
         }
     }
     if readable == 0 {
-        return Err(Error::Io(format!(
-            "no fact cache directory could be read: {}",
-            failures.join(", ")
-        )));
+        return Err(Error::Io(format!("no fact cache directory could be read: {}", failures.join(", "))));
     }
     Ok(harvest)
 }
@@ -74,21 +68,14 @@ fn read_file(path: &Path, format: Format) -> Result<Observation, String> {
         return Err("not a regular file".into());
     }
     if metadata.len() > MAX_FILE_SIZE {
-        return Err(format!(
-            "{} bytes, larger than the {MAX_FILE_SIZE}-byte limit",
-            metadata.len()
-        ));
+        return Err(format!("{} bytes, larger than the {MAX_FILE_SIZE}-byte limit", metadata.len()));
     }
     let text = fs::read_to_string(path).map_err(|e| describe(&e))?;
     let document = match format {
         Format::Json => serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))?,
         Format::Yaml => crate::yaml::parse(&text).map_err(|e| format!("invalid YAML: {e}"))?,
     };
-    let mtime = metadata
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_secs() as i64);
+    let mtime = metadata.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs() as i64);
     observation(document, path, mtime.unwrap_or(0))
 }
 
@@ -102,11 +89,7 @@ fn observation(document: Value, path: &Path, mtime: i64) -> Result<Observation, 
     };
     let certname = match top.get("name") {
         Some(Value::String(name)) if !name.is_empty() => name.clone(),
-        _ => path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or_default()
-            .to_string(),
+        _ => path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string(),
     };
     if certname.is_empty() || certname.contains(['/', '\0']) {
         return Err(format!("invalid certname {certname:?}"));
@@ -117,11 +100,7 @@ fn observation(document: Value, path: &Path, mtime: i64) -> Result<Observation, 
         .flatten()
         .find_map(|t| t.as_str().and_then(parse_timestamp))
         .unwrap_or(mtime);
-    Ok(Observation {
-        certname,
-        facts,
-        timestamp,
-    })
+    Ok(Observation { certname, facts, timestamp })
 }
 
 fn describe(e: &std::io::Error) -> String {
