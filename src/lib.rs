@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod facts;
 pub mod index;
+pub mod mcollective;
 pub mod query;
 pub mod service;
 pub mod snapshot;

@@ -1,0 +1,518 @@
+//! Blocking mcollective client: discovery and RPC over one STOMP connection
+//! per call, like `mco` does.
+//!
+//! Runs on plain threads (no async runtime) inside the Puppet master; a
+//! [`Client`] is `Send + Sync` and can be shared. Every reply is verified
+//! (PSK hash, our request id, expected sender) before it is returned; what is
+//! dropped is counted in [`ClientStats`] so operators can see tampering or
+//! crossed wires.
+
+use std::collections::BTreeMap;
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::config::{BrokerHost, Config};
+use super::connector::{Connector, RequestRoute};
+use super::error::{Error, Result};
+use super::marshal::Value;
+use super::message::{self, Filter, Reply, Request, RpcStatus};
+use super::stomp::{negotiated_version, Frame, FrameReader, FrameWriter, Version};
+
+/// Counters of what the client received, since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Replies verified and returned.
+    pub accepted: u64,
+    /// Dropped: `:hash` did not match the PSK.
+    pub bad_hash: u64,
+    /// Dropped: the reply was for another request id.
+    pub foreign_requestid: u64,
+    /// Dropped: undecodable Marshal, missing keys, wrong agent, not "pong".
+    pub malformed: u64,
+    /// Dropped: a second reply from the same sender.
+    pub duplicate: u64,
+    /// Dropped: a directed request answered by a node it was not sent to.
+    pub unexpected_sender: u64,
+    /// Frames other than MESSAGE (e.g. RECEIPT) ignored while collecting.
+    pub other_frames: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    accepted: AtomicU64,
+    bad_hash: AtomicU64,
+    foreign_requestid: AtomicU64,
+    malformed: AtomicU64,
+    duplicate: AtomicU64,
+    unexpected_sender: AtomicU64,
+    other_frames: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One node's answer to an RPC request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RpcReply {
+    /// The node's identity.
+    pub sender: String,
+    pub agent: String,
+    /// The node's clock at reply time (epoch seconds).
+    pub msgtime: i64,
+    /// 0 OK, 1 aborted, 2 unknown action, 3 missing data, 4 invalid data, 5 error.
+    pub statuscode: i64,
+    pub statusmsg: String,
+    /// The agent's outputs (Hash with symbol keys).
+    pub data: Value,
+}
+
+/// The verified replies of an RPC call.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RpcOutcome {
+    /// Sorted by sender.
+    pub replies: Vec<RpcReply>,
+    /// Directed calls: nodes that did not answer in time (sorted).
+    pub missing: Vec<String>,
+}
+
+/// A blocking mcollective client.
+pub struct Client {
+    config: Config,
+    connector: Connector,
+    counters: Counters,
+}
+
+/// What the collector waits for.
+struct Expect<'a> {
+    requestid: &'a str,
+    agent: &'a str,
+    /// Stop once this many distinct senders answered.
+    count: Option<usize>,
+    /// Directed: only these senders are accepted.
+    only: Option<&'a [String]>,
+    deadline: Instant,
+}
+
+impl Client {
+    pub fn new(config: Config) -> Client {
+        Client { connector: Connector::new(&config), config, counters: Counters::default() }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Snapshot of the drop/accept counters.
+    pub fn stats(&self) -> ClientStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientStats {
+            accepted: l(&c.accepted),
+            bad_hash: l(&c.bad_hash),
+            foreign_requestid: l(&c.foreign_requestid),
+            malformed: l(&c.malformed),
+            duplicate: l(&c.duplicate),
+            unexpected_sender: l(&c.unexpected_sender),
+            other_frames: l(&c.other_frames),
+        }
+    }
+
+    /// Sends a discovery "ping" and returns the sorted identities that said
+    /// "pong". Waits the whole `timeout`, as mco does, unless `expected`
+    /// distinct nodes answered earlier.
+    pub fn discover(
+        &self,
+        collective: &str,
+        filter: &Filter,
+        timeout: Duration,
+        expected: Option<usize>,
+    ) -> Result<Vec<String>> {
+        self.check_collective(collective)?;
+        let mut filter = filter.clone();
+        filter.collective = Some(collective.to_string());
+        let body = message::discovery_body()?;
+        let replies = self.call(collective, "discovery", &filter, body, None, expected, timeout)?;
+        let mut nodes = Vec::new();
+        for reply in replies.into_values() {
+            match reply.inner(self.config.marshal_limits) {
+                Ok(v) if message::is_pong(&v) => nodes.push(reply.senderid),
+                _ => bump(&self.counters.malformed),
+            }
+        }
+        self.account_accepted(nodes.len());
+        Ok(nodes) // BTreeMap order: sorted
+    }
+
+    /// Broadcasts `agent#action` to every node matching `filter`; collects
+    /// replies until `expected` nodes answered or `timeout` passed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rpc_broadcast(
+        &self,
+        collective: &str,
+        agent: &str,
+        action: &str,
+        inputs: &[(String, Value)],
+        filter: &Filter,
+        expected: Option<usize>,
+        timeout: Duration,
+    ) -> Result<RpcOutcome> {
+        self.check_collective(collective)?;
+        check_name("agent", agent)?;
+        check_name("action", action)?;
+        let body = message::rpc_body(agent, action, &self.config.callerid, inputs, true)?;
+        let replies = self.call(collective, agent, filter, body, None, expected, timeout)?;
+        Ok(self.rpc_outcome(replies, None))
+    }
+
+    /// Sends `agent#action` to each of `nodes` directly (no discovery);
+    /// collects replies until all answered or `timeout` passed.
+    pub fn rpc_directed(
+        &self,
+        collective: &str,
+        agent: &str,
+        action: &str,
+        inputs: &[(String, Value)],
+        nodes: &[String],
+        timeout: Duration,
+    ) -> Result<RpcOutcome> {
+        self.check_collective(collective)?;
+        check_name("agent", agent)?;
+        check_name("action", action)?;
+        let mut nodes: Vec<String> = nodes.to_vec();
+        nodes.sort();
+        nodes.dedup();
+        if nodes.is_empty() {
+            return Ok(RpcOutcome::default());
+        }
+        for n in &nodes {
+            check_identity(n)?;
+        }
+        // mco sends directed requests with an agent filter only.
+        let filter = Filter { agent: vec![agent.to_string()], ..Filter::default() };
+        let body = message::rpc_body(agent, action, &self.config.callerid, inputs, true)?;
+        let replies = self.call(collective, agent, &filter, body, Some(&nodes), Some(nodes.len()), timeout)?;
+        Ok(self.rpc_outcome(replies, Some(&nodes)))
+    }
+
+    fn rpc_outcome(&self, replies: BTreeMap<String, Reply>, nodes: Option<&[String]>) -> RpcOutcome {
+        let mut out = RpcOutcome::default();
+        for reply in replies.into_values() {
+            let status = reply.inner(self.config.marshal_limits).and_then(|v| RpcStatus::from_value(&v));
+            match status {
+                Ok(s) => out.replies.push(RpcReply {
+                    sender: reply.senderid,
+                    agent: reply.senderagent,
+                    msgtime: reply.msgtime,
+                    statuscode: s.statuscode,
+                    statusmsg: s.statusmsg,
+                    data: s.data,
+                }),
+                Err(_) => bump(&self.counters.malformed),
+            }
+        }
+        self.account_accepted(out.replies.len());
+        if let Some(nodes) = nodes {
+            out.missing = nodes.iter().filter(|n| !out.replies.iter().any(|r| &r.sender == *n)).cloned().collect();
+        }
+        out
+    }
+
+    fn account_accepted(&self, n: usize) {
+        self.counters.accepted.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn check_collective(&self, collective: &str) -> Result<()> {
+        if self.config.collectives.iter().any(|c| c == collective) {
+            Ok(())
+        } else {
+            Err(Error::InvalidInput(format!(
+                "unknown collective {collective:?} (configured: {})",
+                self.config.collectives.join(",")
+            )))
+        }
+    }
+
+    /// One request: connect, (subscribe), send, collect, (unsubscribe), disconnect.
+    /// Returns verified replies by sender.
+    #[allow(clippy::too_many_arguments)]
+    fn call(
+        &self,
+        collective: &str,
+        agent: &str,
+        filter: &Filter,
+        body: Vec<u8>,
+        nodes: Option<&[String]>,
+        expected: Option<usize>,
+        timeout: Duration,
+    ) -> Result<BTreeMap<String, Reply>> {
+        let now = message::now_epoch();
+        let request = Request {
+            senderid: self.config.identity.clone(),
+            requestid: message::new_request_id()?,
+            filter: filter.clone(),
+            collective: collective.to_string(),
+            agent: agent.to_string(),
+            callerid: self.config.callerid.clone(),
+            ttl: i64::from(self.config.ttl),
+            msgtime: now,
+            body,
+        };
+        let payload = request.encode(&self.config.psk)?;
+
+        let mut session = self.open()?;
+        let reply_to = self.connector.reply_queue(collective, agent);
+        let result = (|| {
+            if let Some(f) = self.connector.subscribe(&reply_to, session.version) {
+                session.send(&f)?;
+            }
+            let targets: Vec<Option<&str>> = match nodes {
+                None => vec![None],
+                Some(nodes) => nodes.iter().map(|n| Some(n.as_str())).collect(),
+            };
+            let deadline = deadline_after(timeout);
+            for node in targets {
+                let route = RequestRoute {
+                    collective,
+                    agent,
+                    node,
+                    reply_to: &reply_to,
+                    ttl: self.config.ttl,
+                    now_secs: u64::try_from(now).unwrap_or(0),
+                };
+                session.send(&self.connector.request(&route, payload.clone()))?;
+            }
+            let expect = Expect { requestid: &request.requestid, agent, count: expected, only: nodes, deadline };
+            self.collect(&mut session, &expect)
+        })();
+        if result.is_ok() {
+            if let Some(f) = self.connector.unsubscribe(&reply_to, session.version) {
+                // The replies are in hand; a failing goodbye does not undo them.
+                let _ = session.send(&f);
+            }
+        }
+        session.close(&self.connector);
+        result
+    }
+
+    fn collect(&self, session: &mut Session, expect: &Expect<'_>) -> Result<BTreeMap<String, Reply>> {
+        let mut replies = BTreeMap::new();
+        if expect.count == Some(0) {
+            return Ok(replies);
+        }
+        while let Some(frame) = session.next_frame(expect.deadline)? {
+            match frame.command.as_str() {
+                "MESSAGE" => {}
+                "ERROR" => return Err(Error::Broker { host: session.host.clone(), message: error_text(&frame) }),
+                _ => {
+                    bump(&self.counters.other_frames);
+                    continue;
+                }
+            }
+            let reply = match Reply::decode_verified(&frame.body, &self.config.psk, self.config.marshal_limits) {
+                Ok(r) => r,
+                Err(Error::Signature(_)) => {
+                    bump(&self.counters.bad_hash);
+                    continue;
+                }
+                Err(_) => {
+                    bump(&self.counters.malformed);
+                    continue;
+                }
+            };
+            if reply.requestid != expect.requestid {
+                bump(&self.counters.foreign_requestid);
+                continue;
+            }
+            if reply.senderagent != expect.agent {
+                bump(&self.counters.malformed);
+                continue;
+            }
+            if let Some(only) = expect.only {
+                if !only.contains(&reply.senderid) {
+                    bump(&self.counters.unexpected_sender);
+                    continue;
+                }
+            }
+            if replies.contains_key(&reply.senderid) {
+                bump(&self.counters.duplicate);
+                continue;
+            }
+            replies.insert(reply.senderid.clone(), reply);
+            if expect.count.is_some_and(|n| replies.len() >= n) {
+                break;
+            }
+        }
+        Ok(replies)
+    }
+
+    /// Connects to the first pool host that completes the STOMP handshake.
+    fn open(&self) -> Result<Session> {
+        let mut failures = Vec::new();
+        for broker in &self.config.pool {
+            match self.open_one(broker) {
+                Ok(s) => return Ok(s),
+                Err(e) => failures.push((broker.address(), e.to_string())),
+            }
+        }
+        Err(Error::NoBroker(failures))
+    }
+
+    fn open_one(&self, broker: &BrokerHost) -> Result<Session> {
+        let host = broker.address();
+        let deadline = deadline_after(self.config.connect_timeout);
+        let addrs = (broker.host.as_str(), broker.port)
+            .to_socket_addrs()
+            .map_err(|e| Error::io(format!("resolving {host}"), e))?;
+        let mut last = None;
+        let mut stream = None;
+        for addr in addrs {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match TcpStream::connect_timeout(&addr, left) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(Error::io(format!("connecting to {addr}"), e)),
+            }
+        }
+        let stream = match stream {
+            Some(s) => s,
+            None => return Err(last.unwrap_or_else(|| Error::InvalidInput(format!("{host} resolves to no address")))),
+        };
+        let io_err = |what: &str, e| Error::io(format!("{what} {host}"), e);
+        stream.set_nodelay(true).map_err(|e| io_err("configuring", e))?;
+        stream.set_write_timeout(Some(self.config.connect_timeout)).map_err(|e| io_err("configuring", e))?;
+        let write_half = stream.try_clone().map_err(|e| io_err("configuring", e))?;
+        let mut session = Session {
+            reader: FrameReader::new(stream, self.config.stomp_limits),
+            writer: FrameWriter::new(write_half),
+            version: Version::V1_0,
+            host: host.clone(),
+        };
+        let versions = &self.config.stomp_versions;
+        session.send(&self.connector.connect(broker, versions))?;
+        let Some(frame) = session.next_frame(deadline)? else {
+            return Err(Error::Broker { host, message: "no CONNECTED frame within the connect timeout".into() });
+        };
+        match frame.command.as_str() {
+            "CONNECTED" => {}
+            "ERROR" => return Err(Error::Broker { host, message: error_text(&frame) }),
+            other => return Err(Error::Broker { host, message: format!("expected CONNECTED, got {other}") }),
+        }
+        let version = negotiated_version(&frame, versions)?;
+        session.version = version;
+        session.reader.set_version(version);
+        session.writer.set_version(version);
+        Ok(session)
+    }
+}
+
+/// `now + d`, capped at a day so a huge caller timeout cannot overflow.
+fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d.min(Duration::from_secs(86_400))).unwrap_or(now)
+}
+
+/// An ERROR frame's `message` header and body, for error text.
+fn error_text(frame: &Frame) -> String {
+    let mut s = frame.get("message").unwrap_or("ERROR frame").to_string();
+    let body = String::from_utf8_lossy(&frame.body);
+    let body = body.trim();
+    if !body.is_empty() {
+        s.push_str(": ");
+        s.extend(body.chars().take(500));
+    }
+    s
+}
+
+/// Agent and action names become parts of destinations: keep them `\w+`.
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!("{what} {name:?} is not a \\w+ name")))
+    }
+}
+
+/// mcollective identities match `/^[\w.\-]+$/`.
+fn check_identity(node: &str) -> Result<()> {
+    if !node.is_empty() && node.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!("node identity {node:?} does not match /^[\\w.\\-]+$/")))
+    }
+}
+
+/// One STOMP connection.
+struct Session {
+    reader: FrameReader<TcpStream>,
+    writer: FrameWriter<TcpStream>,
+    version: Version,
+    host: String,
+}
+
+impl Session {
+    fn send(&mut self, frame: &Frame) -> Result<()> {
+        self.writer.write_frame(frame).map_err(|e| match e {
+            Error::Io { context, source } => Error::io(format!("{context} to {}", self.host), source),
+            other => other,
+        })
+    }
+
+    /// The next frame, or None once `deadline` passed. Read timeouts are
+    /// only a poll interval: partial frames stay buffered.
+    fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let poll = left.max(Duration::from_millis(1));
+            self.reader
+                .get_ref()
+                .set_read_timeout(Some(poll))
+                .map_err(|e| Error::io(format!("configuring {}", self.host), e))?;
+            match self.reader.read_frame() {
+                Ok(f) => return Ok(Some(f)),
+                Err(e) if e.is_timeout() => continue,
+                Err(Error::Io { context, source }) => {
+                    return Err(Error::io(format!("{context} from {}", self.host), source))
+                }
+                Err(Error::Frame(m)) => return Err(Error::Frame(format!("from {}: {m}", self.host))),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// DISCONNECT and close; errors are moot at this point.
+    fn close(mut self, connector: &Connector) {
+        let _ = self.send(&connector.disconnect());
+        let _ = self.reader.get_ref().shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("agent", "rpc_util2").is_ok());
+        assert!(check_name("agent", "a/b").is_err());
+        assert!(check_name("agent", "").is_err());
+        assert!(check_identity("node-1.example.com").is_ok());
+        assert!(check_identity("node 1").is_err());
+        assert!(check_identity("../x/").is_err());
+    }
+
+    #[test]
+    fn error_frames_are_summarised() {
+        let f = Frame::new("ERROR").header("message", "Bad CONNECT").body(b"Access refused\n".to_vec());
+        assert_eq!(error_text(&f), "Bad CONNECT: Access refused");
+    }
+}

@@ -1,0 +1,22 @@
+//! Native mcollective 2.x client (no Ruby): discovery and RPC against
+//! existing mcollectived daemons through RabbitMQ or ActiveMQ, with the
+//! operator's own `client.cfg` and the `psk` security provider.
+//!
+//! Layers, bottom up: [`stomp`] frames, [`marshal`] values, [`psk`]
+//! signatures, [`message`] bodies, [`config`] file, [`connector`]
+//! destinations/headers, [`client`] I/O. Wire facts: `mcollective-wire.md`.
+
+pub mod client;
+pub mod config;
+pub mod connector;
+pub mod error;
+pub mod marshal;
+pub mod message;
+pub mod psk;
+pub mod stomp;
+
+pub use client::{Client, ClientStats, RpcOutcome, RpcReply};
+pub use config::{BrokerHost, Config, ConnectorKind, Overrides};
+pub use error::{Error, Result};
+pub use marshal::{Encoding, Value};
+pub use message::{FactFilter, Filter};

@@ -1,0 +1,477 @@
+//! The client against a tiny in-test STOMP broker on 127.0.0.1 that plays
+//! the daemons too: handshake and version negotiation, failover across the
+//! pool, reply collection with timeouts, and dropping of forged, foreign,
+//! duplicate and garbage replies.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use puppet_kicker::mcollective::config::{BrokerHost, Config, ConnectorKind, Overrides};
+use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
+use puppet_kicker::mcollective::message::{self, Reply, Request, RpcStatus};
+use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits, Version};
+use puppet_kicker::mcollective::{Client, Error, FactFilter, Filter};
+
+const PSK: &str = "loopback-psk";
+
+#[derive(Clone)]
+struct Node {
+    identity: &'static str,
+    role: &'static str,
+    delay: Duration,
+}
+
+#[derive(Clone)]
+struct Scenario {
+    nodes: Vec<Node>,
+    /// Answer CONNECT with ERROR (bad credentials).
+    reject_login: bool,
+    /// Never answer CONNECT.
+    silent: bool,
+    /// Before the real replies, send forged/foreign/duplicate/garbage ones.
+    junk: bool,
+    /// Answer a SEND with an ERROR frame.
+    error_on_send: bool,
+    /// Answer a SEND with a MESSAGE declaring a huge body.
+    huge_message: bool,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            nodes: vec![
+                Node { identity: "node1.example.com", role: "node", delay: Duration::ZERO },
+                Node { identity: "node2.example.com", role: "node", delay: Duration::from_millis(30) },
+                Node { identity: "web1.example.com", role: "web", delay: Duration::from_millis(10) },
+            ],
+            reject_login: false,
+            silent: false,
+            junk: false,
+            error_on_send: false,
+            huge_message: false,
+        }
+    }
+}
+
+struct Broker {
+    addr: SocketAddr,
+    frames: Arc<Mutex<Vec<Frame>>>,
+}
+
+impl Broker {
+    fn start(scenario: Scenario) -> Broker {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frames = Arc::new(Mutex::new(Vec::new()));
+        let log = frames.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let (scenario, log) = (scenario.clone(), log.clone());
+                thread::spawn(move || {
+                    let _ = serve(stream, &scenario, &log);
+                });
+            }
+        });
+        Broker { addr, frames }
+    }
+
+    fn host(&self) -> BrokerHost {
+        BrokerHost {
+            host: "127.0.0.1".into(),
+            port: self.addr.port(),
+            user: "mcollective".into(),
+            password: "marionette".into(),
+        }
+    }
+
+    /// Frames received so far, once the client's DISCONNECT arrived (or 3 s).
+    fn received(&self) -> Vec<Frame> {
+        let start = Instant::now();
+        loop {
+            let frames = self.frames.lock().unwrap().clone();
+            let done = frames.last().is_some_and(|f| f.command == "DISCONNECT");
+            if done || start.elapsed() > Duration::from_secs(3) {
+                return frames;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A port with nothing listening on it.
+fn dead_host() -> BrokerHost {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    BrokerHost { host: "127.0.0.1".into(), port, user: String::new(), password: String::new() }
+}
+
+fn fact_filter_matches(req: &Request, node: &Node) -> bool {
+    req.filter.fact.iter().all(|f| f.fact == "role" && f.operator == "==" && f.value == node.role)
+        && (req.filter.identity.is_empty() || req.filter.identity.iter().any(|i| i == node.identity))
+}
+
+fn serve(stream: TcpStream, sc: &Scenario, log: &Mutex<Vec<Frame>>) -> Result<(), Error> {
+    let mut reader = FrameReader::new(stream.try_clone().unwrap(), Limits::default());
+    let mut raw = stream.try_clone().unwrap();
+    let mut writer = FrameWriter::new(stream);
+    loop {
+        let frame = reader.read_frame()?;
+        log.lock().unwrap().push(frame.clone());
+        match frame.command.as_str() {
+            "CONNECT" => {
+                if sc.silent {
+                    thread::sleep(Duration::from_secs(5));
+                    return Ok(());
+                }
+                if sc.reject_login {
+                    writer.write_frame(
+                        &Frame::new("ERROR")
+                            .header("message", "Bad CONNECT")
+                            .body(b"Access refused for user 'mcollective'".to_vec()),
+                    )?;
+                    return Ok(());
+                }
+                let offered = frame.get("accept-version").unwrap_or("1.0");
+                let version = offered.split(',').filter_map(Version::parse).max().unwrap_or(Version::V1_0);
+                writer.write_frame(
+                    &Frame::new("CONNECTED")
+                        .header("version", version.as_str())
+                        .header("heart-beat", "0,0")
+                        .header("server", "fake/1.0"),
+                )?;
+                reader.set_version(version);
+                writer.set_version(version);
+            }
+            "DISCONNECT" => return Ok(()),
+            "SEND" => answer(&frame, sc, &mut writer, &mut raw)?,
+            _ => {}
+        }
+    }
+}
+
+fn message_frame(req_frame: &Frame, body: Vec<u8>) -> Frame {
+    let reply_to = req_frame.get("reply-to").unwrap_or("/queue/none").to_string();
+    Frame::new("MESSAGE")
+        .header("subscription", reply_to.as_str())
+        .header("destination", reply_to.as_str())
+        .header("message-id", "m-1")
+        .body(body)
+}
+
+fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mut TcpStream) -> Result<(), Error> {
+    if sc.error_on_send {
+        return w.write_frame(&Frame::new("ERROR").header("message", "queue full"));
+    }
+    if sc.huge_message {
+        // Declares 100 MB and sends two bytes: the client must refuse at once.
+        raw.write_all(b"MESSAGE\ncontent-length:100000000\n\nxx").map_err(|e| Error::InvalidInput(e.to_string()))?;
+        return Ok(());
+    }
+    let (req, hash) = Request::decode(&frame.body, DecodeLimits::default())?;
+    if !puppet_kicker::mcollective::psk::verify(&req.body, PSK, &hash) {
+        return Ok(()); // a daemon drops it silently
+    }
+    let dest = frame.get("destination").unwrap_or("");
+    let target = frame
+        .get("mc_identity")
+        .map(str::to_string)
+        .or_else(|| dest.split_once("_directed/").map(|(_, n)| n.to_string()));
+    let inner = puppet_kicker::mcollective::marshal::decode(&req.body)?;
+    let reply_body = if req.agent == "discovery" {
+        puppet_kicker::mcollective::marshal::encode(&Value::str("pong"))?
+    } else {
+        let data = inner.get_sym("data").cloned().unwrap_or(Value::Nil);
+        RpcStatus {
+            statuscode: 0,
+            statusmsg: "OK".into(),
+            data: Value::Hash(vec![
+                (Value::sym("echo"), data),
+                (Value::sym("action"), inner.get_sym("action").cloned().unwrap_or(Value::Nil)),
+            ]),
+        }
+        .encode()?
+    };
+    let reply_for = |sender: &str, requestid: &str, body: Vec<u8>, psk: &str| -> Result<Vec<u8>, Error> {
+        Reply {
+            senderid: sender.into(),
+            requestid: requestid.into(),
+            senderagent: req.agent.clone(),
+            msgtime: message::now_epoch(),
+            body,
+        }
+        .encode(psk)
+    };
+    if sc.junk {
+        let forged = reply_for("evil.example.com", &req.requestid, reply_body.clone(), "wrong-psk")?;
+        let foreign = reply_for("node1.example.com", "0123456789abcdef0123456789abcdef", reply_body.clone(), PSK)?;
+        let wrong_agent = Reply {
+            senderid: "node9.example.com".into(),
+            requestid: req.requestid.clone(),
+            senderagent: "other".into(),
+            msgtime: 0,
+            body: reply_body.clone(),
+        }
+        .encode(PSK)?;
+        for body in [forged, foreign, wrong_agent, b"\x04\x08garbage".to_vec()] {
+            w.write_frame(&message_frame(frame, body))?;
+        }
+        w.write_frame(&Frame::new("RECEIPT").header("receipt-id", "77"))?;
+        if target.is_some() {
+            // Well signed, but from a node this directed request never went to.
+            let stranger = reply_for("stranger.example.com", &req.requestid, reply_body.clone(), PSK)?;
+            w.write_frame(&message_frame(frame, stranger))?;
+        }
+    }
+    let mut nodes: Vec<&Node> = sc
+        .nodes
+        .iter()
+        .filter(|n| match &target {
+            Some(t) => n.identity == t,
+            None => fact_filter_matches(&req, n),
+        })
+        .collect();
+    nodes.sort_by_key(|n| n.delay);
+    let start = Instant::now();
+    for n in nodes {
+        if let Some(wait) = n.delay.checked_sub(start.elapsed()) {
+            thread::sleep(wait);
+        }
+        let body = reply_for(n.identity, &req.requestid, reply_body.clone(), PSK)?;
+        w.write_frame(&message_frame(frame, body.clone()))?;
+        if sc.junk {
+            w.write_frame(&message_frame(frame, body))?; // duplicate
+        }
+    }
+    Ok(())
+}
+
+fn config(kind: ConnectorKind, pool: Vec<BrokerHost>, versions: Option<Vec<Version>>) -> Config {
+    let o = Overrides {
+        no_config_file: true,
+        connector: Some(kind),
+        pool: Some(pool),
+        psk: Some(PSK.into()),
+        identity: Some("master.example.com".into()),
+        collectives: Some(vec!["mcollective".into(), "production".into()]),
+        callerid: Some("uid=999".into()),
+        connect_timeout: Some(Duration::from_millis(800)),
+        stomp_versions: versions,
+        ..Overrides::default()
+    };
+    Config::resolve("", None, &o, None).unwrap()
+}
+
+fn role(r: &str) -> Filter {
+    Filter { fact: vec![FactFilter::eq("role", r)], ..Filter::default() }
+}
+
+#[test]
+fn rabbitmq_discovery_waits_the_timeout_and_drops_junk() {
+    let broker = Broker::start(Scenario { junk: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None));
+    let start = Instant::now();
+    let nodes = client.discover("mcollective", &role("node"), Duration::from_millis(400), None).unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(nodes, ["node1.example.com", "node2.example.com"]);
+    assert!(elapsed >= Duration::from_millis(400), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    let s = client.stats();
+    assert_eq!(s.accepted, 2);
+    assert_eq!(s.bad_hash, 1, "{s:?}");
+    assert_eq!(s.foreign_requestid, 1, "{s:?}");
+    assert_eq!(s.malformed, 2, "{s:?}"); // wrong agent + garbage
+    assert_eq!(s.duplicate, 2, "{s:?}");
+    assert_eq!(s.other_frames, 1, "{s:?}");
+
+    let frames = broker.received();
+    let cmds: Vec<&str> = frames.iter().map(|f| f.command.as_str()).collect();
+    assert_eq!(cmds, ["CONNECT", "SEND", "DISCONNECT"]);
+    assert_eq!(frames[0].get("accept-version"), Some("1.0,1.1,1.2"));
+    assert_eq!(frames[0].get("host"), Some("/"));
+    assert_eq!(frames[0].get("login"), Some("mcollective"));
+    let send = &frames[1];
+    assert_eq!(send.get("destination"), Some("/exchange/mcollective_broadcast/discovery"));
+    assert_eq!(send.get("reply-to"), Some("/temp-queue/mcollective_reply_discovery"));
+    assert_eq!(send.get("expiration"), Some("70000"));
+    assert_eq!(send.get("mc_sender"), Some("master.example.com"));
+    let (req, _) = Request::decode(&send.body, DecodeLimits::default()).unwrap();
+    assert_eq!(req.filter.collective.as_deref(), Some("mcollective"));
+    assert_eq!((req.callerid.as_str(), req.ttl), ("uid=999", 60));
+    assert!((req.msgtime - message::now_epoch()).abs() < 5);
+}
+
+#[test]
+fn discovery_stops_early_at_the_expected_count() {
+    let broker = Broker::start(Scenario::default());
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None));
+    let start = Instant::now();
+    let nodes = client.discover("mcollective", &Filter::default(), Duration::from_secs(5), Some(3)).unwrap();
+    assert_eq!(nodes.len(), 3);
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn activemq_directed_rpc_reports_missing_nodes() {
+    let broker = Broker::start(Scenario { junk: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::ActiveMq, vec![broker.host()], None));
+    let nodes: Vec<String> =
+        ["node2.example.com", "ghost.example.com", "node1.example.com"].iter().map(|s| s.to_string()).collect();
+    let inputs = vec![("force".to_string(), Value::Bool(true))];
+    let start = Instant::now();
+    let out =
+        client.rpc_directed("mcollective", "puppet", "runonce", &inputs, &nodes, Duration::from_millis(500)).unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(500));
+    let senders: Vec<&str> = out.replies.iter().map(|r| r.sender.as_str()).collect();
+    assert_eq!(senders, ["node1.example.com", "node2.example.com"]);
+    assert_eq!(out.missing, ["ghost.example.com"]);
+    let r = &out.replies[0];
+    assert_eq!((r.statuscode, r.statusmsg.as_str(), r.agent.as_str()), (0, "OK", "puppet"));
+    let echo = r.data.get_sym("echo").unwrap();
+    assert_eq!(echo.get_sym("force"), Some(&Value::Bool(true)));
+    assert_eq!(echo.get_sym("process_results"), Some(&Value::Bool(true)));
+    assert_eq!(r.data.get_sym("action").and_then(Value::as_str), Some("runonce"));
+
+    let frames = broker.received();
+    let cmds: Vec<&str> = frames.iter().map(|f| f.command.as_str()).collect();
+    assert_eq!(cmds, ["CONNECT", "SUBSCRIBE", "SEND", "SEND", "SEND", "UNSUBSCRIBE", "DISCONNECT"]);
+    assert_eq!(frames[0].get("host"), Some("mcollective"));
+    let sub = &frames[1];
+    let queue = sub.get("destination").unwrap();
+    assert!(queue.starts_with("/queue/mcollective.reply.master.example.com_"), "{queue}");
+    assert!(sub.get("id").is_some(), "STOMP 1.2 SUBSCRIBE needs an id");
+    let mut targets = Vec::new();
+    for send in &frames[2..5] {
+        assert_eq!(send.get("destination"), Some("/queue/mcollective.nodes"));
+        assert_eq!(send.get("reply-to"), Some(queue));
+        let ts: u64 = send.get("timestamp").unwrap().parse().unwrap();
+        let exp: u64 = send.get("expires").unwrap().parse().unwrap();
+        assert_eq!(exp - ts, 70_000);
+        targets.push(send.get("mc_identity").unwrap().to_string());
+    }
+    assert_eq!(targets, ["ghost.example.com", "node1.example.com", "node2.example.com"]);
+    assert_eq!(frames[5].get("id"), sub.get("id"));
+    // Junk came once per SEND; a node the request was not sent to is not trusted.
+    let s = client.stats();
+    assert_eq!((s.bad_hash, s.foreign_requestid, s.malformed), (3, 3, 6), "{s:?}");
+    assert_eq!((s.duplicate, s.unexpected_sender, s.accepted), (2, 3, 2), "{s:?}");
+}
+
+#[test]
+fn directed_rpc_returns_once_all_nodes_answered() {
+    let broker = Broker::start(Scenario::default());
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None));
+    let nodes = vec!["node1.example.com".to_string(), "web1.example.com".to_string()];
+    let start = Instant::now();
+    let out = client.rpc_directed("production", "rpcutil", "ping", &[], &nodes, Duration::from_secs(5)).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!(out.replies.len(), 2);
+    assert!(out.missing.is_empty());
+    let frames = broker.received();
+    let dests: Vec<&str> =
+        frames.iter().filter(|f| f.command == "SEND").map(|f| f.get("destination").unwrap()).collect();
+    assert_eq!(
+        dests,
+        ["/exchange/production_directed/node1.example.com", "/exchange/production_directed/web1.example.com"]
+    );
+}
+
+#[test]
+fn broadcast_rpc_with_filter_and_expected_count() {
+    let broker = Broker::start(Scenario::default());
+    let client = Client::new(config(ConnectorKind::ActiveMq, vec![broker.host()], None));
+    let out = client
+        .rpc_broadcast(
+            "mcollective",
+            "rpcutil",
+            "get_fact",
+            &[("fact".into(), Value::str("role"))],
+            &role("web"),
+            Some(1),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert_eq!(out.replies.len(), 1);
+    assert_eq!(out.replies[0].sender, "web1.example.com");
+    let frames = broker.received();
+    let send = frames.iter().find(|f| f.command == "SEND").unwrap();
+    assert_eq!(send.get("destination"), Some("/topic/mcollective.rpcutil.agent"));
+    assert!(send.get("mc_identity").is_none());
+}
+
+#[test]
+fn failover_skips_dead_and_refusing_hosts() {
+    let refusing = Broker::start(Scenario { reject_login: true, ..Scenario::default() });
+    let good = Broker::start(Scenario::default());
+    let pool = vec![dead_host(), refusing.host(), good.host()];
+    let client = Client::new(config(ConnectorKind::RabbitMq, pool, None));
+    let nodes = client.discover("mcollective", &role("web"), Duration::from_millis(200), None).unwrap();
+    assert_eq!(nodes, ["web1.example.com"]);
+    assert_eq!(refusing.received().len(), 1); // only its CONNECT
+}
+
+#[test]
+fn when_every_host_fails_the_error_lists_each() {
+    let refusing = Broker::start(Scenario { reject_login: true, ..Scenario::default() });
+    let silent = Broker::start(Scenario { silent: true, ..Scenario::default() });
+    let dead = dead_host();
+    let pool = vec![dead.clone(), refusing.host(), silent.host()];
+    let client = Client::new(config(ConnectorKind::ActiveMq, pool, None));
+    let start = Instant::now();
+    let err = client.discover("mcollective", &Filter::default(), Duration::from_millis(200), None).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(3), "connect timeout bounds the wait");
+    let Error::NoBroker(attempts) = &err else { panic!("{err}") };
+    assert_eq!(attempts.len(), 3);
+    let text = err.to_string();
+    assert!(text.contains(&dead.address()), "{text}");
+    assert!(text.contains("Access refused"), "{text}");
+    assert!(text.contains("no CONNECTED"), "{text}");
+}
+
+#[test]
+fn stomp_1_0_only_subscribes_without_id() {
+    let broker = Broker::start(Scenario::default());
+    let client = Client::new(config(ConnectorKind::ActiveMq, vec![broker.host()], Some(vec![Version::V1_0])));
+    let nodes = client.discover("mcollective", &Filter::default(), Duration::from_millis(200), None).unwrap();
+    assert_eq!(nodes.len(), 3);
+    let frames = broker.received();
+    assert_eq!(frames[0].get("accept-version"), Some("1.0"));
+    assert!(frames[0].get("heart-beat").is_none());
+    assert!(frames[1].get("id").is_none());
+}
+
+#[test]
+fn broker_errors_and_oversized_frames_are_errors() {
+    let broker = Broker::start(Scenario { error_on_send: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None));
+    let err = client.discover("mcollective", &Filter::default(), Duration::from_secs(2), None).unwrap_err();
+    assert!(matches!(&err, Error::Broker { message, .. } if message.contains("queue full")), "{err}");
+
+    let broker = Broker::start(Scenario { huge_message: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None));
+    let start = Instant::now();
+    let err = client.discover("mcollective", &Filter::default(), Duration::from_secs(5), None).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(matches!(&err, Error::Frame(m) if m.contains("exceeds")), "{err}");
+}
+
+#[test]
+fn bad_arguments_are_refused_before_connecting() {
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![dead_host()], None));
+    let t = Duration::from_millis(10);
+    assert!(matches!(client.discover("nope", &Filter::default(), t, None), Err(Error::InvalidInput(_))));
+    assert!(matches!(
+        client.rpc_directed("mcollective", "a/b", "x", &[], &["n".into()], t),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        client.rpc_directed("mcollective", "puppet", "runonce", &[], &["bad node".into()], t),
+        Err(Error::InvalidInput(_))
+    ));
+    let bad = Filter { fact: vec![FactFilter::new("role", "~=", "x")], ..Filter::default() };
+    assert!(matches!(client.discover("mcollective", &bad, t, None), Err(Error::InvalidInput(_))));
+}
