@@ -4,6 +4,7 @@
 //! A refresh builds a new `Index` and swaps it in whole; nothing here is ever
 //! mutated after `build`, so readers need no lock.
 
+use crate::error::{Error, Result};
 use crate::facts::Node;
 use crate::query::Query;
 use regex::Regex;
@@ -27,13 +28,38 @@ struct EnvironmentEntry {
     by_role: HashMap<String, Positions>,
 }
 
-/// Which roles `servers_with_role` asks for.
-#[derive(Clone, Debug)]
-pub enum RoleSelector {
-    /// Any of these exact role names.
-    Names(Vec<String>),
-    /// A regex on the role fact (`/…/` in the function's argument).
-    Pattern(Regex),
+/// Which roles `servers_with_role` asks for: any of `names` exactly, or any role
+/// matching one of `patterns` (written `/…/` in the function's argument).
+#[derive(Clone, Debug, Default)]
+pub struct RoleSelector {
+    pub names: Vec<String>,
+    pub patterns: Vec<Regex>,
+}
+
+impl RoleSelector {
+    /// Reads role arguments: `/…/` is a regex on the role fact, anything else a name.
+    pub fn parse<S: AsRef<str>>(roles: &[S]) -> Result<RoleSelector> {
+        let mut selector = RoleSelector::default();
+        if roles.is_empty() {
+            return Err(Error::Query("no role given".into()));
+        }
+        for role in roles.iter().map(AsRef::as_ref) {
+            if role.is_empty() {
+                return Err(Error::Query("a role name cannot be empty".into()));
+            }
+            match role.strip_prefix('/').and_then(|r| r.strip_suffix('/')) {
+                Some(pattern) if role.len() >= 2 => selector
+                    .patterns
+                    .push(Regex::new(pattern).map_err(|e| Error::Query(format!("role {role}: invalid regex: {e}")))?),
+                _ => selector.names.push(role.to_string()),
+            }
+        }
+        Ok(selector)
+    }
+
+    pub fn names<S: Into<String>>(names: impl IntoIterator<Item = S>) -> RoleSelector {
+        RoleSelector { names: names.into_iter().map(Into::into).collect(), patterns: Vec::new() }
+    }
 }
 
 /// Leaves out servers whose facts are older than `max_age` seconds at `now`.
@@ -97,12 +123,11 @@ impl Index {
         let Some(entry) = self.by_environment.get(environment) else {
             return Vec::new();
         };
-        let lists: Vec<&Positions> = match roles {
-            RoleSelector::Names(names) => names.iter().filter_map(|n| entry.by_role.get(n)).collect(),
-            RoleSelector::Pattern(regex) => {
-                entry.by_role.iter().filter(|(role, _)| regex.is_match(role)).map(|(_, p)| p).collect()
-            }
-        };
+        let mut lists: Vec<&Positions> = roles.names.iter().filter_map(|n| entry.by_role.get(n)).collect();
+        if !roles.patterns.is_empty() {
+            let matching = entry.by_role.iter().filter(|(role, _)| roles.patterns.iter().any(|re| re.is_match(role)));
+            lists.extend(matching.map(|(_, positions)| positions));
+        }
         let mut positions: Vec<u32> = match lists.as_slice() {
             [] => return Vec::new(),
             [one] => one.to_vec(),
@@ -192,12 +217,16 @@ mod tests {
     #[test]
     fn roles_come_from_the_inverted_index_in_fqdn_order() {
         let idx = sample();
-        let names = RoleSelector::Names(vec!["node".into()]);
+        let names = RoleSelector::parse(&["node"]).unwrap();
         assert_eq!(certnames(&idx, idx.with_role(&names, "production", FRESH)), ["web1", "web3"]);
-        let any = RoleSelector::Names(vec!["edge".into(), "node".into()]);
+        let any = RoleSelector::parse(&["edge", "node"]).unwrap();
         assert_eq!(certnames(&idx, idx.with_role(&any, "production", FRESH)), ["web1", "lb1", "web3"]);
-        let pattern = RoleSelector::Pattern(Regex::new("^hap").unwrap());
+        let pattern = RoleSelector::parse(&["/^hap/"]).unwrap();
         assert_eq!(certnames(&idx, idx.with_role(&pattern, "production", FRESH)), ["lb1"]);
+        let mixed = RoleSelector::parse(&["/^hap/", "node", "node"]).unwrap();
+        assert_eq!(certnames(&idx, idx.with_role(&mixed, "production", FRESH)), ["web1", "lb1", "web3"]);
+        assert!(RoleSelector::parse(&["/(?=x)/"]).unwrap_err().to_string().contains("role /(?=x)/: invalid regex"));
+        assert!(RoleSelector::parse::<&str>(&[]).is_err());
         assert_eq!(certnames(&idx, idx.with_role(&names, "staging", FRESH)), ["stage"]);
         assert!(idx.with_role(&names, "nowhere", FRESH).is_empty());
     }
@@ -205,7 +234,7 @@ mod tests {
     #[test]
     fn servers_older_than_max_age_are_left_out() {
         let idx = sample();
-        let names = RoleSelector::Names(vec!["node".into()]);
+        let names = RoleSelector::names(["node"]);
         let lenient = Freshness { now: NOW, max_age: 86_400 };
         assert_eq!(certnames(&idx, idx.with_role(&names, "production", lenient)), ["old", "web1", "web3"]);
     }

@@ -48,7 +48,7 @@ impl Master {
 }
 
 fn role(name: &str) -> RoleSelector {
-    RoleSelector::Names(vec![name.to_string()])
+    RoleSelector::names([name])
 }
 
 fn certnames(selection: puppet_kicker::Selection) -> Vec<String> {

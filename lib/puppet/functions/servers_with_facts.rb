@@ -1,0 +1,33 @@
+# frozen_string_literal: true
+
+require_relative '../../puppet_kicker'
+
+# @summary
+#   Returns every server whose facts match all the clauses, with all its facts.
+#
+# A clause is `fact OP value`: OP is `=` or `==`, `!=`, `=~` or `!~` (regex),
+# `<`, `>`, `<=`, `>=` (also spelled `=<` and `=>`). A value between slashes is a
+# regex. `fact` may be a dotted path into structured facts. Numbers compare as
+# numbers and dotted versions as versions. A missing fact never matches, not even
+# `!=`. Servers are those of the compiling node's environment unless a clause is on
+# `environment`.
+#
+# @example
+#   servers_with_facts('hostname=/^new$|^old$/')
+#   servers_with_facts('uptime_days>10', 'os.family=Debian')
+#   servers_with_facts('role=db', 'os.release.full>=11.2', 'environment=staging')
+Puppet::Functions.create_function(:servers_with_facts) do
+  # @param clauses
+  #   One or more clauses; all must hold.
+  # @return [Array[Hash]] Each server's facts (plus `certname`), in `fqdn` order.
+  dispatch :servers_with_facts do
+    required_repeated_param 'String[1]', :clauses
+    return_type 'Array[Hash]'
+  end
+
+  def servers_with_facts(*clauses)
+    PuppetKicker::Functions.compile(closure_scope, 'servers_with_facts') do
+      PuppetKicker.servers_with_facts(clauses, PuppetKicker::Functions.environment_of(closure_scope))
+    end
+  end
+end
