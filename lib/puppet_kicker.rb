@@ -2,9 +2,9 @@
 
 # Ruby side of puppet-kicker: loads the native core and gives the Puppet functions
 # one small API. Everything else (index, queries, refresh, snapshot) is in Rust.
-module PuppetKicker
-  VERSION = '0.1.0'
+require_relative 'puppet_kicker/version'
 
+module PuppetKicker
   # Base of every error the core raises; the functions turn it into Puppet::ParseError.
   class Error < StandardError; end
   # A malformed clause or role argument.
@@ -14,6 +14,7 @@ module PuppetKicker
   # The index holds no server (see `on_no_data`).
   class NoDataError < Error; end
 
+  # Next to this file in the module (pluginsynced) and in the gem (extconf.rb copies it).
   NATIVE_LIBRARY = File.join(__dir__, 'puppet_kicker', 'puppet_kicker.so')
 
   class << self

@@ -1,0 +1,23 @@
+# frozen_string_literal: true
+
+require_relative 'lib/puppet_kicker/version'
+
+Gem::Specification.new do |spec|
+  spec.name = 'puppet_kicker'
+  spec.version = PuppetKicker::VERSION
+  spec.summary = "Cross-server Puppet notifications: other servers' facts from a cached index, and kicks"
+  spec.description = 'Puppet functions servers_with_role, servers_with_facts and server_with_role answered ' \
+                     'from a Rust fact index, and the kick report processor.'
+  spec.authors = ['puppet-kicker maintainers']
+  spec.license = 'Apache-2.0'
+  spec.homepage = 'https://github.com/puppet-kicker/puppet-kicker'
+  spec.required_ruby_version = '>= 2.7'
+
+  spec.files = Dir[
+    'Cargo.toml', 'Cargo.lock', 'rustfmt.toml', 'src/**/*.rs', 'benches/**/*.rs',
+    'ext/puppet_kicker/Cargo.toml', 'ext/puppet_kicker/extconf.rb', 'ext/puppet_kicker/src/**/*.rs',
+    'lib/**/*.rb', 'templates/*', 'examples/**/*', 'metadata.json', 'README.md', 'LICENSE'
+  ]
+  spec.require_paths = ['lib']
+  spec.extensions = ['ext/puppet_kicker/extconf.rb']
+end

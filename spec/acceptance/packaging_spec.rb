@@ -1,0 +1,50 @@
+# frozen_string_literal: true
+
+require 'open3'
+require 'tmpdir'
+
+# What operators install: the module package (`rake build`, then `puppet module
+# install`) and the gem (`gem build`, then `gem install --local`, compiled by
+# extconf.rb with cargo).
+describe 'packaging' do
+  def run(*cmd, **opts)
+    out, status = Open3.capture2e(*cmd, chdir: ROOT, **opts)
+    expect(status).to be_success, "#{cmd.join(' ')}:\n#{out}"
+    out
+  end
+
+  describe 'the module package' do
+    before(:all) { @tmp = Dir.mktmpdir('puppet-kicker-module') }
+
+    let(:tarball) { run('rake', 'build').lines.last.strip }
+
+    it 'carries metadata, the functions and the linux-x86_64 library, and puppet module install accepts it' do
+      listing = run('tar', 'tzf', tarball)
+      expect(listing).to include('puppetkicker-kicker-0.1.0/metadata.json',
+                                 'puppetkicker-kicker-0.1.0/lib/puppet_kicker/puppet_kicker.so',
+                                 'puppetkicker-kicker-0.1.0/lib/puppet/functions/servers_with_role.rb')
+      run('puppet', 'module', 'install', '--target-dir', File.join(@tmp, 'modules'), '--ignore-dependencies', tarball)
+      expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'lib', 'puppet_kicker', 'puppet_kicker.so'))
+    end
+
+    it 'renders the haproxy example from the installed module' do
+      out = run({ 'KICKER_MODULEPATH' => File.join(@tmp, 'modules') }, File.join(ROOT, 'script', 'example'), File.join(@tmp, 'work'))
+      expect(out).to include("      server node1 10.0.0.11:8080 check inter 2000\n      server node2 10.0.0.12:8080")
+    end
+  end
+
+  describe 'the gem' do
+    it 'builds, installs with its native extension compiled by extconf.rb, and loads' do
+      Dir.mktmpdir('puppet-kicker-gem') do |dir|
+        run('gem', 'build', 'puppet_kicker.gemspec', '--output', File.join(dir, 'puppet_kicker.gem'))
+        # Reuse the checkout's cargo build so this stays fast; extconf.rb's default
+        # (a temporary target directory, removed after install) is the same Makefile.
+        env = { 'CARGO_TARGET_DIR' => File.join(ROOT, 'target') }
+        run(env, 'gem', 'install', '--local', '--install-dir', File.join(dir, 'gems'), '--no-document', File.join(dir, 'puppet_kicker.gem'))
+        loaded = run({ 'GEM_PATH' => File.join(dir, 'gems') }, 'ruby', '-e',
+                     'require "puppet_kicker"; puts PuppetKicker::NATIVE_LIBRARY; puts PuppetKicker.native.version')
+        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/lib/puppet_kicker/puppet_kicker.so", '0.1.0 (index format 1)')
+      end
+    end
+  end
+end
