@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod facts;
 pub mod index;
+pub mod kick;
 pub mod mcollective;
 pub mod query;
 pub mod service;

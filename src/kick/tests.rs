@@ -1,0 +1,291 @@
+//! The planner on a simulated fleet with a hand-driven clock.
+
+use super::*;
+use std::collections::BTreeMap;
+
+const SECOND: Millis = 1000;
+
+/// node1..3 (role node), lb1 (haproxy), db1 (db), all in production.
+fn fleet() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([("node1", "node"), ("node2", "node"), ("node3", "node"), ("lb1", "haproxy"), ("db1", "db")])
+}
+
+struct Sim {
+    planner: Planner,
+    now: Millis,
+    log: Vec<String>,
+}
+
+impl Sim {
+    fn new(config: KickConfig) -> Sim {
+        Sim { planner: Planner::new(config, PlannerState::default()), now: 1_000_000, log: Vec::new() }
+    }
+
+    fn report(&mut self, host: &str, kicks: &[&str]) -> Vec<Event> {
+        self.report_started_at(host, self.now, false, kicks)
+    }
+
+    fn report_started_at(&mut self, host: &str, run_started: Millis, noop: bool, kicks: &[&str]) -> Vec<Event> {
+        let report = ReportKicks {
+            host: host.into(),
+            environment: "production".into(),
+            run_started,
+            noop,
+            kicks: kicks
+                .iter()
+                .map(|role| KickSpec {
+                    resource: format!("Notify[kick -> {role}]"),
+                    selector: Selector::Roles(vec![role.to_string()]),
+                    environment: None,
+                })
+                .collect(),
+        };
+        let fleet = fleet();
+        let events = self.planner.on_report(
+            &report,
+            self.now,
+            |selector, _env| match selector {
+                Selector::Roles(roles) => fleet
+                    .iter()
+                    .filter(|(_, r)| roles.iter().any(|x| x == *r))
+                    .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
+                    .collect(),
+                Selector::Facts(_) => Vec::new(),
+            },
+            |host| fleet.get(host).map(|r| r.to_string()),
+        );
+        self.log.extend(events.iter().map(ToString::to_string));
+        events
+    }
+
+    fn advance(&mut self, ms: Millis) {
+        self.now += ms;
+    }
+
+    /// Dispatches what is due, answering every runonce with `outcome`.
+    fn dispatch(&mut self, outcome: impl Fn(&str) -> Outcome) -> Vec<String> {
+        let (dispatches, events) = self.planner.due(self.now);
+        self.log.extend(events.iter().map(ToString::to_string));
+        let mut started = Vec::new();
+        for d in dispatches {
+            let result = outcome(&d.target);
+            if result == Outcome::Started {
+                started.push(d.target.clone());
+            }
+            let events = self.planner.on_outcome(&d.target, result, self.now);
+            self.log.extend(events.iter().map(ToString::to_string));
+        }
+        started
+    }
+
+    fn logged(&self, needle: &str) -> bool {
+        self.log.iter().any(|l| l.contains(needle))
+    }
+}
+
+fn started(_: &str) -> Outcome {
+    Outcome::Started
+}
+
+#[test]
+fn kicks_within_the_window_coalesce_into_one_run() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(3 * SECOND);
+    sim.report("node2", &["haproxy"]);
+    sim.advance(3 * SECOND);
+    assert!(sim.dispatch(started).is_empty(), "not due before the window closes");
+    sim.advance(5 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    assert!(sim.logged("kick of lb1 joins the one already queued (chain node1 -> lb1 -> node2)"));
+    sim.advance(60 * SECOND);
+    assert!(sim.dispatch(started).is_empty(), "exactly one run");
+}
+
+#[test]
+fn a_kick_during_a_kicked_run_becomes_exactly_one_follow_up() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    let lb1_started = sim.now;
+    for node in ["node2", "node3", "node2"] {
+        sim.advance(SECOND);
+        sim.report(node, &["haproxy"]);
+    }
+    sim.advance(60 * SECOND);
+    assert!(sim.dispatch(started).is_empty(), "not while the kicked run is going");
+    assert_eq!(sim.planner.undelivered(), 1);
+    sim.report_started_at("lb1", lb1_started + 500, false, &[]);
+    assert!(sim.logged("kicked run of lb1 reported"));
+    assert_eq!(sim.dispatch(started), ["lb1"], "one follow-up, not zero and not three");
+    sim.advance(60 * SECOND);
+    assert!(sim.dispatch(started).is_empty());
+}
+
+#[test]
+fn busy_and_silent_targets_are_retried_with_backoff_then_given_up_and_logged() {
+    let config = KickConfig { max_attempts: 3, retry_base_ms: 30 * SECOND, ..KickConfig::default() };
+    let mut sim = Sim::new(config);
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    let busy = |_: &str| Outcome::Busy("Puppet is currently applying a catalog, cannot run now".into());
+    assert!(sim.dispatch(busy).is_empty());
+    assert!(sim.logged("kick of lb1 not started (Puppet is currently applying a catalog, cannot run now); retrying"));
+    sim.advance(29 * SECOND);
+    assert!(sim.dispatch(busy).is_empty() && sim.planner.due(sim.now).0.is_empty(), "backoff not over");
+    sim.advance(SECOND);
+    sim.dispatch(|_| Outcome::NoReply);
+    sim.advance(59 * SECOND);
+    assert!(sim.planner.due(sim.now).0.is_empty(), "second backoff is twice as long");
+    sim.advance(SECOND);
+    sim.dispatch(|_| Outcome::Disabled("Puppet is disabled".into()));
+    assert!(sim.logged("kick of lb1 FAILED after 3 attempts: Puppet is disabled (chain node1 -> lb1)"));
+    assert_eq!(sim.planner.state().outcomes.back().unwrap().result, "failed: Puppet is disabled");
+    assert_eq!(sim.planner.undelivered(), 0);
+}
+
+#[test]
+fn a_busy_target_gets_its_run_afterwards() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(|_| Outcome::Busy("Puppet is currently applying a catalog".into()));
+    sim.advance(30 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+}
+
+#[test]
+fn pending_kicks_survive_a_restart_without_repeating() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    let (dispatches, _) = sim.planner.due(sim.now);
+    assert_eq!(dispatches.len(), 1, "in flight when the master dies");
+
+    let bytes = rmp_serde::to_vec_named(sim.planner.state()).unwrap();
+    let state: PlannerState = rmp_serde::from_slice(&bytes).unwrap();
+    let mut restarted = Planner::new(KickConfig::default(), state);
+    restarted.recover_in_flight();
+    let (again, _) = restarted.due(sim.now + SECOND);
+    assert_eq!(again.iter().map(|d| d.target.as_str()).collect::<Vec<_>>(), ["lb1"], "not lost");
+    restarted.on_outcome("lb1", Outcome::Started, sim.now + SECOND);
+    assert!(restarted.due(sim.now + 120 * SECOND).0.is_empty(), "not repeated");
+}
+
+/// The seed's cycle: node kicks haproxy, haproxy kicks node. It must settle.
+#[test]
+fn a_two_role_cycle_settles_after_a_bounded_number_of_runs() {
+    let mut sim = Sim::new(KickConfig::default());
+    let mut runs = 0;
+    let mut reporting = vec!["node1".to_string()];
+    while let Some(host) = reporting.pop() {
+        runs += 1;
+        assert!(runs < 20, "kicks never settle: {:#?}", sim.log);
+        let kicks = if fleet()[host.as_str()] == "node" { ["haproxy"] } else { ["node"] };
+        let run_started = sim.now;
+        sim.report_started_at(&host, run_started, false, &kicks);
+        sim.advance(10 * SECOND);
+        reporting.extend(sim.dispatch(started));
+        sim.advance(5 * SECOND);
+    }
+    assert!(sim.logged(
+        "kick of node1 by lb1 (Notify[kick -> node]) suppressed: it would close a loop: node1 -> lb1 -> node1"
+    ));
+    assert!(sim.logged("kick cycle between roles: haproxy -> node -> haproxy"));
+    // node1, then lb1, then node2 and node3 (node1 suppressed), whose kicks of lb1 are
+    // suppressed because lb1 is on their chains.
+    assert_eq!(runs, 4, "{:#?}", sim.log);
+}
+
+#[test]
+fn a_three_server_cycle_is_suppressed_with_the_whole_cycle_logged() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    let t = sim.now;
+    sim.report_started_at("lb1", t, false, &["db"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    let t = sim.now;
+    sim.report_started_at("db1", t, false, &["haproxy"]);
+    assert!(sim.logged(
+        "kick of lb1 by db1 (Notify[kick -> haproxy]) suppressed: it would close a loop: node1 -> lb1 -> db1 -> lb1"
+    ));
+}
+
+#[test]
+fn chains_longer_than_max_hops_stop() {
+    let mut sim = Sim::new(KickConfig { max_hops: 1, ..KickConfig::default() });
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    let t = sim.now;
+    sim.report_started_at("lb1", t, false, &["db"]);
+    assert!(sim
+        .logged("kick of db1 by lb1 (Notify[kick -> db]) suppressed: the chain exceeds max_hops: node1 -> lb1 -> db1"));
+}
+
+#[test]
+fn policy_decides_which_roles_may_kick_which() {
+    let rules = BTreeMap::from([("node".to_string(), vec!["haproxy".to_string()])]);
+    let mut sim = Sim::new(KickConfig { policy: Policy::from_rules(rules), ..KickConfig::default() });
+    sim.report("node1", &["haproxy", "db"]);
+    assert!(sim.logged("kick queued for lb1"));
+    assert!(
+        sim.logged("kick of db1 by node1 (Notify[kick -> db]) suppressed: policy does not let role node kick role db")
+    );
+    sim.report("db1", &["haproxy"]);
+    assert!(sim.logged("policy does not let role db kick role haproxy"));
+}
+
+#[test]
+fn a_source_over_its_rate_limit_is_suppressed() {
+    let config = KickConfig { rate_limit: RateLimit { max: 2, window_ms: 60 * SECOND }, ..KickConfig::default() };
+    let mut sim = Sim::new(config);
+    sim.report("node1", &["haproxy"]);
+    sim.report("node1", &["haproxy"]);
+    let events = sim.report("node1", &["haproxy"]);
+    assert!(matches!(&events[..], [Event::Suppressed { reason: Suppression::RateLimited, .. }]), "{events:?}");
+    assert!(sim.logged("node1 exceeded its kick rate limit"));
+    sim.advance(60 * SECOND);
+    assert!(!matches!(&sim.report("node1", &["haproxy"])[..], [Event::Suppressed { .. }]));
+}
+
+#[test]
+fn noop_runs_self_kicks_and_dry_runs_kick_nothing() {
+    let mut sim = Sim::new(KickConfig::default());
+    let t = sim.now;
+    sim.report_started_at("node1", t, true, &["haproxy"]);
+    assert!(sim.logged("suppressed: the run was --noop"));
+    sim.report("node1", &["node"]);
+    assert!(sim.logged("kick of node1 by node1 (Notify[kick -> node]) suppressed: a server does not kick itself"));
+    assert!(sim.logged("kick queued for node2"));
+
+    let mut dry = Sim::new(KickConfig { dry_run: true, ..KickConfig::default() });
+    dry.report("node1", &["haproxy"]);
+    assert!(dry.logged("dry run: would kick lb1 (chain node1 -> lb1)"));
+    dry.advance(60 * SECOND);
+    assert!(dry.dispatch(started).is_empty());
+}
+
+#[test]
+fn a_kicked_run_that_never_reports_times_out_and_frees_its_follow_up() {
+    let mut sim = Sim::new(KickConfig { run_timeout_ms: 600 * SECOND, ..KickConfig::default() });
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    sim.report("node2", &["haproxy"]);
+    assert_eq!(sim.planner.next_wakeup(), Some(sim.now + 600 * SECOND));
+    sim.advance(600 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    assert!(sim.logged("kicked run of lb1 sent no report within run_timeout"));
+}
+
+#[test]
+fn a_kick_matching_nobody_is_logged() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["nosuchrole"]);
+    assert!(sim.logged("Notify[kick -> nosuchrole] from node1 matches no server in environment production"));
+}
