@@ -19,6 +19,16 @@ pub struct Node {
     pub facts: Facts,
     /// Unix seconds at which these facts were collected.
     pub timestamp: i64,
+    /// What a source reports beside the facts, under names no fact can have (Puppet
+    /// cannot use `::` in a fact name): `mcollective::classes`, `mcollective::agents`,
+    /// `mcollective::collectives`. Returned with the facts and queryable like them.
+    #[serde(default, skip_serializing_if = "Facts::is_empty")]
+    pub extra: Facts,
+    /// Unix seconds, on this master's clock, when a live source (mcollective) last
+    /// heard from this server; `None` for sources that read a cache. A server that
+    /// stops answering is kept for a grace period counted from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_at: Option<i64>,
 }
 
 impl Node {
@@ -35,7 +45,14 @@ impl Node {
             .or(last_seen_env.filter(|s| !s.is_empty()))
             .unwrap_or(DEFAULT_ENVIRONMENT)
             .to_string();
-        Node { certname, environment, facts, timestamp }
+        Node { certname, environment, facts, timestamp, extra: Facts::new(), answered_at: None }
+    }
+
+    /// What the functions return for this server, in this order: its facts, then what
+    /// its source reported beside them (`mcollective::classes`, ...), never hiding a
+    /// fact. Each binding adds `certname` when no fact has that name.
+    pub fn entries(&self) -> impl Iterator<Item = (&String, &Value)> + '_ {
+        self.facts.iter().chain(self.extra.iter().filter(|(name, _)| !self.facts.contains_key(*name)))
     }
 
     /// The name results are sorted by: the `fqdn` fact, or the certname without one.
@@ -54,7 +71,7 @@ impl Node {
     /// The value at a fact path: a top-level fact named exactly `path` wins (legacy
     /// facts may contain dots), else `a.b.c` walks into hashes and, by number, arrays.
     pub fn fact(&self, path: &FactPath) -> Option<&Value> {
-        lookup(&self.facts, path)
+        lookup(&self.facts, path).or_else(|| self.extra.get(path.as_str()))
     }
 }
 

@@ -5,6 +5,7 @@
 //! Nothing here knows about Ruby: the Ruby extension (`ext/puppet_kicker`) and the
 //! C-ABI library for JRuby only convert values in and out of [`Kicker`].
 
+pub mod atomic_file;
 pub mod config;
 pub mod error;
 pub mod facts;
@@ -15,6 +16,8 @@ pub mod query;
 pub mod service;
 pub mod snapshot;
 pub mod source;
+/// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests.
+pub mod synthetic;
 pub mod time;
 pub mod yaml;
 

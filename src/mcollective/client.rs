@@ -131,7 +131,14 @@ impl Client {
     ) -> Result<Vec<String>> {
         self.check_collective(collective)?;
         let mut filter = filter.clone();
-        filter.collective = Some(collective.to_string());
+        // mco names the collective in a discovery filter, but daemons treat a filter
+        // holding nothing else as non-empty and unmatched: nobody would answer.
+        let unfiltered = filter.fact.is_empty()
+            && filter.cf_class.is_empty()
+            && filter.agent.is_empty()
+            && filter.identity.is_empty()
+            && filter.compound.is_empty();
+        filter.collective = if unfiltered { None } else { Some(collective.to_string()) };
         let body = message::discovery_body()?;
         let replies = self.call(collective, "discovery", &filter, body, None, expected, timeout)?;
         let mut nodes = Vec::new();

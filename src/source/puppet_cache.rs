@@ -100,7 +100,7 @@ fn observation(document: Value, path: &Path, mtime: i64) -> Result<Observation, 
         .flatten()
         .find_map(|t| t.as_str().and_then(parse_timestamp))
         .unwrap_or(mtime);
-    Ok(Observation { certname, facts, timestamp })
+    Ok(Observation::new(certname, facts, timestamp))
 }
 
 fn describe(e: &std::io::Error) -> String {

@@ -1,0 +1,212 @@
+//! `cargo bench --bench inventory`: what a refresh of `source: mcollective` costs on
+//! the master once the replies are on the wire: 10,000 `rpcutil#inventory` replies
+//! of realistic size, from STOMP bytes to the index a compile reads.
+//!
+//! The replies are generated: the Facter-4-like facts of `puppet_kicker::synthetic`
+//! (about 150 top-level facts, structured), every leaf turned into a String as
+//! mcollective 2.12's fact plugins do, plus 40 classes, the agents, data plugins and
+//! collectives an inventory carries; each is Marshal-encoded, PSK-signed and framed
+//! as the broker delivers it.
+//!
+//! Stages, each over all 10,000 replies: (1) read the STOMP MESSAGE frames from a
+//! byte stream; (2) decode each outer Marshal layer and check its PSK signature and
+//! (3) decode the inner layer, as the client does per reply; (4) turn each into an
+//! observation (facts and classes to JSON values); (5) build the index. One warm-up, then at least five samples; the
+//! median of each stage is reported.
+
+use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
+use puppet_kicker::mcollective::message::{Reply, RpcStatus};
+use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
+use puppet_kicker::mcollective::RpcReply;
+use puppet_kicker::source::mcollective::observation;
+use puppet_kicker::time::now;
+use puppet_kicker::{synthetic, Index};
+use serde_json::Value as Json;
+use std::hint::black_box;
+use std::io::Cursor;
+use std::time::{Duration, Instant};
+
+const SERVERS: usize = 10_000;
+const SEED: u64 = 1;
+const PSK: &str = "bench-psk";
+const SAMPLES: usize = 5;
+const MIN_TIME: Duration = Duration::from_secs(3);
+
+fn main() {
+    print_machine();
+    let started = Instant::now();
+    let built_at = now();
+    let nodes = synthetic::fleet(SERVERS, SEED, built_at);
+    let mut stream = Vec::new();
+    let (mut inner_bytes, mut outer_bytes) = (0usize, 0usize);
+    for (i, node) in nodes.iter().enumerate() {
+        let environment = node.environment.as_str();
+        let inner = RpcStatus { statuscode: 0, statusmsg: "OK".into(), data: inventory(&node.facts, environment, i) }
+            .encode()
+            .unwrap();
+        inner_bytes += inner.len();
+        let outer = Reply {
+            senderid: node.certname.clone(),
+            requestid: "0123456789abcdef0123456789abcdef".into(),
+            senderagent: "rpcutil".into(),
+            msgtime: built_at,
+            body: inner,
+        }
+        .encode(PSK)
+        .unwrap();
+        outer_bytes += outer.len();
+        let frame = Frame::new("MESSAGE")
+            .header("destination", "/reply-queue/amq.gen-bench")
+            .header("message-id", format!("T_/reply-queue/amq.gen-bench@@session-1@@{i}"))
+            .header("content-length", outer.len().to_string())
+            .body(outer);
+        stream.extend(stomp::encode(&frame, Version::V1_0).unwrap());
+    }
+    println!(
+        "{SERVERS} inventory replies (synthetic fleet, seed {SEED}): {:.1} KB of Marshal each on average \
+         ({:.1} KB facts+classes body), {:.1} MB of STOMP in all; generated in {:.1} s",
+        outer_bytes as f64 / SERVERS as f64 / 1e3,
+        inner_bytes as f64 / SERVERS as f64 / 1e3,
+        stream.len() as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+    let limits = Limits::default();
+
+    let mut samples: Vec<[Duration; 5]> = Vec::new();
+    let bench_start = Instant::now();
+    let mut warm = true;
+    while warm || samples.len() < SAMPLES || bench_start.elapsed() < MIN_TIME {
+        let mut times = [Duration::ZERO; 5];
+
+        let t = Instant::now();
+        let mut reader = FrameReader::new(Cursor::new(stream.as_slice()), limits);
+        let frames: Vec<Frame> = (0..SERVERS).map(|_| reader.read_frame().unwrap()).collect();
+        times[0] = t.elapsed();
+
+        let t = Instant::now();
+        let outers: Vec<Reply> =
+            frames.iter().map(|f| Reply::decode_verified(&f.body, PSK, DecodeLimits::default()).unwrap()).collect();
+        times[1] = t.elapsed();
+        drop(frames);
+
+        let t = Instant::now();
+        let replies: Vec<RpcReply> = outers
+            .into_iter()
+            .map(|reply| {
+                let status = RpcStatus::from_value(&reply.inner(DecodeLimits::default()).unwrap()).unwrap();
+                RpcReply {
+                    sender: reply.senderid,
+                    agent: reply.senderagent,
+                    msgtime: reply.msgtime,
+                    statuscode: status.statuscode,
+                    statusmsg: status.statusmsg,
+                    data: status.data,
+                }
+            })
+            .collect();
+        times[2] = t.elapsed();
+
+        let t = Instant::now();
+        let observations: Vec<_> = replies.iter().map(|r| observation(r, built_at, "mcollective").unwrap()).collect();
+        times[3] = t.elapsed();
+        drop(replies);
+
+        let t = Instant::now();
+        let index = Index::build(observations.into_iter().map(|o| o.into_node(None)).collect(), "role", built_at);
+        times[4] = t.elapsed();
+        assert_eq!(black_box(&index).len(), SERVERS);
+        drop(index);
+
+        if warm {
+            warm = false;
+        } else {
+            samples.push(times);
+        }
+    }
+
+    let stages = [
+        "1. read STOMP frames",
+        "2. decode the outer Marshal, verify the PSK hash",
+        "3. decode the inner Marshal (the inventory)",
+        "4. to observations (facts as JSON values)",
+        "5. build the index",
+    ];
+    println!("{} samples; median per stage:", samples.len());
+    println!("| Stage | 10,000 replies | per reply |");
+    println!("| --- | ---: | ---: |");
+    let mut total = Duration::ZERO;
+    for (i, stage) in stages.iter().enumerate() {
+        let mut v: Vec<Duration> = samples.iter().map(|s| s[i]).collect();
+        v.sort();
+        let median = v[v.len() / 2];
+        total += median;
+        println!("| {stage} | {} | {} |", ms(median), us(median));
+    }
+    let mut totals: Vec<Duration> = samples.iter().map(|s| s.iter().sum()).collect();
+    totals.sort();
+    let median_total = totals[totals.len() / 2];
+    println!("| **total** (median of sums) | **{}** | **{}** |", ms(median_total), us(median_total));
+    println!(
+        "throughput: {:.0} MB/s of STOMP, {:.0} replies/s (sum of stage medians {})",
+        stream.len() as f64 / median_total.as_secs_f64() / 1e6,
+        SERVERS as f64 / median_total.as_secs_f64(),
+        ms(total)
+    );
+}
+
+/// `rpcutil#inventory`'s data for one server, as mcollective 2.12 sends it.
+fn inventory(facts: &serde_json::Map<String, Json>, environment: &str, i: usize) -> Value {
+    let strings = |items: &[&str]| Value::Array(items.iter().map(|s| Value::str(*s)).collect());
+    let role = facts.get("role").and_then(Json::as_str).unwrap_or("node");
+    let mut classes = vec!["settings".to_string(), format!("role::{role}"), "profile::base".into()];
+    classes.extend((0..37).map(|c| format!("profile::component{}::part{}", c, (i + c) % 7)));
+    Value::Hash(vec![
+        (Value::sym("agents"), strings(&["discovery", "package", "puppet", "rpcutil", "service"])),
+        (Value::sym("facts"), stringified(&Json::Object(facts.clone()))),
+        (Value::sym("classes"), Value::Array(classes.into_iter().map(Value::str).collect())),
+        (Value::sym("version"), Value::str("2.12.5")),
+        (Value::sym("data_plugins"), strings(&["agent", "collective", "fact", "fstatinfo", "puppet", "resource"])),
+        (Value::sym("main_collective"), Value::str("mcollective")),
+        (Value::sym("collectives"), strings(&["mcollective", environment])),
+    ])
+}
+
+/// mcollective's `normalize_facts`: Arrays and Hashes kept, every other value `to_s`.
+fn stringified(v: &Json) -> Value {
+    match v {
+        Json::Array(items) => Value::Array(items.iter().map(stringified).collect()),
+        Json::Object(map) => Value::Hash(map.iter().map(|(k, v)| (Value::str(k.as_str()), stringified(v))).collect()),
+        Json::Null => Value::str(""),
+        Json::String(s) => Value::str(s.as_str()),
+        other => Value::str(other.to_string()),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1} µs", d.as_secs_f64() * 1e6 / SERVERS as f64)
+}
+
+fn print_machine() {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()))
+        .unwrap_or_else(|| "unknown".into());
+    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().to_string())))
+        .unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("puppet-kicker {} benchmark (cargo bench --bench inventory)", env!("CARGO_PKG_VERSION"));
+    println!(
+        "machine: nproc {nproc}, CPU {model}, memory {memory}, {} {}; load average at start: {}",
+        std::env::consts::ARCH,
+        if cfg!(debug_assertions) { "debug build" } else { "optimized build" },
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+}

@@ -1,0 +1,552 @@
+//! `source: mcollective`: the facts every mcollectived reports to `rpcutil#inventory`,
+//! as the original puppet-kicker read them, but on the refresh thread instead of
+//! during a compile.
+//!
+//! A refresh asks, in parallel, the collective named after each environment of the
+//! current index (the main collective when no such collective is configured) plus the
+//! main collective; with no index yet, every configured collective. In each it runs
+//! a discovery, then `rpcutil#inventory` until every discovered server has answered
+//! or `mcollective.timeout` has passed. A server is its identity (the certname), its
+//! facts as its daemon has them (mcollective 2.x sends every leaf as a String), and,
+//! beside the facts, its classes, agents and collectives
+//! (`mcollective::classes`, ...).
+//!
+//! A server of the previous index that does not answer is kept for
+//! `mcollective.grace`, counted from its last answer ([`Node::answered_at`], kept
+//! in the snapshot), then dropped. A refresh that hears from no server at all
+//! (broker down, login refused, wrong psk) fails: the service keeps serving the last
+//! index and retries with backoff.
+
+use super::{Harvest, Observation};
+use crate::config::McollectiveSettings;
+use crate::error::{Error, Result};
+use crate::facts::Facts;
+use crate::index::Index;
+use crate::mcollective::{self as mco, Client, Filter, RpcReply};
+use crate::time::now;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+pub const AGENT: &str = "rpcutil";
+pub const ACTION: &str = "inventory";
+/// Keys of [`crate::facts::Node::extra`] this source fills: Puppet cannot have a fact
+/// whose name holds `::`, so they never hide or replace a fact.
+pub const CLASSES: &str = "mcollective::classes";
+pub const AGENTS: &str = "mcollective::agents";
+pub const COLLECTIVES: &str = "mcollective::collectives";
+
+/// Marshal nesting the conversion follows; the client's decoder already bounds it.
+const MAX_DEPTH: usize = 64;
+
+pub struct McollectiveSource {
+    client: Client,
+    /// Wait for inventory replies after discovery.
+    timeout: Duration,
+    /// Seconds a silent server is kept.
+    grace: i64,
+}
+
+/// What one collective answered.
+struct Answer {
+    discovered: Vec<String>,
+    replies: Vec<RpcReply>,
+    /// Our clock when the replies were in.
+    at: i64,
+}
+
+impl McollectiveSource {
+    /// Reads the operator's client.cfg (with the overrides of `puppet_kicker.yaml`).
+    /// An unusable one (missing, no broker, a security provider other than psk, no
+    /// psk) is a configuration error naming the file and the key.
+    pub fn open(settings: &McollectiveSettings) -> Result<McollectiveSource> {
+        let config = settings.client_config().map_err(|e| {
+            let looked = match &settings.client_config {
+                None if !mco::config::DEFAULT_PATHS.iter().any(|p| std::path::Path::new(p).is_file()) => format!(
+                    " (no client.cfg found at {}; set mcollective.client_config)",
+                    mco::config::DEFAULT_PATHS.join(" or ")
+                ),
+                _ => String::new(),
+            };
+            Error::Config(format!("source: mcollective: {e}{looked}"))
+        })?;
+        Ok(McollectiveSource::with_client(Client::new(config), settings))
+    }
+
+    pub fn with_client(client: Client, settings: &McollectiveSettings) -> McollectiveSource {
+        McollectiveSource {
+            client,
+            timeout: Duration::from_secs(settings.timeout.max(1)),
+            grace: i64::try_from(settings.grace).unwrap_or(i64::MAX),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// For messages: the file, the brokers and the collectives.
+    pub fn describe(&self) -> String {
+        let config = self.client.config();
+        let file = config.source.as_ref().map_or("no client.cfg".to_string(), |f| f.display().to_string());
+        let brokers: Vec<String> = config.pool.iter().map(|b| b.address()).collect();
+        format!(
+            "the mcollective source ({file}; {} {}; collectives {})",
+            config.connector.name(),
+            brokers.join(", "),
+            config.collectives.join(", ")
+        )
+    }
+
+    /// The collectives a refresh asks, sorted: see the module documentation.
+    pub fn targets(&self, previous: Option<&Index>) -> Vec<String> {
+        let config = self.client.config();
+        match previous.filter(|index| !index.is_empty()) {
+            None => {
+                let mut all = config.collectives.clone();
+                all.sort();
+                all.dedup();
+                all
+            }
+            Some(index) => {
+                let mut targets = BTreeSet::from([config.main_collective.clone()]);
+                let environments: BTreeSet<&str> = index.nodes().iter().map(|n| n.environment.as_str()).collect();
+                for environment in environments {
+                    if config.collectives.iter().any(|c| c == environment) {
+                        targets.insert(environment.to_string());
+                    }
+                }
+                targets.into_iter().collect()
+            }
+        }
+    }
+
+    /// One refresh: discovery and inventory in every target collective, then the
+    /// grace period for servers of `previous` that did not answer.
+    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<Harvest> {
+        let targets = self.targets(previous);
+        let before = self.client.stats();
+        let answers: Vec<(String, mco::Result<Answer>)> = std::thread::scope(|scope| {
+            let running: Vec<_> = targets.iter().map(|c| (c, scope.spawn(move || self.ask(c)))).collect::<Vec<_>>();
+            running
+                .into_iter()
+                .map(|(c, handle)| {
+                    let answer = handle.join().unwrap_or_else(|_| {
+                        Err(mco::Error::InvalidInput(format!("internal error: asking collective {c} panicked")))
+                    });
+                    (c.clone(), answer)
+                })
+                .collect()
+        });
+        let forged = self.client.stats().bad_hash.saturating_sub(before.bad_hash);
+
+        let mut harvest = Harvest::default();
+        if forged > 0 {
+            harvest.warnings.push(format!(
+                "mcollective: ignored {forged} repl{} with a bad psk signature (a daemon with another psk, or forged)",
+                if forged == 1 { "y" } else { "ies" }
+            ));
+        }
+        let mut failures = Vec::new();
+        let mut discovered = BTreeSet::new();
+        // identity -> (reply, our time); the newest reply when several collectives answered.
+        let mut best: BTreeMap<String, (RpcReply, i64)> = BTreeMap::new();
+        for (collective, answer) in answers {
+            match answer {
+                Err(e) => failures.push((collective, e.to_string())),
+                Ok(answer) => {
+                    discovered.extend(answer.discovered);
+                    for reply in answer.replies {
+                        match best.get(&reply.sender) {
+                            Some((kept, _)) if kept.msgtime >= reply.msgtime => {}
+                            _ => {
+                                best.insert(reply.sender.clone(), (reply, answer.at));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if failures.len() == targets.len() {
+            return Err(Error::Io(format!("mcollective: {}", summarize(&failures))));
+        }
+        for (collective, error) in &failures {
+            harvest.warnings.push(format!("mcollective: collective {collective}: {error}"));
+        }
+
+        for (identity, (reply, at)) in best {
+            match observation(&reply, at, &self.client.config().main_collective) {
+                Ok(o) => harvest.observations.push(o),
+                Err(why) => harvest.warnings.push(format!("mcollective: ignored the inventory of {identity}: {why}")),
+            }
+        }
+        let answered_owned: Vec<String> = harvest.observations.iter().map(|o| o.certname.clone()).collect();
+        let answered: BTreeSet<&str> = answered_owned.iter().map(String::as_str).collect();
+        let silent: Vec<&String> = discovered.iter().filter(|d| !answered.contains(d.as_str())).collect();
+        if !silent.is_empty() {
+            harvest.warnings.push(format!(
+                "mcollective: discovered but no {AGENT}#{ACTION} answer within {}s from: {}",
+                self.timeout.as_secs(),
+                join(silent)
+            ));
+        }
+        if harvest.observations.is_empty() {
+            let mut why = format!(
+                "no mcollective server answered {AGENT}#{ACTION} in collective{} {} (discovery {}s{})",
+                if targets.len() == 1 { "" } else { "s" },
+                targets.join(", "),
+                self.client.config().discovery_timeout.as_secs_f64(),
+                if discovered.is_empty() { ", nobody" } else { "" }
+            );
+            if forged > 0 {
+                why.push_str(&format!("; {forged} replies had a bad psk signature"));
+            }
+            why.push_str(
+                ": check that mcollectived runs, that plugin.psk matches the daemons' and that the collectives exist",
+            );
+            if !failures.is_empty() {
+                why.push_str(&format!("; also {}", summarize(&failures)));
+            }
+            return Err(Error::Io(why));
+        }
+
+        if let Some(previous) = previous {
+            self.apply_grace(previous, &answered, started, &mut harvest);
+        }
+        Ok(harvest)
+    }
+
+    /// Keeps silent servers of `previous` for the grace period, with one warning when
+    /// a server first goes silent and one when it is dropped.
+    fn apply_grace(&self, previous: &Index, answered: &BTreeSet<&str>, started: i64, harvest: &mut Harvest) {
+        let mut newly_silent = Vec::new();
+        let mut dropped = Vec::new();
+        for node in previous.nodes() {
+            let Some(last) = node.answered_at else { continue };
+            if answered.contains(node.certname.as_str()) {
+                continue;
+            }
+            if started.saturating_sub(last) <= self.grace {
+                if last >= previous.built_at() {
+                    newly_silent.push(&node.certname);
+                }
+                harvest.kept.push(node.clone());
+            } else {
+                dropped.push(&node.certname);
+            }
+        }
+        if !newly_silent.is_empty() {
+            harvest.warnings.push(format!(
+                "mcollective: no answer from {}; kept for the grace period of {}s",
+                join(newly_silent),
+                self.grace
+            ));
+        }
+        if !dropped.is_empty() {
+            harvest.warnings.push(format!(
+                "mcollective: dropped {}: no answer for longer than the grace period of {}s",
+                join(dropped),
+                self.grace
+            ));
+        }
+    }
+
+    /// Discovery, then inventory of whoever answered, in one collective.
+    fn ask(&self, collective: &str) -> mco::Result<Answer> {
+        let config = self.client.config();
+        let filter = Filter { agent: vec![AGENT.to_string()], ..Filter::default() };
+        let discovered = self.client.discover(collective, &filter, config.discovery_timeout, None)?;
+        if discovered.is_empty() {
+            return Ok(Answer { discovered, replies: Vec::new(), at: now() });
+        }
+        let outcome =
+            self.client.rpc_broadcast(collective, AGENT, ACTION, &[], &filter, Some(discovered.len()), self.timeout)?;
+        Ok(Answer { discovered, replies: outcome.replies, at: now() })
+    }
+}
+
+/// One failure per line of the message; the same error in several collectives once.
+fn summarize(failures: &[(String, String)]) -> String {
+    let mut by_error: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (collective, error) in failures {
+        by_error.entry(error.as_str()).or_default().push(collective.as_str());
+    }
+    by_error
+        .into_iter()
+        .map(|(error, collectives)| {
+            let plural = if collectives.len() == 1 { "" } else { "s" };
+            format!("collective{plural} {}: {error}", collectives.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn join<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
+    const SHOWN: usize = 20;
+    let items: Vec<S> = items.into_iter().collect();
+    let mut text = items.iter().take(SHOWN).map(AsRef::as_ref).collect::<Vec<_>>().join(", ");
+    if items.len() > SHOWN {
+        text.push_str(&format!(" and {} more", items.len() - SHOWN));
+    }
+    text
+}
+
+/// A server from its inventory reply; `at` is when it answered, on our clock.
+pub fn observation(reply: &RpcReply, at: i64, main_collective: &str) -> std::result::Result<Observation, String> {
+    let identity = reply.sender.as_str();
+    if identity.is_empty() || !identity.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
+        return Err(format!("identity {identity:?} is not a valid certname"));
+    }
+    if reply.statuscode != 0 {
+        return Err(format!("status {} {}", reply.statuscode, reply.statusmsg));
+    }
+    let facts = match reply.data.get_sym("facts").map(to_json) {
+        Some(Value::Object(facts)) => facts,
+        Some(_) => return Err(":facts is not a Hash".into()),
+        None => return Err("no :facts in the reply".into()),
+    };
+    let list = |name: &str| -> Vec<String> {
+        let mut items: Vec<String> = match reply.data.get_sym(name).map(to_json) {
+            Some(Value::Array(items)) => items.into_iter().filter_map(|i| i.as_str().map(str::to_string)).collect(),
+            _ => Vec::new(),
+        };
+        items.sort();
+        items.dedup();
+        items
+    };
+    let collectives = list("collectives");
+    let own_main = reply.data.get_sym("main_collective").and_then(mco::Value::as_str).unwrap_or(main_collective);
+    let others: Vec<&String> = collectives.iter().filter(|c| *c != own_main && *c != main_collective).collect();
+    let environment_hint = match others.as_slice() {
+        [only] => Some((*only).clone()),
+        _ => None,
+    };
+    let strings = |items: Vec<String>| Value::Array(items.into_iter().map(Value::String).collect());
+    let mut extra = Facts::new();
+    extra.insert(CLASSES.to_string(), strings(list("classes")));
+    extra.insert(AGENTS.to_string(), strings(list("agents")));
+    extra.insert(COLLECTIVES.to_string(), strings(collectives));
+    Ok(Observation {
+        certname: identity.to_string(),
+        facts,
+        timestamp: if reply.msgtime > 0 { reply.msgtime } else { at },
+        extra,
+        answered_at: Some(at),
+        environment_hint,
+    })
+}
+
+/// A Ruby value as JSON: Strings and Symbols become strings, Hash keys strings.
+pub fn to_json(value: &mco::Value) -> Value {
+    convert(value, 0)
+}
+
+fn convert(value: &mco::Value, depth: usize) -> Value {
+    use mco::Value as R;
+    if depth > MAX_DEPTH {
+        return Value::Null;
+    }
+    match value {
+        R::Nil | R::Other(_) => Value::Null,
+        R::Bool(b) => Value::Bool(*b),
+        R::Int(i) => Value::from(*i),
+        R::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
+        R::Str { bytes, .. } => Value::String(String::from_utf8_lossy(bytes).into_owned()),
+        R::Sym(s) => Value::String(s.clone()),
+        R::Array(items) => Value::Array(items.iter().map(|i| convert(i, depth + 1)).collect()),
+        R::Hash(pairs) => Value::Object(
+            pairs
+                .iter()
+                .map(|(k, v)| {
+                    let key = match convert(k, depth + 1) {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    (key, convert(v, depth + 1))
+                })
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::facts::Node;
+    use crate::mcollective::config::{BrokerHost, Config, Overrides};
+    use serde_json::json;
+
+    fn ruby_facts() -> mco::Value {
+        use mco::Value as R;
+        R::Hash(vec![
+            (R::str("role"), R::str("node")),
+            (R::str("processorcount"), R::str("4")),
+            (R::str("os"), R::Hash(vec![(R::str("release"), R::Hash(vec![(R::str("full"), R::str("12.5"))]))])),
+            (R::str("addresses"), R::Array(vec![R::str("10.0.0.1"), R::str("10.0.0.2")])),
+        ])
+    }
+
+    fn reply(sender: &str, collectives: &[&str]) -> RpcReply {
+        use mco::Value as R;
+        let strings = |items: &[&str]| R::Array(items.iter().map(|s| R::str(*s)).collect());
+        RpcReply {
+            sender: sender.into(),
+            agent: AGENT.into(),
+            msgtime: 1_700_000_000,
+            statuscode: 0,
+            statusmsg: "OK".into(),
+            data: R::Hash(vec![
+                (R::sym("agents"), strings(&["rpcutil", "discovery", "puppet"])),
+                (R::sym("facts"), ruby_facts()),
+                (R::sym("classes"), strings(&["settings", "role::node", "ntp", "ntp"])),
+                (R::sym("version"), R::str("2.12.5")),
+                (R::sym("collectives"), strings(collectives)),
+                (R::sym("main_collective"), R::str("mcollective")),
+            ]),
+        }
+    }
+
+    #[test]
+    fn an_inventory_reply_becomes_facts_plus_classes_agents_and_collectives() {
+        let o =
+            observation(&reply("web1.example.com", &["staging", "mcollective"]), 1_700_000_005, "mcollective").unwrap();
+        assert_eq!(o.certname, "web1.example.com");
+        assert_eq!(
+            Value::Object(o.facts.clone()),
+            json!({"role": "node", "processorcount": "4", "os": {"release": {"full": "12.5"}},
+                   "addresses": ["10.0.0.1", "10.0.0.2"]})
+        );
+        assert_eq!(o.extra[CLASSES], json!(["ntp", "role::node", "settings"]));
+        assert_eq!(o.extra[AGENTS], json!(["discovery", "puppet", "rpcutil"]));
+        assert_eq!(o.extra[COLLECTIVES], json!(["mcollective", "staging"]));
+        assert_eq!((o.timestamp, o.answered_at), (1_700_000_000, Some(1_700_000_005)));
+        assert_eq!(o.environment_hint.as_deref(), Some("staging"));
+
+        // The hint only decides when neither the facts nor the master name the environment.
+        let node = o.clone().into_node(None);
+        assert_eq!(node.environment, "staging");
+        assert_eq!(o.clone().into_node(Some("dev")).environment, "dev");
+        let only_main = observation(&reply("a.example.com", &["mcollective"]), 1, "mcollective").unwrap();
+        assert_eq!(only_main.environment_hint, None);
+        let two = observation(&reply("a.example.com", &["mcollective", "x", "y"]), 1, "mcollective").unwrap();
+        assert_eq!(two.environment_hint, None);
+    }
+
+    #[test]
+    fn classes_and_friends_are_queryable_and_never_hide_a_fact() {
+        let node = observation(&reply("web1.example.com", &["mcollective"]), 1, "mcollective").unwrap().into_node(None);
+        let q = crate::Query::parse(&["mcollective::classes=role::node", "os.release.full>=12"]).unwrap();
+        assert!(q.matches(&node));
+        let q = crate::Query::parse(&["mcollective::agents=puppetd"]).unwrap();
+        assert!(!q.matches(&node));
+        let q = crate::Query::parse(&["processorcount>3"]).unwrap();
+        assert!(q.matches(&node), "numeric strings compare numerically");
+    }
+
+    #[test]
+    fn bad_replies_are_refused_with_a_reason() {
+        let mut r = reply("bad identity", &["mcollective"]);
+        assert!(observation(&r, 1, "mcollective").unwrap_err().contains("not a valid certname"));
+        r.sender = "ok.example.com".into();
+        r.statuscode = 5;
+        r.statusmsg = "boom".into();
+        assert_eq!(observation(&r, 1, "mcollective").unwrap_err(), "status 5 boom");
+        r.statuscode = 0;
+        r.data = mco::Value::Hash(vec![]);
+        assert!(observation(&r, 1, "mcollective").unwrap_err().contains("no :facts"));
+    }
+
+    fn source(collectives: &[&str], grace: u64) -> McollectiveSource {
+        let overrides = Overrides {
+            no_config_file: true,
+            pool: Some(vec![BrokerHost {
+                host: "127.0.0.1".into(),
+                port: 1,
+                user: String::new(),
+                password: String::new(),
+            }]),
+            psk: Some("k".into()),
+            identity: Some("master".into()),
+            collectives: Some(collectives.iter().map(|s| s.to_string()).collect()),
+            ..Overrides::default()
+        };
+        let client = Client::new(Config::resolve("", None, &overrides, None).unwrap());
+        McollectiveSource::with_client(client, &McollectiveSettings { grace, ..McollectiveSettings::default() })
+    }
+
+    fn node(certname: &str, environment: &str, answered_at: Option<i64>) -> Node {
+        let facts = json!({"environment": environment}).as_object().cloned().unwrap();
+        let mut node = Node::new(certname.into(), facts, 0, None);
+        node.answered_at = answered_at;
+        node
+    }
+
+    #[test]
+    fn targets_are_the_environments_collectives_plus_the_main_one_or_all_on_a_cold_start() {
+        let s = source(&["mcollective", "production", "staging", "dev"], 60);
+        assert_eq!(s.targets(None), ["dev", "mcollective", "production", "staging"]);
+        let empty = Index::build(vec![], "role", 0);
+        assert_eq!(s.targets(Some(&empty)).len(), 4);
+        let index = Index::build(
+            vec![node("a", "production", None), node("b", "qa", None), node("c", "production", None)],
+            "role",
+            0,
+        );
+        // qa has no collective: the main collective stands in for it.
+        assert_eq!(s.targets(Some(&index)), ["mcollective", "production"]);
+    }
+
+    #[test]
+    fn silent_servers_are_kept_for_the_grace_period_then_dropped() {
+        let s = source(&["mcollective"], 60);
+        let previous = Index::build(
+            vec![
+                node("answered", "production", Some(1000)),
+                node("silent-now", "production", Some(1000)),
+                node("silent-long", "production", Some(900)),
+                node("from-a-cache", "production", None),
+            ],
+            "role",
+            1000,
+        );
+        let mut harvest = Harvest::default();
+        s.apply_grace(&previous, &BTreeSet::from(["answered"]), 1010, &mut harvest);
+        let kept: Vec<&str> = harvest.kept.iter().map(|n| n.certname.as_str()).collect();
+        assert_eq!(kept, ["silent-now"]);
+        assert_eq!(harvest.warnings.len(), 2, "{:?}", harvest.warnings);
+        assert!(harvest.warnings[0].contains("no answer from silent-now; kept"), "{:?}", harvest.warnings);
+        assert!(harvest.warnings[1].contains("dropped silent-long"), "{:?}", harvest.warnings);
+
+        // Still silent at the next refresh: kept, without a new warning, until the grace ends.
+        let next = Index::build(harvest.kept.clone(), "role", 1010);
+        let mut again = Harvest::default();
+        s.apply_grace(&next, &BTreeSet::new(), 1060, &mut again);
+        assert_eq!(again.kept.len(), 1);
+        assert!(again.warnings.is_empty(), "{:?}", again.warnings);
+        let mut last = Harvest::default();
+        s.apply_grace(&next, &BTreeSet::new(), 1061, &mut last);
+        assert!(last.kept.is_empty());
+        assert!(last.warnings[0].contains("dropped silent-now"));
+    }
+
+    #[test]
+    fn an_unreachable_broker_fails_the_refresh_with_the_reason() {
+        let s = source(&["mcollective", "production"], 60);
+        let e = s.refresh(None, now()).unwrap_err().to_string();
+        assert!(e.contains("collectives mcollective, production: no broker could be reached: 127.0.0.1:1"), "{e}");
+    }
+
+    #[test]
+    fn marshal_values_convert_to_json() {
+        use mco::Value as R;
+        let v = R::Hash(vec![
+            (R::sym("a"), R::Int(-3)),
+            (R::Int(1), R::Float(0.5)),
+            (R::str("n"), R::Nil),
+            (R::str("b"), R::Bool(true)),
+            (R::str("o"), R::Other("Object".into())),
+            (R::str("bin"), R::binary(vec![0xff, b'a'])),
+        ]);
+        assert_eq!(to_json(&v), json!({"a": -3, "1": 0.5, "n": null, "b": true, "o": null, "bin": "\u{fffd}a"}));
+    }
+}
