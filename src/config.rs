@@ -3,6 +3,7 @@
 //! a bad value is an error naming the key, so a typo never silently means "default".
 
 use crate::error::{Error, Result};
+use crate::mcollective::{BrokerHost, ConnectorKind, Overrides};
 use crate::time::parse_duration;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ pub struct PuppetSettings {
 pub enum SourceKind {
     /// The master's own fact cache, one file per node.
     PuppetCache,
+    /// `rpcutil#inventory` of the mcollective daemons, through the operator's client.cfg.
+    Mcollective,
 }
 
 /// What the functions do when the index holds no server at all.
@@ -50,6 +53,200 @@ pub struct Config {
     pub max_age: u64,
     /// The fact holding a server's role.
     pub role_fact: String,
+    /// The `kick` section: planner, agent and dispatch settings.
+    pub kick: crate::kick::KickSettings,
+    /// Seconds before the first retry of a failed refresh; doubled per failure...
+    pub retry_min: u64,
+    /// ... up to this many.
+    pub retry_max: u64,
+    pub mcollective: McollectiveSettings,
+}
+
+/// `mcollective.*`: which client.cfg to read, and values that override it.
+#[derive(Clone, PartialEq)]
+pub struct McollectiveSettings {
+    /// `None`: the first of `/etc/mcollective/client.cfg`, `/etc/puppetlabs/mcollective/client.cfg`.
+    pub client_config: Option<PathBuf>,
+    pub connector: Option<ConnectorKind>,
+    pub pool: Option<Vec<BrokerHost>>,
+    /// Broker login for every host of the pool.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub vhost: Option<String>,
+    pub psk: Option<String>,
+    pub identity: Option<String>,
+    pub main_collective: Option<String>,
+    pub collectives: Option<Vec<String>>,
+    pub callerid: Option<String>,
+    pub ttl: Option<u32>,
+    pub discovery_timeout: Option<u64>,
+    pub connect_timeout: Option<u64>,
+    /// Seconds to wait for inventory replies once discovery has answered.
+    pub timeout: u64,
+    /// Seconds a server that stopped answering stays in the index.
+    pub grace: u64,
+}
+
+impl Default for McollectiveSettings {
+    fn default() -> Self {
+        McollectiveSettings {
+            client_config: None,
+            connector: None,
+            pool: None,
+            user: None,
+            password: None,
+            vhost: None,
+            psk: None,
+            identity: None,
+            main_collective: None,
+            collectives: None,
+            callerid: None,
+            ttl: None,
+            discovery_timeout: None,
+            connect_timeout: None,
+            timeout: 10,
+            grace: 600,
+        }
+    }
+}
+
+impl std::fmt::Debug for McollectiveSettings {
+    // The psk and the password stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McollectiveSettings")
+            .field("client_config", &self.client_config)
+            .field("connector", &self.connector)
+            .field("pool", &self.pool)
+            .field("user", &self.user)
+            .field("identity", &self.identity)
+            .field("collectives", &self.collectives)
+            .field("timeout", &self.timeout)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl McollectiveSettings {
+    /// What overrides the client.cfg, for [`crate::mcollective::Config::load`].
+    pub fn overrides(&self) -> Overrides {
+        let secs = |s: Option<u64>| s.map(std::time::Duration::from_secs);
+        Overrides {
+            config_path: self.client_config.clone(),
+            connector: self.connector,
+            pool: self.pool.clone(),
+            vhost: self.vhost.clone(),
+            psk: self.psk.clone(),
+            identity: self.identity.clone(),
+            main_collective: self.main_collective.clone(),
+            collectives: self.collectives.clone(),
+            callerid: self.callerid.clone(),
+            ttl: self.ttl,
+            discovery_timeout: secs(self.discovery_timeout),
+            connect_timeout: secs(self.connect_timeout),
+            ..Overrides::default()
+        }
+    }
+
+    /// The operator's client.cfg with these overrides, `user` and `password` applied
+    /// to every broker of the pool.
+    pub fn client_config(&self) -> crate::mcollective::Result<crate::mcollective::Config> {
+        let mut config = crate::mcollective::Config::load(&self.overrides())?;
+        for broker in &mut config.pool {
+            if let Some(user) = &self.user {
+                broker.user.clone_from(user);
+            }
+            if let Some(password) = &self.password {
+                broker.password.clone_from(password);
+            }
+        }
+        Ok(config)
+    }
+
+    fn set(&mut self, key: &str, value: &Value, base: &Path) -> Result<(), String> {
+        let bad = |expected: &str| format!("'mcollective.{key}' must be {expected}, got {value}");
+        let text =
+            |expected: &str| value.as_str().filter(|s| !s.is_empty()).map(str::to_string).ok_or_else(|| bad(expected));
+        let seconds = |expected: &str| duration(value).filter(|s| *s > 0).ok_or_else(|| bad(expected));
+        match key {
+            "client_config" => self.client_config = Some(base.join(text("a file")?)),
+            "connector" => {
+                self.connector =
+                    Some(value.as_str().and_then(ConnectorKind::parse).ok_or_else(|| bad("rabbitmq or activemq"))?)
+            }
+            "pool" => self.pool = Some(pool(value).map_err(|what| bad(&what))?),
+            "user" => self.user = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_string()),
+            "password" => self.password = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_string()),
+            "vhost" => self.vhost = Some(text("a vhost")?),
+            "psk" => self.psk = Some(text("a pre-shared key")?),
+            "identity" => self.identity = Some(text("an identity")?),
+            "main_collective" => self.main_collective = Some(text("a collective")?),
+            "collectives" => {
+                let list: Vec<String> = match value {
+                    Value::String(s) => s.split(',').map(str::trim).map(str::to_string).collect(),
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|i| i.as_str().map(str::to_string))
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| bad("a list of collectives"))?,
+                    _ => return Err(bad("a list of collectives")),
+                };
+                if list.is_empty() || list.iter().any(String::is_empty) {
+                    return Err(bad("a non-empty list of collectives"));
+                }
+                self.collectives = Some(list);
+            }
+            "callerid" => self.callerid = Some(text("a callerid such as cert=puppet")?),
+            "ttl" => {
+                self.ttl = Some(
+                    seconds("a duration (60)").and_then(|s| u32::try_from(s).map_err(|_| bad("a duration (60)")))?,
+                )
+            }
+            "discovery_timeout" => self.discovery_timeout = Some(seconds("a duration (2)")?),
+            "connect_timeout" => self.connect_timeout = Some(seconds("a duration (10)")?),
+            "timeout" => self.timeout = seconds("a duration (10)")?,
+            "grace" => self.grace = duration(value).ok_or_else(|| bad("a duration (10m)"))?,
+            _ => return Err(format!("unknown key 'mcollective.{key}'; known keys: {}", KNOWN_KEYS.join(", "))),
+        }
+        Ok(())
+    }
+}
+
+/// `mcollective.pool`: a list of `{host, port, user, password}` or `host[:port]`.
+fn pool(value: &Value) -> Result<Vec<BrokerHost>, String> {
+    const EXPECTED: &str = "a list of brokers ({host, port, user, password} or host:port)";
+    let items = value.as_array().filter(|items| !items.is_empty()).ok_or(EXPECTED)?;
+    let port = |v: Option<&Value>| -> Option<u16> {
+        match v {
+            None => Some(61613),
+            Some(Value::Number(n)) => n.as_u64().and_then(|p| u16::try_from(p).ok()),
+            Some(Value::String(s)) => s.parse().ok(),
+            Some(_) => None,
+        }
+    };
+    let host = |h: &str, port: Option<u16>, user: &str, password: &str| match port {
+        Some(port) if !h.is_empty() && port > 0 => {
+            Ok(BrokerHost { host: h.to_string(), port, user: user.to_string(), password: password.to_string() })
+        }
+        _ => Err(format!("{EXPECTED}; '{h}' has no valid host and port")),
+    };
+    items
+        .iter()
+        .map(|item| match item {
+            Value::String(s) => match s.rsplit_once(':') {
+                Some((h, p)) if !h.contains(':') => host(h, p.parse().ok(), "", ""),
+                _ => host(s, Some(61613), "", ""),
+            },
+            Value::Object(map) => {
+                let field = |k: &str| map.get(k).and_then(Value::as_str).unwrap_or_default();
+                if let Some(unknown) = map.keys().find(|k| !["host", "port", "user", "password"].contains(&k.as_str()))
+                {
+                    return Err(format!("{EXPECTED}; unknown broker key '{unknown}'"));
+                }
+                host(field("host"), port(map.get("port")), field("user"), field("password"))
+            }
+            _ => Err(EXPECTED.to_string()),
+        })
+        .collect()
 }
 
 const KNOWN_KEYS: &[&str] = &[
@@ -61,6 +258,24 @@ const KNOWN_KEYS: &[&str] = &[
     "on_no_data",
     "max_age",
     "role_fact",
+    "cache.retry_min",
+    "cache.retry_max",
+    "mcollective.client_config",
+    "mcollective.connector",
+    "mcollective.pool",
+    "mcollective.user",
+    "mcollective.password",
+    "mcollective.vhost",
+    "mcollective.psk",
+    "mcollective.identity",
+    "mcollective.main_collective",
+    "mcollective.collectives",
+    "mcollective.callerid",
+    "mcollective.ttl",
+    "mcollective.discovery_timeout",
+    "mcollective.connect_timeout",
+    "mcollective.timeout",
+    "mcollective.grace",
 ];
 
 impl Config {
@@ -76,6 +291,10 @@ impl Config {
             on_no_data: OnNoData::Fail,
             max_age: 7 * 86_400,
             role_fact: "role".to_string(),
+            kick: crate::kick::KickSettings::default(),
+            retry_min: 5,
+            retry_max: 300,
+            mcollective: McollectiveSettings::default(),
         }
     }
 
@@ -116,10 +335,8 @@ impl Config {
             "source" => {
                 self.source = match value.as_str() {
                     Some("puppet_cache") => SourceKind::PuppetCache,
-                    Some("mcollective") => {
-                        return Err("'source: mcollective' is not available in this version; use puppet_cache".into())
-                    }
-                    _ => return Err(bad("one of: puppet_cache")),
+                    Some("mcollective") => SourceKind::Mcollective,
+                    _ => return Err(bad("one of: puppet_cache, mcollective")),
                 }
             }
             "puppet_cache.dirs" => {
@@ -152,10 +369,21 @@ impl Config {
                     _ => return Err(bad("'fail' or 'empty'")),
                 }
             }
+            "cache.retry_min" => {
+                self.retry_min = duration(value).filter(|s| *s > 0).ok_or_else(|| bad("a duration (5s)"))?
+            }
+            "cache.retry_max" => {
+                self.retry_max = duration(value).filter(|s| *s > 0).ok_or_else(|| bad("a duration (5m)"))?
+            }
+            _ if key.starts_with("mcollective.") => self.mcollective.set(&key["mcollective.".len()..], value, base)?,
             "role_fact" => {
                 self.role_fact = value.as_str().filter(|s| !s.is_empty()).ok_or_else(|| bad("a fact name"))?.to_string()
             }
-            _ => return Err(format!("unknown key '{key}'; known keys: {}", KNOWN_KEYS.join(", "))),
+            _ if key.starts_with("kick.") && crate::kick::CONFIG_KEYS.contains(&key) => self.kick.set(key, value)?,
+            _ => {
+                let known = KNOWN_KEYS.iter().chain(crate::kick::CONFIG_KEYS).copied().collect::<Vec<_>>();
+                return Err(format!("unknown key '{key}'; known keys: {}", known.join(", ")));
+            }
         }
         Ok(())
     }
@@ -165,7 +393,7 @@ impl Config {
 /// under a known key, whose value is taken whole.
 fn flatten<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'a Value)>) {
     match value {
-        Value::Object(map) if !KNOWN_KEYS.contains(&prefix) => {
+        Value::Object(map) if !KNOWN_KEYS.contains(&prefix) && !crate::kick::CONFIG_KEYS.contains(&prefix) => {
             for (key, child) in map {
                 let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
                 flatten(&path, child, out);
@@ -175,7 +403,7 @@ fn flatten<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'a Value)
     }
 }
 
-fn duration(value: &Value) -> Option<u64> {
+pub(crate) fn duration(value: &Value) -> Option<u64> {
     match value {
         Value::Number(n) => n.as_u64(),
         Value::String(s) => parse_duration(s),
@@ -232,6 +460,51 @@ mod tests {
         assert!(e.contains("must be a mapping"), "{e}");
         let e = parse("source: etcd\n").unwrap_err().to_string();
         assert!(e.contains("'source' must be"), "{e}");
+    }
+
+    #[test]
+    fn mcollective_keys_override_the_client_cfg() {
+        let c = parse("source: mcollective\nmcollective:\n  client_config: mco/client.cfg\n  connector: activemq\n  pool:\n    - {host: mq1, port: 61614, user: u, password: p}\n    - mq2:6163\n    - mq3\n  password: secret\n  psk: k\n  collectives: mcollective, production\n  main_collective: mcollective\n  discovery_timeout: 3\n  connect_timeout: 4\n  ttl: 1m\n  timeout: 20s\n  grace: 15m\ncache:\n  retry_min: 2\n  retry_max: 1m\n").unwrap();
+        assert_eq!(c.source, SourceKind::Mcollective);
+        let m = &c.mcollective;
+        assert_eq!(m.client_config, Some(PathBuf::from("/etc/puppet/mco/client.cfg")));
+        assert_eq!(m.connector, Some(ConnectorKind::ActiveMq));
+        let pool = m.pool.as_ref().unwrap();
+        assert_eq!(pool.iter().map(BrokerHost::address).collect::<Vec<_>>(), ["mq1:61614", "mq2:6163", "mq3:61613"]);
+        assert_eq!((pool[0].user.as_str(), pool[0].password.as_str()), ("u", "p"));
+        assert_eq!(m.collectives.as_deref(), Some(&["mcollective".to_string(), "production".to_string()][..]));
+        assert_eq!(
+            (m.discovery_timeout, m.connect_timeout, m.ttl, m.timeout, m.grace),
+            (Some(3), Some(4), Some(60), 20, 900)
+        );
+        assert_eq!((c.retry_min, c.retry_max), (2, 60));
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("secret") && !debug.contains("psk: Some"), "{debug}");
+        let o = m.overrides();
+        assert_eq!(o.psk.as_deref(), Some("k"));
+        assert_eq!(o.discovery_timeout, Some(std::time::Duration::from_secs(3)));
+        let d = Config::defaults(&settings());
+        assert_eq!((d.mcollective.timeout, d.mcollective.grace, d.retry_min, d.retry_max), (10, 600, 5, 300));
+        assert_eq!(d.mcollective.client_config, None);
+    }
+
+    #[test]
+    fn bad_mcollective_values_name_the_key() {
+        for (yaml, expected) in [
+            ("mcollective:\n  conector: rabbitmq\n", "unknown key 'mcollective.conector'"),
+            ("mcollective:\n  connector: stomp\n", "'mcollective.connector' must be rabbitmq or activemq"),
+            ("mcollective:\n  pool: []\n", "'mcollective.pool' must be a list of brokers"),
+            ("mcollective:\n  pool: {host: a}\n", "'mcollective.pool' must be a list of brokers"),
+            ("mcollective:\n  pool: [{host: a, port: 99999}]\n", "'a' has no valid host and port"),
+            ("mcollective:\n  pool: [{hots: a}]\n", "unknown broker key 'hots'"),
+            ("mcollective:\n  collectives: []\n", "'mcollective.collectives' must be a non-empty list"),
+            ("mcollective:\n  grace: soon\n", "'mcollective.grace' must be a duration"),
+            ("mcollective:\n  timeout: 0\n", "'mcollective.timeout' must be a duration"),
+            ("cache:\n  retry_max: never\n", "'cache.retry_max' must be a duration"),
+        ] {
+            let e = parse(yaml).unwrap_err().to_string();
+            assert!(e.contains("puppet_kicker.yaml") && e.contains(expected), "{yaml}: {e}");
+        }
     }
 
     #[test]

@@ -10,8 +10,10 @@ use crate::config::{Config, OnNoData, PuppetSettings, SourceKind};
 use crate::error::{Error, Result};
 use crate::facts::Node;
 use crate::index::{Freshness, Index, RoleSelector};
+use crate::kick::{KickService, Level, LogLine, McoTransport, ReportKicks, Selector, Target, Transport};
 use crate::query::ClauseCache;
 use crate::snapshot::{self, SnapshotRef};
+use crate::source::mcollective::McollectiveSource;
 use crate::source::{puppet_cache, Harvest};
 use crate::time::now;
 use arc_swap::ArcSwapOption;
@@ -19,7 +21,7 @@ use crossbeam_channel::{Receiver, Sender};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -35,6 +37,8 @@ pub struct Kicker {
     shared: Arc<Shared>,
     clauses: ClauseCache,
     refresh: Sender<Refresh>,
+    /// Started by the first report that reaches the `kick` processor.
+    kicks: OnceLock<Result<KickService, String>>,
 }
 
 /// State the refresh thread and the compiles share.
@@ -47,6 +51,12 @@ struct Shared {
     last_error: Mutex<Option<String>>,
     warnings: Mutex<Vec<String>>,
     seen_environments: Mutex<BTreeMap<String, String>>,
+    /// Refreshes failed in a row, and the Unix second before which a compile does not
+    /// start another (0: no backoff).
+    failures: AtomicU32,
+    retry_at: AtomicI64,
+    /// `source: mcollective`: the client, from the operator's client.cfg.
+    mcollective: Option<McollectiveSource>,
 }
 
 /// Wakes the refresh thread; what to do is in `RefreshState`.
@@ -76,6 +86,17 @@ impl Selection {
         self.positions.is_empty()
     }
 
+    /// The index generation and positions of the selected servers, for bindings
+    /// that cache converted servers per generation.
+    pub fn positions(&self) -> (u64, &[u32]) {
+        (self.index.as_ref().map_or(0, |i| i.generation()), &self.positions)
+    }
+
+    /// The server at `position` of the index this selection came from.
+    pub fn node_at(&self, position: u32) -> Option<&Node> {
+        self.index.as_deref().filter(|i| (position as usize) < i.len()).map(|i| i.node(position))
+    }
+
     pub fn nodes(&self) -> impl ExactSizeIterator<Item = &Node> + '_ {
         let index = self.index.as_deref();
         self.positions.iter().map(move |p| index.expect("positions come from an index").node(*p))
@@ -90,6 +111,10 @@ pub struct Status {
     pub last_error: Option<String>,
     pub config_file: Option<PathBuf>,
     pub cache_dir: PathBuf,
+    /// Refreshes failed in a row (0 after a good one).
+    pub failures: u32,
+    /// While failing: no refresh is started by a compile before this Unix second.
+    pub retry_at: Option<i64>,
 }
 
 static GLOBAL: Mutex<Option<Arc<Kicker>>> = Mutex::new(None);
@@ -115,6 +140,10 @@ impl Kicker {
     /// Reads the configuration and the snapshot, and starts the refresh thread.
     pub fn start(settings: PuppetSettings) -> Result<Kicker> {
         let config = Config::load(&settings)?;
+        let mcollective = match config.source {
+            SourceKind::Mcollective => Some(McollectiveSource::open(&config.mcollective)?),
+            SourceKind::PuppetCache => None,
+        };
         let shared = Arc::new(Shared {
             current: ArcSwapOption::empty(),
             refresh_state: Mutex::new(RefreshState::default()),
@@ -122,6 +151,9 @@ impl Kicker {
             last_error: Mutex::new(None),
             warnings: Mutex::new(Vec::new()),
             seen_environments: Mutex::new(BTreeMap::new()),
+            failures: AtomicU32::new(0),
+            retry_at: AtomicI64::new(0),
+            mcollective,
             config,
         });
         match snapshot::read(&snapshot::path_in(&shared.config.cache_dir)) {
@@ -139,7 +171,7 @@ impl Kicker {
             .name("puppet-kicker-refresh".into())
             .spawn(move || refresh_loop(&worker, &requests))
             .map_err(|e| Error::Io(format!("cannot start the refresh thread: {e}")))?;
-        Ok(Kicker { settings, shared, clauses: ClauseCache::new(CLAUSE_CACHE_SIZE), refresh })
+        Ok(Kicker { settings, shared, clauses: ClauseCache::new(CLAUSE_CACHE_SIZE), refresh, kicks: OnceLock::new() })
     }
 
     pub fn config(&self) -> &Config {
@@ -176,10 +208,7 @@ impl Kicker {
     /// Starts a refresh, or joins the one in flight, and waits up to `timeout` for
     /// it to finish; true when it did.
     pub fn refresh_and_wait(&self, timeout: Duration) -> bool {
-        let (done, finished) = crossbeam_channel::bounded(1);
-        lock(&self.shared.refresh_state).waiters.push(done);
-        self.request_refresh();
-        finished.recv_timeout(timeout).is_ok()
+        refresh_and_wait(&self.shared, &self.refresh, timeout)
     }
 
     /// Warnings from refreshes and snapshot reads since the last call, for logging.
@@ -195,7 +224,110 @@ impl Kicker {
             last_error: lock(&self.shared.last_error).clone(),
             config_file: self.shared.config.file.clone(),
             cache_dir: self.shared.config.cache_dir.clone(),
+            failures: self.shared.failures.load(Ordering::SeqCst),
+            retry_at: Some(self.shared.retry_at.load(Ordering::SeqCst)).filter(|t| *t > 0),
         }
+    }
+
+    /// Takes in a report's kicks: resolves their targets in the index, lets the
+    /// planner decide, and returns what to log. Dispatch happens in the background.
+    pub fn kick_report(&self, report: &ReportKicks) -> Result<Vec<LogLine>> {
+        let service = self.kick_service()?;
+        let mut index = if report.kicks.is_empty() { self.shared.current.load_full() } else { self.index()? };
+        // A server new to the index kicks on its first run: learn its role (policy,
+        // role graph) before deciding, bounded like a cold start.
+        if !report.kicks.is_empty() && index.as_deref().is_some_and(|i| i.by_certname(&report.host).is_none()) {
+            self.refresh_and_wait(Duration::from_secs(self.shared.config.cold_start_timeout));
+            index = self.shared.current.load_full().or(index);
+        }
+        let role_fact = &self.shared.config.role_fact;
+        let role_of = |node: &Node| node.facts.get(role_fact).and_then(|r| r.as_str()).map(str::to_string);
+        let fresh = self.freshness();
+        let mut errors = Vec::new();
+        let resolve = |selector: &Selector, environment: &str| -> Vec<Target> {
+            let Some(index) = index.as_deref() else { return Vec::new() };
+            let positions = match selector {
+                Selector::Roles(roles) => RoleSelector::parse(roles).map(|r| index.with_role(&r, environment, fresh)),
+                Selector::Facts(clauses) => {
+                    self.clauses.compile(clauses).map(|q| index.with_facts(&q, environment, role_fact, fresh))
+                }
+            };
+            match positions {
+                Ok(positions) => positions
+                    .into_iter()
+                    .map(|p| index.node(p))
+                    .map(|node| Target { certname: node.certname.clone(), role: role_of(node) })
+                    .collect(),
+                Err(e) => {
+                    errors.push(LogLine { level: Level::Err, message: format!("kick from {}: {e}", report.host) });
+                    Vec::new()
+                }
+            }
+        };
+        let source_role = |host: &str| index.as_deref().and_then(|i| i.by_certname(host)).and_then(role_of);
+        let mut lines = service.report(report, resolve, source_role);
+        lines.append(&mut errors);
+        Ok(lines)
+    }
+
+    /// Waits (bounded by `kick.exit_wait`) for due kicks to be sent; for processes
+    /// about to exit. Returns what to log, including how many kicks wait for later.
+    pub fn kick_flush(&self) -> Vec<LogLine> {
+        let Some(Ok(service)) = self.kicks.get() else { return Vec::new() };
+        let undelivered = service.flush(self.shared.config.kick.exit_wait);
+        let mut lines = service.take_log();
+        if undelivered > 0 {
+            let file = self.shared.config.cache_dir.join(crate::kick::STATE_FILE);
+            lines.push(LogLine {
+                level: Level::Notice,
+                message: format!(
+                    "{undelivered} kick(s) not yet delivered, kept in {} for the next run",
+                    file.display()
+                ),
+            });
+        }
+        lines
+    }
+
+    /// Lines the kick dispatcher logged since the last call.
+    pub fn take_kick_log(&self) -> Vec<LogLine> {
+        match self.kicks.get() {
+            Some(Ok(service)) => service.take_log(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The kick status document, as in `kick-status.json`.
+    pub fn kick_status(&self) -> Result<serde_json::Value> {
+        Ok(self.kick_service()?.status())
+    }
+
+    fn kick_service(&self) -> Result<&KickService> {
+        let config = &self.shared.config;
+        let started = self.kicks.get_or_init(|| {
+            let transport: std::result::Result<Box<dyn Transport>, String> = if config.kick.planner.dry_run {
+                Err("dry run".to_string())
+            } else {
+                config
+                    .mcollective
+                    .client_config()
+                    .map(|mco| {
+                        let client = crate::mcollective::Client::new(mco);
+                        Box::new(McoTransport::new(client, config.kick.agent.clone(), config.kick.reply_timeout))
+                            as Box<dyn Transport>
+                    })
+                    .map_err(|e| format!("mcollective is not usable for kicks: {e}"))
+            };
+            // A kicked server must see what changed: refresh the index before each
+            // dispatch (bounded), so its compile (here, or from the snapshot) is fresh.
+            let (shared, refresh) = (self.shared.clone(), self.refresh.clone());
+            let timeout = Duration::from_secs(config.cold_start_timeout);
+            let before_dispatch = Box::new(move || {
+                refresh_and_wait(&shared, &refresh, timeout);
+            });
+            KickService::start(config.kick.planner.clone(), &config.cache_dir, transport, before_dispatch)
+        });
+        started.as_ref().map_err(|e| Error::Io(e.clone()))
     }
 
     /// The index to answer from, per the no-data policy. Never waits when any
@@ -206,7 +338,7 @@ impl Kicker {
         let mut index = self.shared.current.load_full();
         match &index {
             Some(current) if !current.is_empty() => {
-                if now() - current.built_at() >= config.cache_ttl as i64 {
+                if now() - current.built_at() >= config.cache_ttl as i64 && self.backoff_over() {
                     self.request_refresh();
                 }
             }
@@ -214,7 +346,7 @@ impl Kicker {
                 // No data: wait for a refresh, unless one just failed or found nothing.
                 let in_flight = lock(&self.shared.refresh_state).in_flight;
                 let last_finished = self.shared.last_finished.load(Ordering::SeqCst);
-                if in_flight || now() - last_finished >= EMPTY_RETRY_SECONDS {
+                if in_flight || (now() - last_finished >= EMPTY_RETRY_SECONDS && self.backoff_over()) {
                     self.refresh_and_wait(Duration::from_secs(config.cold_start_timeout));
                     index = self.shared.current.load_full();
                 }
@@ -234,6 +366,7 @@ impl Kicker {
                 "the puppet_cache source ({})",
                 config.puppet_cache_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
+            SourceKind::Mcollective => self.shared.mcollective.as_ref().map_or_else(String::new, |m| m.describe()),
         };
         let why = match lock(&self.shared.last_error).as_deref() {
             Some(error) => format!("the last refresh failed: {error}"),
@@ -244,17 +377,33 @@ impl Kicker {
         format!("puppet-kicker has no fact data, so it will not return an empty list of servers: {why}. Set `on_no_data: empty` in {file} to return [] instead")
     }
 
+    /// False while failed refreshes back off.
+    fn backoff_over(&self) -> bool {
+        now() >= self.shared.retry_at.load(Ordering::SeqCst)
+    }
+
     fn freshness(&self) -> Freshness {
         Freshness { now: now(), max_age: self.shared.config.max_age }
     }
 
     fn request_refresh(&self) {
-        let mut state = lock(&self.shared.refresh_state);
-        if !state.in_flight {
-            state.in_flight = true;
-            let _ = self.refresh.send(Refresh);
-        }
+        request_refresh(&self.shared, &self.refresh);
     }
+}
+
+fn request_refresh(shared: &Shared, refresh: &Sender<Refresh>) {
+    let mut state = lock(&shared.refresh_state);
+    if !state.in_flight {
+        state.in_flight = true;
+        let _ = refresh.send(Refresh);
+    }
+}
+
+fn refresh_and_wait(shared: &Shared, refresh: &Sender<Refresh>, timeout: Duration) -> bool {
+    let (done, finished) = crossbeam_channel::bounded(1);
+    lock(&shared.refresh_state).waiters.push(done);
+    request_refresh(shared, refresh);
+    finished.recv_timeout(timeout).is_ok()
 }
 
 impl Selection {
@@ -274,21 +423,25 @@ impl Shared {
     /// Reads the source and swaps in a new index; the snapshot follows.
     fn refresh(&self) -> Result<()> {
         let started = now();
-        let harvest: Harvest = match self.config.source {
-            SourceKind::PuppetCache => puppet_cache::load(&self.config.puppet_cache_dirs)?,
+        let harvest: Harvest = match (self.config.source, &self.mcollective) {
+            (SourceKind::Mcollective, Some(mcollective)) => {
+                mcollective.refresh(self.current.load().as_deref(), started)?
+            }
+            _ => puppet_cache::load(&self.config.puppet_cache_dirs)?,
         };
         for warning in harvest.warnings {
             self.warn(warning);
         }
         let seen = lock(&self.seen_environments).clone();
-        let nodes = harvest
+        let mut nodes: Vec<Node> = harvest
             .observations
             .into_iter()
             .map(|o| {
                 let seen_env = seen.get(&o.certname).map(String::as_str);
-                Node::new(o.certname, o.facts, o.timestamp, seen_env)
+                o.into_node(seen_env)
             })
             .collect();
+        nodes.extend(harvest.kept);
         let index = Index::build(nodes, &self.config.role_fact, started);
         let snap = SnapshotRef { built_at: started, nodes: index.nodes(), seen_environments: &seen };
         if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
@@ -305,9 +458,23 @@ fn refresh_loop(shared: &Shared, requests: &Receiver<Refresh>) {
             .unwrap_or_else(|_| Err(Error::Io("internal error: the refresh panicked".into())));
         let mut last_error = lock(&shared.last_error);
         match outcome {
-            Ok(()) => *last_error = None,
+            Ok(()) => {
+                *last_error = None;
+                shared.failures.store(0, Ordering::SeqCst);
+                shared.retry_at.store(0, Ordering::SeqCst);
+            }
             Err(e) => {
-                shared.warn(format!("puppet-kicker refresh failed, still serving the last snapshot: {e}"));
+                let failures = shared.failures.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+                let delay = backoff(failures, shared.config.retry_min, shared.config.retry_max);
+                shared.retry_at.store(now().saturating_add(delay as i64), Ordering::SeqCst);
+                let serving = if shared.current.load().as_ref().is_some_and(|i| !i.is_empty()) {
+                    "still serving the last snapshot"
+                } else {
+                    "no snapshot to serve yet"
+                };
+                shared.warn(format!(
+                    "puppet-kicker refresh failed ({failures} in a row; {serving}; next try in {delay}s at the earliest): {e}"
+                ));
                 *last_error = Some(e.to_string());
             }
         }
@@ -322,6 +489,13 @@ fn refresh_loop(shared: &Shared, requests: &Receiver<Refresh>) {
             let _ = waiter.send(());
         }
     }
+}
+
+/// Seconds to wait after `failures` failed refreshes in a row: `min`, doubled per
+/// further failure, at most `max`.
+fn backoff(failures: u32, min: u64, max: u64) -> u64 {
+    let max = max.max(min);
+    min.saturating_mul(1u64 << failures.saturating_sub(1).min(32)).min(max)
 }
 
 /// Locks, ignoring poisoning: every critical section here leaves its data whole.

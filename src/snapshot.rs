@@ -6,7 +6,6 @@ use crate::facts::Node;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"PKINDEX\0";
@@ -60,23 +59,10 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, String> {
 }
 
 pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("cannot {what} snapshot {}: {e}", path.display());
-    let payload = rmp_serde::to_vec_named(snapshot).map_err(|e| fail("encode", &e))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(|e| fail("create the directory of", &e))?;
-    let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(MAGIC)?;
-        file.write_all(&FORMAT_VERSION.to_le_bytes())?;
-        file.write_all(&payload)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        fail("write", &e)
-    })
+    let payload =
+        rmp_serde::to_vec_named(snapshot).map_err(|e| format!("cannot encode snapshot {}: {e}", path.display()))?;
+    crate::atomic_file::write(path, &[MAGIC, &FORMAT_VERSION.to_le_bytes(), &payload])
+        .map_err(|e| format!("cannot write snapshot {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -6,14 +6,22 @@
 //! mcollective `runonce`, and reports outcomes back.
 
 mod chain;
+mod config;
 mod graph;
 mod planner;
 mod policy;
+mod service;
+mod transport;
+mod wire;
 
 pub use chain::Chain;
+pub use config::{KickSettings, KEYS as CONFIG_KEYS};
 pub use graph::RoleGraph;
 pub use planner::{Dispatch, Event, Outcome, Planner, PlannerState, Suppression, Target};
 pub use policy::{Policy, RateLedger, RateLimit};
+pub use service::{now_ms, KickService, Level, LogLine, STATE_FILE, STATUS_FILE};
+pub use transport::{classify, Agent, McoTransport, Transport};
+pub use wire::parse_report;
 
 use serde::{Deserialize, Serialize};
 

@@ -140,6 +140,10 @@ pub struct Pending {
     pub attempts: u32,
     /// Handed to the dispatcher and not yet answered.
     pub in_flight: bool,
+    /// When it was handed over; a dispatcher that died leaves it in flight, so after
+    /// `STALE_IN_FLIGHT_MS` another may send it again.
+    #[serde(default)]
+    pub dispatched_at: Millis,
     pub chain: Chain,
     pub last_error: Option<String>,
 }
@@ -276,8 +280,11 @@ impl Planner {
             if target.running.is_some() {
                 continue;
             }
-            if let Some(pending) = target.pending.as_mut().filter(|p| !p.in_flight && p.due <= now) {
+            let ready =
+                |p: &&mut Pending| (!p.in_flight || now - p.dispatched_at >= STALE_IN_FLIGHT_MS) && p.due <= now;
+            if let Some(pending) = target.pending.as_mut().filter(ready) {
                 pending.in_flight = true;
+                pending.dispatched_at = now;
                 pending.attempts += 1;
                 dispatches.push(Dispatch {
                     target: name.clone(),
@@ -354,13 +361,9 @@ impl Planner {
         self.state.targets.values().map(|t| t.pending.is_some() as usize + t.follow_up.is_some() as usize).sum()
     }
 
-    /// After a restart nothing is in flight any more: what was is sent again.
-    pub fn recover_in_flight(&mut self) {
-        for target in self.state.targets.values_mut() {
-            if let Some(p) = target.pending.as_mut() {
-                p.in_flight = false;
-            }
-        }
+    /// Takes the state another process wrote (kicks are shared through the cache dir).
+    pub fn replace_state(&mut self, state: PlannerState) {
+        self.state = state;
     }
 
     /// Ends `host`'s kicked run if this report is from it, and returns the chain the
@@ -385,8 +388,15 @@ impl Planner {
         let due = now + self.config.coalesce_ms;
         let target = self.state.targets.entry(name.to_string()).or_default();
         target.environment = environment.to_string();
-        let fresh =
-            |chain: Chain| Pending { due, queued_at: now, attempts: 0, in_flight: false, chain, last_error: None };
+        let fresh = |chain: Chain| Pending {
+            due,
+            queued_at: now,
+            attempts: 0,
+            in_flight: false,
+            dispatched_at: 0,
+            chain,
+            last_error: None,
+        };
         let busy = target.running.is_some() || target.pending.as_ref().is_some_and(|p| p.in_flight);
         let slot = if busy { &mut target.follow_up } else { &mut target.pending };
         match slot {
@@ -425,6 +435,11 @@ impl Planner {
         self.state.targets.retain(|_, t| t.pending.is_some() || t.running.is_some() || t.follow_up.is_some());
     }
 }
+
+/// A dispatch unanswered for this long was lost with the process that sent it (a
+/// master restarted, a `puppet apply` killed); it is then sent again. Never sooner:
+/// another live process may be sending it right now.
+pub(crate) const STALE_IN_FLIGHT_MS: Millis = 120_000;
 
 /// A report's start time may precede our dispatch by this much and still be the
 /// kicked run (clocks of master and agent differ a little).

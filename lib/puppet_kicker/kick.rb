@@ -1,0 +1,102 @@
+# frozen_string_literal: true
+
+require 'json'
+
+module PuppetKicker
+  # Finds the kicks in a Puppet report. Ruby 2.6 syntax: puppetserver runs this.
+  module Kicks
+    # `kick -> haproxy`, `kick->haproxy`, `kick -> web, db`, `kick -> /^web/`
+    NOTIFY_TITLE = /\A\s*kick\s*->\s*(.*?)\s*\z/m.freeze
+    # What a refreshed Kick resource logs; the report keeps it with the resource.
+    LOG_PREFIX = 'puppet-kicker kick: '
+
+    module_function
+
+    # Kicks as the core's wire format expects them: an Array of Hashes.
+    def from_report(report)
+      kicks = []
+      report.resource_statuses.each_value do |status|
+        case status.resource_type
+        when 'Notify'
+          kick = notify_kick(status)
+        when 'Kick'
+          kick = refreshed_kick(report, status)
+        else
+          next
+        end
+        kicks << kick if kick
+      end
+      kicks
+    end
+
+    # The original's form: a changed Notify titled `kick -> ROLES`. A notify changes
+    # on every run, so this kicks on every run; the `kick` type does not.
+    def notify_kick(status)
+      match = NOTIFY_TITLE.match(status.title.to_s)
+      return nil unless match && status.changed && status.events.any? { |e| e.status.to_s == 'success' }
+
+      roles = roles_from(match[1])
+      roles.empty? ? nil : { 'resource' => "Notify[#{status.title}]", 'roles' => roles }
+    end
+
+    # A Kick resource fires only when refreshed; its parameters are in its log line.
+    def refreshed_kick(report, status)
+      refreshed = status.events.any? { |e| e.name.to_s == 'refresh' && e.status.to_s == 'success' }
+      return nil unless status.changed && refreshed
+
+      suffix = "Kick[#{status.title}]"
+      line = report.logs.reverse_each.find do |log|
+        log.source.to_s.end_with?(suffix) && log.message.to_s.start_with?(LOG_PREFIX)
+      end
+      return nil unless line
+
+      params = JSON.parse(line.message.to_s[LOG_PREFIX.length..-1])
+      { 'resource' => suffix }.merge(params.select { |k, _| %w[roles facts environment].include?(k) })
+    rescue JSON::ParserError
+      nil
+    end
+
+    # `/regex/` is one role (it may contain commas); otherwise a comma-separated list.
+    def roles_from(text)
+      return [text] if text.length >= 2 && text.start_with?('/') && text.end_with?('/')
+
+      text.split(',').map(&:strip).reject(&:empty?)
+    end
+
+    def payload(report, kicks)
+      JSON.generate(
+        'host' => report.host.to_s,
+        'environment' => report.environment.to_s,
+        'time' => (report.time.to_f * 1000).to_i,
+        'noop' => report.noop ? true : false,
+        'kicks' => kicks,
+      )
+    end
+  end
+
+  class << self
+    # The `kick` report processor's work: hand the report's kicks to the core (which
+    # records them and dispatches in the background) and log what it decided. Every
+    # report goes through, kicks or not: it may end a kicked run.
+    def process_report(report)
+      configure
+      log_lines(native.kick_report(Kicks.payload(report, Kicks.from_report(report))))
+      # A short-lived process (puppet apply) waits, bounded, for due kicks to be sent;
+      # a master (puppetserver) dispatches in the background.
+      log_lines(native.kick_flush) unless Puppet.run_mode.name == :server
+      log_lines(native.take_kick_log)
+    end
+
+    # The kick status document (pending kicks, recent outcomes, role cycles).
+    def kick_status
+      configure
+      JSON.parse(native.kick_status)
+    end
+
+    private
+
+    def log_lines(lines)
+      lines.each { |level, message| Puppet.send(level.to_sym, "puppet-kicker: #{message}") }
+    end
+  end
+end

@@ -1,0 +1,350 @@
+# frozen_string_literal: true
+
+require 'fileutils'
+require 'json'
+require 'open3'
+require 'yaml'
+
+# Kicks end to end, for real: the mcollective test stack of script/mco-stack, whose
+# test `puppet` agent's `runonce` runs spec/fixtures/kick_e2e/run-puppet, a real
+# masterless `puppet apply --reports kick` of the server's manifest (by its `role`
+# fact) with this module. A report's kicks go through the `kick` processor to the
+# core, which sends mcollective `runonce` to the targets; their runs report in turn.
+#
+# Run by script/test-kick-e2e, which starts the stack (its own ports and directory)
+# and sets PK_KICK_E2E_STACK_DIR (spec/stack/ is not in the default rspec run).
+module KickE2E # the constants' namespace
+  RSpec.describe 'kicks end to end: mcollective runonce of real puppet apply runs', order: :defined do
+    stack = ENV.fetch('PK_KICK_E2E_STACK_DIR') { raise 'PK_KICK_E2E_STACK_DIR is not set: run script/test-kick-e2e' }
+
+    NODE1 = 'node1.example.com'
+    NODE2 = 'node2.example.com'
+    LB1 = 'lb1.example.com'
+    WEB1 = 'web1.staging.example.com'
+    SERVERS = [NODE1, NODE2, LB1, WEB1].freeze
+    # Longest wait for any one thing: a run, a kick, the system settling.
+    WAIT = Integer(ENV.fetch('PK_KICK_E2E_WAIT', '90'))
+    # After settling: this long without any new run or kick means nothing more comes.
+    # Longer than coalesce + retry_max + a run's start, so a straggling kick would show.
+    QUIET = Integer(ENV.fetch('PK_KICK_E2E_QUIET', '8'))
+    HAPROXY_LINE = ->(host, ip) { "server #{host} #{ip}:8080 check inter 2000" }
+
+    before(:all) do
+      @stack = stack
+      @e2e = File.join(stack, 'kick_e2e')
+      @client_cfg = File.join(stack, 'client.cfg')
+      FileUtils.rm_rf(@e2e)
+      FileUtils.mkdir_p(%w[manifests slow out cache modules/kicker].map { |d| File.join(@e2e, d) })
+      # The module, copied: a `rake compile` elsewhere in the checkout must not replace
+      # the library under a running `puppet apply`.
+      %w[lib templates metadata.json].each { |f| FileUtils.cp_r(File.join(ROOT, f), File.join(@e2e, 'modules', 'kicker')) }
+      @times = []
+    end
+
+    after(:all) do
+      warn "kick e2e timings: #{@times.join('; ')}" if @times && !@times.empty?
+    end
+
+    # On failure: what every server ran and logged, and the kick status.
+    after do |example|
+      next unless example.exception && @stack
+
+      warn "\n===== kick e2e failure: #{example.description}"
+      SERVERS.each do |id|
+        warn "----- #{id} runs.log:\n#{read(node_file(id, 'runs.log'))}"
+        warn "----- #{id} puppet.log (this scenario):\n#{log_since(id)}"
+      end
+      warn "----- kick-status.json:\n#{read(status_file)}" if @scenario
+      warn "----- mco-stack status:\n#{sh('script/mco-stack', 'status', allow_fail: true)}"
+    end
+
+    def read(path)
+      File.exist?(path) ? File.read(path) : "(no #{path})"
+    end
+
+    def node_file(id, name)
+      File.join(@stack, 'nodes', id, name)
+    end
+
+    def sh(*cmd, allow_fail: false)
+      out, status = Open3.capture2e(*cmd, chdir: ROOT)
+      raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless allow_fail || status.success?
+
+      out
+    end
+
+    # ---------------------------------------------------------------- the scenario's world
+
+    # A scenario: its own kick state and snapshot (cache.dir), its manifests, and
+    # counts and logs from here on.
+    def scenario(name, node_pp:, haproxy_pp:)
+      settle!
+      @scenario = name
+      @t0 = Time.now.to_f
+      File.write(File.join(@e2e, 'puppet_kicker.yaml'), {
+        'source' => 'mcollective',
+        'mcollective' => { 'client_config' => @client_cfg, 'discovery_timeout' => 1 },
+        'cache' => { 'dir' => File.join(@e2e, 'cache', name), 'ttl' => 0 },
+        'kick' => { 'coalesce' => 1, 'retry_base' => 2, 'retry_max' => 4, 'exit_wait' => 60 },
+      }.to_yaml)
+      File.write(File.join(@e2e, 'manifests', 'node.pp'), node_pp)
+      File.write(File.join(@e2e, 'manifests', 'haproxy.pp'), HAPROXY_PP + haproxy_pp)
+      @runs_before = SERVERS.to_h { |id| [id, all_runs(id).size] }
+      @log_before = SERVERS.to_h { |id| [id, File.exist?(node_file(id, 'puppet.log')) ? File.size(node_file(id, 'puppet.log')) : 0] }
+    end
+
+    # Every role `haproxy` server renders its haproxy.cfg from the servers of role `node`.
+    HAPROXY_PP = <<~'PUPPET'
+      $out = $facts['kick_e2e_out']
+      $nodes = servers_with_role('node')
+      $listen = 'web'
+      file { $out: ensure => directory }
+      file { "${out}/haproxy.cfg": ensure => file, content => template('kicker/haproxy.cfg.erb') }
+    PUPPET
+
+    def status_file
+      File.join(@e2e, 'cache', @scenario, 'kick-status.json')
+    end
+
+    def kick_status
+      JSON.parse(File.read(status_file))
+    rescue Errno::ENOENT
+      {}
+    end
+
+    # Runs from runs.log: start/end lines, in order (a server runs one at a time).
+    def all_runs(id)
+      path = node_file(id, 'runs.log')
+      return [] unless File.exist?(path)
+
+      File.readlines(path).each_with_object([]) do |line, runs|
+        kind, at, _host, *rest = line.split
+        if kind == 'start'
+          runs << { start: at.to_f, options: rest.join(' '), kicked: rest.include?('--no-splay') }
+        elsif kind == 'end' && runs.last
+          runs.last.merge!(end: at.to_f, rc: Integer(rest.first.delete_prefix('rc=')))
+        end
+      end
+    end
+
+    # This scenario's runs of `id`.
+    def runs(id)
+      all_runs(id).drop(@runs_before[id])
+    end
+
+    # What `id`'s puppet runs logged in this scenario, without Facter's noise about
+    # /proc/1/environ (a sandbox that hides it).
+    def log_since(id)
+      path = node_file(id, 'puppet.log')
+      return '' unless File.exist?(path)
+
+      text = File.binread(path)[(@log_before || {}).fetch(id, 0)..] || ''
+      text.force_encoding('UTF-8').lines.reject { |l| l.include?('Facter: Permission denied') }.join
+    end
+
+    def haproxy_servers
+      File.read(File.join(@e2e, 'out', LB1, 'haproxy.cfg')).lines.grep(/^\s+server /).map(&:strip)
+    end
+
+    # ---------------------------------------------------------------- acting and waiting
+
+    # `mco rpc puppet runonce` of one server, as an operator would (no force: the run's
+    # options have no --no-splay, unlike the kicker's runonce with force=true).
+    def runonce(id)
+      out = sh('mco', 'rpc', 'puppet', 'runonce', '-I', id, '--dt', '1', '--config', @client_cfg, '--json')
+      replies = JSON.parse(out)
+      expect(replies.map { |r| [r['sender'], r['statuscode']] }).to eq([[id, 0]]), "runonce #{id}: #{out}"
+    end
+
+    def wait_for(what, timeout = WAIT)
+      deadline = Time.now + timeout
+      until (result = yield)
+        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
+
+        sleep 0.2
+      end
+      result
+    end
+
+    # A run holds the agent's lock file (with its pid) from the runonce until it ends.
+    def running?(id)
+      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
+      false
+    end
+
+    # Nothing runs and no kick is pending or running.
+    def idle?
+      status = @scenario ? kick_status : {}
+      SERVERS.none? { |id| running?(id) } && Array(status['pending']).empty? && Array(status['running']).empty?
+    end
+
+    # Waits until idle, then QUIET seconds more, and checks that nothing started meanwhile.
+    def settle!
+      wait_for('every run to end and no kick to be pending') { idle? }
+      counts = SERVERS.map { |id| all_runs(id).size }
+      sleep QUIET
+      expect(SERVERS.map { |id| all_runs(id).size }).to eq(counts), 'a run started after the system had settled'
+      expect(idle?).to be(true)
+    end
+
+    def timing(text)
+      @times << "#{@scenario}: #{text}"
+    end
+
+    def ago(t)
+      format('%.1f s', t - @t0)
+    end
+
+    # ---------------------------------------------------------------- scenarios
+
+    it 'a new node runs Puppet, kicks the load balancer, whose run lists it in haproxy.cfg' do
+      # The node's config change refreshes a `kick`: it kicks only when something changed.
+      scenario('seed', haproxy_pp: '', node_pp: <<~'PUPPET')
+        $out = $facts['kick_e2e_out']
+        file { $out: ensure => directory }
+        file { "${out}/backend.conf":
+          ensure  => file,
+          content => "backend ${facts['fqdn']} ${facts['ipaddress']}:8080\n",
+          notify  => Kick['load balancers'],
+        }
+        kick { 'load balancers': role => 'haproxy' }
+      PUPPET
+      # Before: node1 does not exist yet; the load balancer lists node2 only.
+      sh('script/mco-stack', 'down', NODE1)
+      runonce(LB1)
+      wait_for("#{LB1}'s first run") { runs(LB1).first&.key?(:end) }
+      expect(runs(LB1).first[:rc]).to eq(0), log_since(LB1)
+      expect(haproxy_servers).to eq([HAPROXY_LINE['node2', '127.0.0.12']])
+
+      # node1 appears and runs Puppet.
+      sh('script/mco-stack', 'up', NODE1)
+      kicked_at = Time.now.to_f
+      runonce(NODE1)
+      wait_for("#{LB1}'s kicked run to end") { runs(LB1)[1]&.key?(:end) }
+      settle!
+
+      expect(runs(NODE1).size).to eq(1)
+      expect(runs(LB1).size).to eq(2)
+      expect(runs(NODE2) + runs(WEB1)).to eq([])
+      node_run = runs(NODE1).first
+      lb_run = runs(LB1).last
+      expect([node_run[:rc], lb_run[:rc]]).to eq([0, 0])
+      expect(lb_run[:kicked]).to be(true), "the kicked run's options: #{lb_run[:options]}"
+      expect(lb_run[:start]).to be > node_run[:start]
+
+      node_log = log_since(NODE1)
+      expect(node_log).to include("Kick[load balancers]: Triggered 'refresh' from 1 event")
+      expect(node_log).to include('Notice: puppet-kicker: kick queued for lb1.example.com (chain node1.example.com -> lb1.example.com)')
+      expect(node_log).to include('Notice: puppet-kicker: kicked lb1.example.com: Puppet run started (attempt 1, chain node1.example.com -> lb1.example.com)')
+      lb_log = log_since(LB1)
+      expect(lb_log).to include('puppet-kicker: kicked run of lb1.example.com reported (chain node1.example.com -> lb1.example.com)')
+      expect(lb_log).to match(%r{File\[.*/haproxy\.cfg\]/content: content changed})
+
+      status = kick_status
+      expect(status['recent_outcomes'].map { |o| o.values_at('target', 'result', 'chain') })
+        .to eq([[LB1, 'started', 'node1.example.com -> lb1.example.com']])
+      expect(status['pending'] + status['running']).to eq([])
+
+      # The load balancer now lists the new node, in fqdn order.
+      expect(haproxy_servers).to eq([HAPROXY_LINE['node1', '127.0.0.11'], HAPROXY_LINE['node2', '127.0.0.12']])
+      timing("node1's runonce -> lb1's kicked run started after #{format('%.1f', lb_run[:start] - kicked_at)} s, " \
+             "ended after #{format('%.1f', lb_run[:end] - kicked_at)} s; node1's run #{format('%.1f', node_run[:end] - node_run[:start])} s")
+
+      # node1 again, nothing changed: the `kick` is not refreshed, nobody is kicked.
+      runonce(NODE1)
+      wait_for("#{NODE1}'s second run") { runs(NODE1)[1]&.key?(:end) }
+      settle!
+      expect(runs(NODE1).size).to eq(2)
+      expect(runs(LB1).size).to eq(2)
+      expect(log_since(NODE1).scan('kick queued').size).to eq(1)
+    end
+
+    it 'node kicks haproxy and haproxy kicks node: the loop is cut, logged, and the runs are counted' do
+      # The original's form on both sides: a `kick -> ROLE` notify kicks on every run.
+      scenario('cycle', node_pp: "notify { 'kick -> haproxy': }\n", haproxy_pp: "notify { 'kick -> node': }\n")
+      sh('script/mco-stack', 'up', NODE1) # already up unless the first scenario failed early
+      runonce(NODE1)
+      # node1 (origin) -> lb1 (kicked) -> node2 (kicked by lb1; node1 is suppressed),
+      # and node2's kick of lb1 is suppressed: three runs, then nothing.
+      wait_for("#{NODE2}'s kicked run to end") { runs(NODE2).first&.key?(:end) }
+      settle!
+
+      counts = SERVERS.to_h { |id| [id, runs(id).size] }
+      expect(counts).to eq(NODE1 => 1, NODE2 => 1, LB1 => 1, WEB1 => 0)
+      expect(SERVERS.flat_map { |id| runs(id) }.map { |r| r[:rc] }).to all(eq(0))
+      expect([runs(LB1).first[:kicked], runs(NODE2).first[:kicked]]).to eq([true, true])
+      expect(runs(LB1).first[:start]).to be < runs(NODE2).first[:start]
+
+      lb_log = log_since(LB1)
+      expect(lb_log).to include('puppet-kicker: kicked run of lb1.example.com reported (chain node1.example.com -> lb1.example.com)')
+      expect(lb_log).to include('Warning: puppet-kicker: kick cycle between roles: haproxy -> node -> haproxy')
+      expect(lb_log).to include('Warning: puppet-kicker: kick of node1.example.com by lb1.example.com (Notify[kick -> node]) ' \
+                                'suppressed: it would close a loop: node1.example.com -> lb1.example.com -> node1.example.com')
+      expect(lb_log).to include('puppet-kicker: kicked node2.example.com: Puppet run started ' \
+                                '(attempt 1, chain node1.example.com -> lb1.example.com -> node2.example.com)')
+      node2_log = log_since(NODE2)
+      expect(node2_log).to include('Warning: puppet-kicker: kick of lb1.example.com by node2.example.com (Notify[kick -> haproxy]) ' \
+                                   'suppressed: it would close a loop: node1.example.com -> lb1.example.com -> node2.example.com -> lb1.example.com')
+
+      status = kick_status
+      expect(status['role_cycles']).to eq([%w[haproxy node haproxy]])
+      expect(status['role_edges']).to contain_exactly(%w[haproxy node], %w[node haproxy])
+      expect(status['recent_outcomes'].map { |o| o.values_at('target', 'result', 'chain') }).to eq([
+        [LB1, 'started', 'node1.example.com -> lb1.example.com'],
+        [NODE2, 'started', 'node1.example.com -> lb1.example.com -> node2.example.com'],
+      ])
+      expect(status['pending'] + status['running']).to eq([])
+      expect(haproxy_servers).to eq([HAPROXY_LINE['node1', '127.0.0.11'], HAPROXY_LINE['node2', '127.0.0.12']])
+      last_end = SERVERS.flat_map { |id| runs(id) }.map { |r| r[:end] }.max
+      timing("#{counts.values.sum} runs (node1 1, lb1 1, node2 1), settled #{ago(last_end)} after the first runonce, " \
+             "then #{QUIET} s without a run")
+    end
+
+    it 'a busy load balancer gets its kicked run after the run in progress' do
+      scenario('busy', node_pp: "notify { 'kick -> haproxy': }\n", haproxy_pp: '')
+      # lb1 starts a long run (12 s before it even applies) and holds its lock.
+      File.write(File.join(@e2e, 'slow', LB1), "12\n")
+      runonce(LB1)
+      wait_for("#{LB1}'s long run to start") { runs(LB1).first }
+      runonce(NODE1)
+      wait_for("#{LB1}'s kicked run to end") { runs(LB1)[1]&.key?(:end) }
+      settle!
+
+      expect(runs(NODE1).size).to eq(1)
+      busy, kicked = runs(LB1)
+      expect(runs(LB1).size).to eq(2)
+      expect([busy[:kicked], kicked[:kicked]]).to eq([false, true])
+      expect([busy[:rc], kicked[:rc], runs(NODE1).first[:rc]]).to eq([0, 0, 0])
+      expect(kicked[:start]).to be >= busy[:end]
+
+      node_log = log_since(NODE1)
+      expect(node_log).to include('Notice: puppet-kicker: kick queued for lb1.example.com (chain node1.example.com -> lb1.example.com)')
+      # Refused while busy, retried (by node1's process, still waiting to exit, or by
+      # lb1's own), then started: attempts 1..n refused, n + 1 started.
+      refused = /kick of lb1\.example\.com not started \(Puppet is currently applying a catalog, cannot run now \(status 1\)\); retrying \(attempt (\d+) failed\)/
+      retries = SERVERS.flat_map { |id| log_since(id).scan(refused).flatten.map(&:to_i) }.sort
+      expect(retries).not_to be_empty, node_log
+      expect(retries.uniq).to eq((1..retries.max).to_a)
+      started = node_log[/kicked lb1\.example\.com: Puppet run started \(attempt (\d+), chain node1\.example\.com -> lb1\.example\.com\)/, 1]
+      expect(started&.to_i).to eq(retries.max + 1), node_log
+      # Known issue (reported): a process starting while another has the kick in
+      # flight clears the in-flight mark (KickService::start's recover_in_flight), so
+      # both may send the same attempt; harmless here (both are refused), but noted.
+      duplicates = retries.size - retries.uniq.size
+      warn "kick e2e: #{duplicates} attempt(s) sent twice by two processes: #{retries}" if duplicates.positive?
+      expect(log_since(LB1)).to include('puppet-kicker: kicked run of lb1.example.com reported (chain node1.example.com -> lb1.example.com)')
+
+      status = kick_status
+      expect(status['recent_outcomes'].map { |o| o.values_at('target', 'result', 'chain') })
+        .to eq([[LB1, 'started', 'node1.example.com -> lb1.example.com']])
+      outcome_at = status['recent_outcomes'].first['at'] / 1000.0
+      expect(outcome_at).to be >= busy[:end]
+      expect(status['pending'] + status['running']).to eq([])
+      timing("lb1 busy #{ago(busy[:start])}..#{ago(busy[:end])}; #{retries.size} busy refusal(s) #{retries}; " \
+             "kicked run started #{ago(kicked[:start])} (attempt #{started}), #{format('%.1f', kicked[:start] - busy[:end])} s after the busy run ended")
+    end
+  end
+end

@@ -1,0 +1,342 @@
+//! The kick side of the process-wide service: takes reports in (fast: record and
+//! enqueue), and dispatches on a background thread that never touches Ruby.
+//!
+//! Everything the planner knows is written to `kicks.msgpack` after each change, so
+//! a restarted master neither loses nor repeats kicks; `kick-status.json` shows the
+//! operator what is pending, what happened lately, and the role cycles seen.
+
+use super::planner::{Event, Planner, PlannerState, Target};
+use super::transport::Transport;
+use super::{KickConfig, Millis, ReportKicks, Selector};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub const STATE_FILE: &str = "kicks.msgpack";
+pub const STATUS_FILE: &str = "kick-status.json";
+/// Lines kept for the bindings to log; a flood beyond this is counted, not kept.
+const MAX_LOG_LINES: usize = 1000;
+/// How long the dispatcher sleeps when nothing is scheduled.
+const IDLE_WAKEUP: Duration = Duration::from_secs(60);
+
+/// A line for Puppet's log, at the level it deserves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    pub level: Level,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Info,
+    Notice,
+    Warning,
+    Err,
+}
+
+pub struct KickService {
+    inner: Arc<Inner>,
+    wake: Sender<()>,
+}
+
+struct Inner {
+    planner: Mutex<Planner>,
+    /// What this process last wrote or read of the state file, to notice when
+    /// another process (a concurrent `puppet apply`) changed it.
+    seen: Mutex<Option<FileStamp>>,
+    transport: Option<Box<dyn Transport>>,
+    before_dispatch: Box<dyn Fn() + Send + Sync>,
+    /// Why there is no transport, for the log.
+    transport_error: Option<String>,
+    state_path: PathBuf,
+    status_path: PathBuf,
+    log: Mutex<Vec<LogLine>>,
+    /// Hosts whose reports this process took in. In a `puppet apply` that host's run
+    /// (this process) holds its agent's lock, so a kick of it cannot start before this
+    /// process exits: `flush` does not wait for one.
+    reporters: Mutex<BTreeSet<String>>,
+}
+
+pub fn now_ms() -> Millis {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
+}
+
+impl KickService {
+    /// Loads the persisted state from `cache_dir` and starts the dispatcher.
+    pub fn start(
+        config: KickConfig,
+        cache_dir: &Path,
+        transport: Result<Box<dyn Transport>, String>,
+        before_dispatch: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<KickService, String> {
+        let state_path = cache_dir.join(STATE_FILE);
+        let mut warnings = Vec::new();
+        // kicks.lock is opened before anything else writes to a new cache dir
+        if let Err(e) = std::fs::create_dir_all(cache_dir) {
+            warnings.push(format!("cannot create the cache directory {}: {e}", cache_dir.display()));
+        }
+        let state = read_state(&state_path).unwrap_or_else(|e| {
+            warnings.push(e);
+            PlannerState::default()
+        });
+        let planner = Planner::new(config, state);
+        let (transport, transport_error) = match transport {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(e)),
+        };
+        let inner = Arc::new(Inner {
+            planner: Mutex::new(planner),
+            seen: Mutex::new(FileStamp::of(&state_path)),
+            transport,
+            before_dispatch,
+            transport_error,
+            status_path: cache_dir.join(STATUS_FILE),
+            state_path,
+            log: Mutex::new(warnings.into_iter().map(|m| LogLine { level: Level::Warning, message: m }).collect()),
+            reporters: Mutex::new(BTreeSet::new()),
+        });
+        let (wake, wakeups) = crossbeam_channel::unbounded();
+        let worker = inner.clone();
+        std::thread::Builder::new()
+            .name("puppet-kicker-dispatch".into())
+            .spawn(move || dispatch_loop(&worker, &wakeups))
+            .map_err(|e| format!("cannot start the kick dispatcher: {e}"))?;
+        let _ = wake.send(());
+        Ok(KickService { inner, wake })
+    }
+
+    /// Records a report's kicks and wakes the dispatcher; returns what to log now.
+    pub fn report(
+        &self,
+        report: &ReportKicks,
+        resolve: impl FnMut(&Selector, &str) -> Vec<Target>,
+        role_of: impl Fn(&str) -> Option<String>,
+    ) -> Vec<LogLine> {
+        let now = now_ms();
+        lock(&self.inner.reporters).insert(report.host.clone());
+        let events = self.inner.transact(|planner| planner.on_report(report, now, resolve, role_of));
+        if events.iter().any(|e| matches!(e, Event::Queued { .. } | Event::FollowUp { .. } | Event::RunFinished { .. }))
+        {
+            let _ = self.wake.send(());
+        }
+        let mut lines: Vec<LogLine> = events.iter().map(log_line).collect();
+        lines.extend(self.take_log());
+        lines
+    }
+
+    /// Lines the dispatcher logged since the last call.
+    pub fn take_log(&self) -> Vec<LogLine> {
+        std::mem::take(&mut *lock(&self.inner.log))
+    }
+
+    /// Waits up to `timeout` for every kick due by then to be sent: a short-lived
+    /// `puppet apply` calls this at exit. What is still undelivered stays persisted
+    /// for the next process. Returns how many kicks remain undelivered.
+    ///
+    /// It does not wait for a kick of a host whose report this process took in: that
+    /// host's agent is busy with this very run until the process exits.
+    pub fn flush(&self, timeout: Duration) -> usize {
+        let deadline = now_ms() + timeout.as_millis() as Millis;
+        let _ = self.wake.send(());
+        let reporters = lock(&self.inner.reporters).clone();
+        loop {
+            let (busy, undelivered) = {
+                let planner = lock(&self.inner.planner);
+                let busy = planner.state().targets.iter().any(|(name, t)| {
+                    t.pending.as_ref().is_some_and(|p| {
+                        let sending = p.in_flight && now_ms() - p.dispatched_at < super::planner::STALE_IN_FLIGHT_MS;
+                        sending || (t.running.is_none() && p.due <= deadline && !reporters.contains(name))
+                    })
+                });
+                (busy, planner.undelivered())
+            };
+            if !busy || now_ms() >= deadline {
+                return undelivered;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The status document (also written to `kick-status.json`).
+    pub fn status(&self) -> serde_json::Value {
+        status_json(&lock(&self.inner.planner), now_ms())
+    }
+}
+
+impl Inner {
+    /// Changes the planner's state as one step across processes: under an exclusive
+    /// lock on `kicks.lock`, re-reads the state file if another process wrote it,
+    /// applies `change`, and writes the state back.
+    fn transact<R>(&self, change: impl FnOnce(&mut Planner) -> R) -> R {
+        let lock_file = self.state_path.with_extension("lock");
+        let file_lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_file);
+        let held = file_lock.as_ref().map(|f| f.lock()).is_ok_and(|r| r.is_ok());
+        if !held {
+            self.log(LogLine {
+                level: Level::Warning,
+                message: format!(
+                    "cannot lock {}; kick state is not shared safely between processes",
+                    lock_file.display()
+                ),
+            });
+        }
+        let mut planner = lock(&self.planner);
+        let on_disk = FileStamp::of(&self.state_path);
+        if on_disk.is_some() && on_disk != *lock(&self.seen) {
+            match read_state(&self.state_path) {
+                Ok(state) => planner.replace_state(state),
+                Err(e) => self.log(LogLine { level: Level::Warning, message: e }),
+            }
+        }
+        let result = change(&mut planner);
+        self.persist(&planner, now_ms());
+        *lock(&self.seen) = FileStamp::of(&self.state_path);
+        drop(planner);
+        drop(file_lock);
+        result
+    }
+
+    fn log(&self, line: LogLine) {
+        let mut log = lock(&self.log);
+        if log.len() < MAX_LOG_LINES {
+            log.push(line);
+        }
+    }
+
+    fn persist(&self, planner: &Planner, now: Millis) {
+        let state = match rmp_serde::to_vec_named(planner.state()) {
+            Ok(bytes) => crate::atomic_file::write(&self.state_path, &[&bytes]).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = state {
+            self.log(LogLine {
+                level: Level::Err,
+                message: format!("cannot save kick state to {}: {e}", self.state_path.display()),
+            });
+        }
+        let status = serde_json::to_vec_pretty(&status_json(planner, now)).unwrap_or_default();
+        let _ = crate::atomic_file::write(&self.status_path, &[&status, b"\n"]);
+    }
+}
+
+fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
+    loop {
+        let now = now_ms();
+        let wait = lock(&inner.planner).next_wakeup().map_or(IDLE_WAKEUP, |at| {
+            Duration::from_millis((at - now).clamp(0, IDLE_WAKEUP.as_millis() as i64) as u64)
+        });
+        match wakeups.recv_timeout(wait) {
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        while wakeups.try_recv().is_ok() {}
+        let _ = catch_unwind(AssertUnwindSafe(|| dispatch_due(inner)));
+    }
+}
+
+/// Sends what is due, outside the planner's lock (a `runonce` takes a round trip).
+///
+/// Events are logged inside the transaction: `flush` returns as soon as the planner
+/// shows an outcome, and a `puppet apply` exits right after taking the log, so the
+/// line must be in the log by the time the outcome is visible.
+fn dispatch_due(inner: &Inner) {
+    let dispatches = inner.transact(|planner| {
+        let (dispatches, events) = planner.due(now_ms());
+        events.iter().for_each(|e| inner.log(log_line(e)));
+        dispatches
+    });
+    if !dispatches.is_empty() {
+        (inner.before_dispatch)();
+    }
+    for dispatch in dispatches {
+        let outcome = match &inner.transport {
+            Some(transport) => catch_unwind(AssertUnwindSafe(|| transport.runonce(&dispatch)))
+                .unwrap_or_else(|_| super::Outcome::Failed("internal error: the transport panicked".into())),
+            None => super::Outcome::Failed(inner.transport_error.clone().unwrap_or_else(|| "no transport".into())),
+        };
+        inner.transact(|planner| {
+            planner.on_outcome(&dispatch.target, outcome, now_ms()).iter().for_each(|e| inner.log(log_line(e)));
+        });
+    }
+}
+
+/// Size and modification time of a file: enough to notice another writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: SystemTime,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileStamp { len: meta.len(), modified: meta.modified().ok()? })
+    }
+}
+
+fn read_state(path: &Path) -> Result<PlannerState, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            rmp_serde::from_slice(&bytes).map_err(|e| format!("ignoring unreadable kick state {}: {e}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PlannerState::default()),
+        Err(e) => Err(format!("cannot read kick state {}: {e}", path.display())),
+    }
+}
+
+fn log_line(event: &Event) -> LogLine {
+    let level = match event {
+        Event::Suppressed { reason: super::Suppression::SelfKick, .. } => Level::Info,
+        Event::Suppressed { .. } | Event::NoTargets { .. } | Event::RunTimedOut { .. } | Event::NewRoleCycle { .. } => {
+            Level::Warning
+        }
+        Event::GaveUp { .. } => Level::Err,
+        Event::Queued { .. } | Event::Started { .. } | Event::WouldKick { .. } | Event::FollowUp { .. } => {
+            Level::Notice
+        }
+        _ => Level::Info,
+    };
+    LogLine { level, message: event.to_string() }
+}
+
+fn status_json(planner: &Planner, now: Millis) -> serde_json::Value {
+    let state = planner.state();
+    let pending: Vec<_> = state
+        .targets
+        .iter()
+        .flat_map(|(name, t)| {
+            let entry = move |p: &super::planner::Pending, kind: &str| {
+                json!({"target": name, "environment": t.environment, "kind": kind, "due": p.due, "attempts": p.attempts,
+                       "in_flight": p.in_flight, "chain": p.chain.to_string(), "last_error": p.last_error})
+            };
+            t.pending
+                .iter()
+                .map(move |p| entry(p, "kick"))
+                .chain(t.follow_up.iter().map(move |p| entry(p, "follow-up")))
+        })
+        .collect();
+    let running: Vec<_> = state
+        .targets
+        .iter()
+        .filter_map(|(name, t)| {
+            t.running.as_ref().map(|r| json!({"target": name, "started": r.started, "chain": r.chain.to_string()}))
+        })
+        .collect();
+    json!({
+        "updated_at": now,
+        "dry_run": planner.config().dry_run,
+        "pending": pending,
+        "running": running,
+        "recent_outcomes": state.outcomes,
+        "role_edges": state.graph.edges().map(|(from, to)| [from, to]).collect::<Vec<_>>(),
+        "role_cycles": state.graph.cycles(),
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,133 @@
+//! How a kick reaches a server: mcollective `runonce`, directed, in the collective
+//! named after the server's environment (the main collective when there is none, as
+//! the original did).
+
+use super::planner::{Dispatch, Outcome};
+use crate::mcollective::marshal::Value;
+use crate::mcollective::Client;
+use std::time::Duration;
+
+/// Sends one `runonce`; implemented over mcollective, and by tests.
+pub trait Transport: Send + Sync {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome;
+}
+
+/// Which mcollective agent runs Puppet on the servers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Agent {
+    /// mcollective-puppet-agent's `puppet`: `runonce` with `force`, `splay`, `splaylimit`.
+    Puppet { force: bool, splay: bool, splaylimit: Option<u32> },
+    /// The legacy `puppetd` agent the original used: `runonce` with `forcerun`.
+    Puppetd,
+}
+
+impl Agent {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Agent::Puppet { .. } => "puppet",
+            Agent::Puppetd => "puppetd",
+        }
+    }
+
+    fn inputs(&self) -> Vec<(String, Value)> {
+        match self {
+            Agent::Puppet { force, splay, splaylimit } => {
+                let mut inputs =
+                    vec![("force".to_string(), Value::Bool(*force)), ("splay".to_string(), Value::Bool(*splay))];
+                if let Some(limit) = splaylimit {
+                    inputs.push(("splaylimit".to_string(), Value::Int(i64::from(*limit))));
+                }
+                inputs
+            }
+            Agent::Puppetd => vec![("forcerun".to_string(), Value::Bool(true))],
+        }
+    }
+}
+
+pub struct McoTransport {
+    client: Client,
+    agent: Agent,
+    timeout: Duration,
+}
+
+impl McoTransport {
+    pub fn new(client: Client, agent: Agent, timeout: Duration) -> McoTransport {
+        McoTransport { client, agent, timeout }
+    }
+
+    fn collective_for(&self, environment: &str) -> String {
+        let config = self.client.config();
+        if config.collectives.iter().any(|c| c == environment) {
+            environment.to_string()
+        } else {
+            config.main_collective.clone()
+        }
+    }
+}
+
+impl Transport for McoTransport {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        let collective = self.collective_for(&dispatch.environment);
+        let nodes = [dispatch.target.clone()];
+        match self.client.rpc_directed(
+            &collective,
+            self.agent.name(),
+            "runonce",
+            &self.agent.inputs(),
+            &nodes,
+            self.timeout,
+        ) {
+            Ok(outcome) => match outcome.replies.into_iter().find(|r| r.sender == dispatch.target) {
+                Some(reply) => classify(reply.statuscode, &reply.statusmsg),
+                None => Outcome::NoReply,
+            },
+            Err(e) => Outcome::Failed(format!("mcollective: {e}")),
+        }
+    }
+}
+
+/// Reads a `runonce` reply: both agents refuse with a message, not a distinct code.
+pub fn classify(statuscode: i64, statusmsg: &str) -> Outcome {
+    if statuscode == 0 {
+        return Outcome::Started;
+    }
+    let message = statusmsg.to_ascii_lowercase();
+    let why = format!("{statusmsg} (status {statuscode})");
+    if message.contains("currently applying") || message.contains("is running") || message.contains("in progress") {
+        Outcome::Busy(why)
+    } else if message.contains("disabled") {
+        Outcome::Disabled(why)
+    } else {
+        Outcome::Failed(why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_agents_refusals_are_read() {
+        assert_eq!(classify(0, "OK"), Outcome::Started);
+        assert!(matches!(classify(1, "Puppet is currently applying a catalog, cannot run now"), Outcome::Busy(_)));
+        assert!(matches!(classify(1, "Lock file and PID file exist; puppetd is running."), Outcome::Busy(_)));
+        assert!(matches!(classify(1, "Puppet is disabled, cannot run now"), Outcome::Disabled(_)));
+        assert!(matches!(classify(1, "Empty Lock file exists; puppetd is disabled."), Outcome::Disabled(_)));
+        assert_eq!(classify(5, "boom"), Outcome::Failed("boom (status 5)".into()));
+    }
+
+    #[test]
+    fn agents_send_their_own_inputs() {
+        let puppet = Agent::Puppet { force: true, splay: false, splaylimit: Some(30) };
+        assert_eq!(puppet.name(), "puppet");
+        assert_eq!(
+            puppet.inputs(),
+            vec![
+                ("force".to_string(), Value::Bool(true)),
+                ("splay".to_string(), Value::Bool(false)),
+                ("splaylimit".to_string(), Value::Int(30))
+            ]
+        );
+        assert_eq!(Agent::Puppetd.inputs(), vec![("forcerun".to_string(), Value::Bool(true))]);
+    }
+}

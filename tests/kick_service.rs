@@ -1,0 +1,186 @@
+//! The kick service as processes use it: state shared through the cache directory,
+//! dispatch on the background thread, the status file.
+
+use puppet_kicker::kick::{
+    Dispatch, KickConfig, KickService, KickSpec, Outcome, ReportKicks, Selector, Target, Transport, STATUS_FILE,
+};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Answers every runonce with "started" and remembers who was kicked.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<String>>>);
+
+impl Transport for Recorder {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        self.0.lock().unwrap().push(dispatch.target.clone());
+        Outcome::Started
+    }
+}
+
+fn cache_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pk-kick-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn process(dir: &Path, recorder: &Recorder) -> KickService {
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    KickService::start(config, dir, Ok(Box::new(recorder.clone())), Box::new(|| {})).unwrap()
+}
+
+fn report(service: &KickService, host: &str, role: &str) -> Vec<String> {
+    let report = ReportKicks {
+        host: host.into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        kicks: vec![KickSpec {
+            resource: format!("Notify[kick -> {role}]"),
+            selector: Selector::Roles(vec![role.into()]),
+            environment: None,
+        }],
+    };
+    let fleet = [("node1", "node"), ("node2", "node"), ("lb1", "haproxy")];
+    let resolve = |selector: &Selector, _: &str| match selector {
+        Selector::Roles(roles) => fleet
+            .iter()
+            .filter(|(_, r)| roles.iter().any(|x| x == r))
+            .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
+            .collect(),
+        Selector::Facts(_) => Vec::new(),
+    };
+    let role_of = |host: &str| fleet.iter().find(|(n, _)| *n == host).map(|(_, r)| r.to_string());
+    service.report(&report, resolve, role_of).into_iter().map(|l| l.message).collect()
+}
+
+#[test]
+fn two_processes_share_kicks_and_still_see_the_loop() {
+    let dir = cache_dir("shared");
+    let recorder = Recorder::default();
+    let node1_apply = process(&dir, &recorder);
+    report(&node1_apply, "node1", "haproxy");
+    assert_eq!(node1_apply.flush(Duration::from_secs(5)), 0);
+    assert_eq!(*recorder.0.lock().unwrap(), ["lb1"]);
+
+    // lb1's kicked run is another process; it inherits node1 -> lb1 from the shared state.
+    let lb1_apply = process(&dir, &recorder);
+    let lines = report(&lb1_apply, "lb1", "node");
+    assert!(lines.iter().any(|l| l.contains("kicked run of lb1 reported (chain node1 -> lb1)")), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains(
+            "kick of node1 by lb1 (Notify[kick -> node]) suppressed: it would close a loop: node1 -> lb1 -> node1"
+        )),
+        "{lines:?}"
+    );
+    lb1_apply.flush(Duration::from_secs(5));
+    assert_eq!(*recorder.0.lock().unwrap(), ["lb1", "node2"]);
+
+    let status: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(STATUS_FILE)).unwrap()).unwrap();
+    let outcomes: Vec<&str> =
+        status["recent_outcomes"].as_array().unwrap().iter().map(|o| o["target"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["lb1", "node2"]);
+    assert_eq!(status["role_cycles"], serde_json::json!([["haproxy", "node", "haproxy"]]));
+}
+
+#[test]
+fn a_kick_survives_a_process_that_exits_before_sending_it() {
+    let dir = cache_dir("survive");
+    let recorder = Recorder::default();
+    {
+        let config = KickConfig { coalesce_ms: 60_000, ..KickConfig::default() };
+        let first = KickService::start(config, &dir, Ok(Box::new(recorder.clone())), Box::new(|| {})).unwrap();
+        report(&first, "node1", "haproxy");
+        assert_eq!(first.flush(Duration::from_millis(200)), 1, "not due yet: left for the next process");
+    }
+    assert!(recorder.0.lock().unwrap().is_empty());
+    let status: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(STATUS_FILE)).unwrap()).unwrap();
+    assert_eq!(status["pending"][0]["target"], "lb1");
+}
+
+/// Refuses every runonce as a busy agent does.
+struct Busy;
+
+impl Transport for Busy {
+    fn runonce(&self, _: &Dispatch) -> Outcome {
+        Outcome::Busy("Puppet is currently applying a catalog, cannot run now (status 1)".into())
+    }
+}
+
+#[test]
+fn a_run_does_not_wait_at_exit_for_a_kick_of_its_own_host() {
+    // node1's apply kicked lb1 while lb1 was busy: the kick waits for its retry.
+    let dir = cache_dir("own-host");
+    let config = KickConfig {
+        coalesce_ms: 0,
+        retry_base_ms: 300,
+        retry_max_ms: 300,
+        max_attempts: 100,
+        ..KickConfig::default()
+    };
+    let node1_apply = KickService::start(config.clone(), &dir, Ok(Box::new(Busy)), Box::new(|| {})).unwrap();
+    report(&node1_apply, "node1", "haproxy");
+    assert_eq!(node1_apply.flush(Duration::from_millis(200)), 1);
+    // lb1's busy run ends: its process must not wait exit_wait for a kick of lb1,
+    // which cannot start before that very process (holding lb1's lock) exits.
+    let lb1_apply = KickService::start(config, &dir, Ok(Box::new(Busy)), Box::new(|| {})).unwrap();
+    report(&lb1_apply, "lb1", "nobody");
+    let started = std::time::Instant::now();
+    assert_eq!(lb1_apply.flush(Duration::from_secs(5)), 1, "the kick of lb1 stays for later");
+    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
+}
+
+#[test]
+fn a_new_cache_dir_is_created_before_the_first_kick_transaction() {
+    let dir = cache_dir("fresh").join("not").join("yet");
+    let service = process(&dir, &Recorder::default());
+    let mut lines = report(&service, "node1", "haproxy");
+    assert_eq!(service.flush(Duration::from_secs(5)), 0);
+    lines.extend(service.take_log().into_iter().map(|l| l.message));
+    assert!(!lines.iter().any(|l| l.contains("cannot lock")), "{lines:?}");
+}
+
+#[test]
+fn flush_returns_only_once_the_outcome_is_in_the_log() {
+    // A `puppet apply` takes the log right after flush and exits: the "kicked" line
+    // must be there as soon as the outcome is (it was logged after the transaction,
+    // and lost when flush woke up in between).
+    for attempt in 0..40 {
+        let dir = cache_dir(&format!("log-{attempt}"));
+        let service = process(&dir, &Recorder::default());
+        let mut lines = report(&service, "node1", "haproxy");
+        assert_eq!(service.flush(Duration::from_secs(5)), 0);
+        lines.extend(service.take_log().into_iter().map(|l| l.message));
+        assert!(lines.iter().any(|l| l.starts_with("kicked lb1: Puppet run started")), "attempt {attempt}: {lines:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A runonce that takes a while, like a real round trip to a busy broker.
+#[derive(Clone, Default)]
+struct SlowRecorder(Recorder);
+
+impl Transport for SlowRecorder {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        std::thread::sleep(Duration::from_millis(400));
+        self.0.runonce(dispatch)
+    }
+}
+
+#[test]
+fn a_second_process_does_not_resend_a_kick_the_first_is_sending() {
+    let dir = cache_dir("inflight");
+    let slow = SlowRecorder::default();
+    let start = |dir: &Path| {
+        let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+        KickService::start(config, dir, Ok(Box::new(slow.clone())), Box::new(|| {})).unwrap()
+    };
+    let first = start(&dir);
+    report(&first, "node1", "haproxy");
+    std::thread::sleep(Duration::from_millis(150));
+    let second = start(&dir);
+    second.flush(Duration::from_secs(2));
+    first.flush(Duration::from_secs(5));
+    assert_eq!(*slow.0 .0.lock().unwrap(), ["lb1"], "sent exactly once");
+}
