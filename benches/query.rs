@@ -1,1 +1,454 @@
-fn main() {}
+//! `cargo bench --bench query`: puppet-kicker's index next to the alternative it
+//! replaces, on a synthetic fleet of 10,000 servers (`puppet_kicker::synthetic`).
+//!
+//! (a) `servers_with_role`: inverted index vs a scan of every server;
+//! (b) a three-clause `servers_with_facts`: index vs a scan with `Query::matches`;
+//! (c) both through the whole `Kicker` service a compile calls (clause cache included);
+//! (d) building the index, the snapshot, vs re-reading the JSON fact cache.
+//!
+//! No criterion: each case warms up, then runs batches for about a second (at least
+//! three samples for slow cases) and reports the median and mean time per operation.
+
+use puppet_kicker::facts::Node;
+use puppet_kicker::query::ClauseCache;
+use puppet_kicker::snapshot::{self, SnapshotRef};
+use puppet_kicker::source::puppet_cache;
+use puppet_kicker::time::now;
+use puppet_kicker::{synthetic, Freshness, Index, Kicker, PuppetSettings, Query, RoleSelector};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fs;
+use std::hint::black_box;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const SERVERS: usize = 10_000;
+const SEED: u64 = 1;
+const ENVIRONMENT: &str = "production";
+const ROLE_FACT: &str = "role";
+const CLAUSES: [&str; 3] = ["role=node", "processors.count>=4", "os.release.full>=11.2"];
+const REGEX_CLAUSES: [&str; 2] = ["hostname=~^(node|web)0[0-4]", "kernelrelease!~/^4\\./"];
+/// puppet_kicker.yaml's default `max_age`: servers with older facts are left out.
+const MAX_AGE: u64 = 7 * 86_400;
+
+const WARM_UP: Duration = Duration::from_millis(200);
+const MEASURE: Duration = Duration::from_secs(1);
+/// Samples per case: a batch of iterations each, so a fast case gets ~100 of them.
+const SAMPLES: u32 = 100;
+const MIN_SAMPLES: usize = 3;
+
+fn main() {
+    // `cargo bench` passes `--bench`; a name filter is not supported, so ignore args.
+    print_machine();
+    let root = std::env::temp_dir().join(format!("pk-bench-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&root);
+
+    let started = Instant::now();
+    let built_at = now();
+    let rss_before = rss_mb();
+    let nodes = synthetic::fleet(SERVERS, SEED, built_at);
+    let in_memory = rss_mb() - rss_before;
+    let facts_dir = root.join("var/server_data/facts");
+    let cache_bytes = synthetic::write_puppet_cache(&facts_dir, &nodes).expect("write the synthetic fact cache");
+    let per_server = nodes.iter().map(|n| n.facts.len()).sum::<usize>() as f64 / nodes.len() as f64;
+    println!(
+        "fleet: {SERVERS} servers (seed {SEED}), {per_server:.0} top-level facts each on average, \
+         {in_memory:.0} MB in memory (RSS growth), JSON fact cache {:.1} MB in {} (generated in {})",
+        cache_bytes as f64 / 1e6,
+        facts_dir.display(),
+        human(started.elapsed().as_nanos() as f64)
+    );
+    let index = Index::build(nodes.clone(), ROLE_FACT, built_at);
+    let fresh = Freshness { now: built_at, max_age: MAX_AGE };
+    let in_env = index.nodes().iter().filter(|n| n.environment == ENVIRONMENT).count();
+    println!(
+        "environment {ENVIRONMENT}: {in_env} servers; max_age {MAX_AGE} s; queries below answer for {ENVIRONMENT}\n"
+    );
+
+    role_queries(&index, fresh);
+    fact_queries(&index, fresh);
+    service_queries(&root, &index, fresh);
+    drop(index);
+    loading(&root, &facts_dir, nodes, built_at);
+
+    let _ = fs::remove_dir_all(&root);
+    println!("load average at end: {}", load_average());
+    println!("total wall time: {}", human(started.elapsed().as_nanos() as f64));
+}
+
+/// (a) `servers_with_role('node', 'production')`.
+fn role_queries(index: &Index, fresh: Freshness) {
+    let roles = RoleSelector::names(["node"]);
+    let by_index = index.with_role(&roles, ENVIRONMENT, fresh);
+    assert_eq!(
+        positions_to_names(index, &by_index),
+        scan_role(index.nodes(), "node", fresh),
+        "index and scan disagree"
+    );
+    let clause = Query::parse(&["role=node"]).unwrap();
+    assert_eq!(scan_query(index.nodes(), &clause, fresh).len(), by_index.len());
+
+    let mut table = Table::new(format!(
+        "(a) servers_with_role('node', '{ENVIRONMENT}'): {} of {SERVERS} servers selected",
+        by_index.len()
+    ));
+    table.ours(
+        "Index::with_role: inverted index by environment and role",
+        measure(|| index.with_role(&roles, ENVIRONMENT, fresh)),
+    );
+    table.alternative(
+        "linear scan: environment, freshness, role == \"node\" on every server",
+        measure(|| scan_role(index.nodes(), "node", fresh)),
+    );
+    table.info(
+        "linear scan with the compiled clause role=node instead",
+        measure(|| scan_query(index.nodes(), &clause, fresh)),
+    );
+    table.print();
+}
+
+/// (b) three clauses, `Index::with_facts` vs `Query::matches` on every server.
+fn fact_queries(index: &Index, fresh: Freshness) {
+    let query = Query::parse(&CLAUSES).unwrap();
+    let by_index = index.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh);
+    assert_eq!(
+        positions_to_names(index, &by_index),
+        scan_query(index.nodes(), &query, fresh),
+        "index and scan disagree"
+    );
+
+    let mut table = Table::new(format!(
+        "(b) servers_with_facts({}): {} of {SERVERS} servers selected",
+        quoted(&CLAUSES),
+        by_index.len()
+    ));
+    table.ours(
+        "Index::with_facts: the role clause picks the candidates",
+        measure(|| index.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh)),
+    );
+    table.alternative(
+        "linear scan: Query::matches on every server",
+        measure(|| scan_query(index.nodes(), &query, fresh)),
+    );
+    table.print();
+}
+
+/// (c) the same through `Kicker`, the service the Ruby functions call.
+fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
+    let kicker = Kicker::start(scratch_master(root)).expect("start the service");
+    let cold = Instant::now();
+    assert!(kicker.refresh_and_wait(Duration::from_secs(300)), "the first refresh did not finish");
+    let cold = cold.elapsed();
+    assert_eq!(kicker.status().servers, SERVERS);
+    println!(
+        "(c) through Kicker, the service the Ruby binding calls (results not yet converted to Ruby); \
+         its first refresh (read {SERVERS} JSON files, build, write the snapshot) took {}",
+        human(cold.as_nanos() as f64)
+    );
+
+    let role_args = ["node".to_string()];
+    let query = Query::parse(&CLAUSES).unwrap();
+    let selected = kicker.servers_with_role(&RoleSelector::parse(&role_args).unwrap(), ENVIRONMENT).unwrap();
+    assert_eq!(selected.len(), index.with_role(&RoleSelector::names(["node"]), ENVIRONMENT, fresh).len());
+    let mut table = Table::new(format!("    servers_with_role('node', '{ENVIRONMENT}'): {} servers", selected.len()));
+    let with_role = || {
+        let roles = RoleSelector::parse(&role_args).unwrap();
+        kicker.servers_with_role(&roles, ENVIRONMENT).unwrap()
+    };
+    table
+        .ours("Kicker::servers_with_role (parses the role argument per call, as the binding does)", measure(with_role));
+    table.alternative(
+        "linear scan: environment, freshness, role == \"node\" on every server",
+        measure(|| scan_role(index.nodes(), "node", fresh)),
+    );
+    table.print();
+
+    let selected = kicker.servers_with_facts(&CLAUSES, ENVIRONMENT).unwrap();
+    assert_eq!(selected.len(), index.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh).len());
+    let mut table = Table::new(format!("    servers_with_facts({}): {} servers", quoted(&CLAUSES), selected.len()));
+    table.ours(
+        "Kicker::servers_with_facts (clause cache hits)",
+        measure(|| kicker.servers_with_facts(&CLAUSES, ENVIRONMENT).unwrap()),
+    );
+    table.alternative(
+        "linear scan: Query::matches on every server",
+        measure(|| scan_query(index.nodes(), &query, fresh)),
+    );
+    table.print();
+
+    // What the clause cache saves per call: compiling, regexes above all.
+    let cache = ClauseCache::new(1024);
+    for clauses in [&CLAUSES[..], &REGEX_CLAUSES[..]] {
+        cache.compile(clauses).unwrap();
+        let mut table = Table::new(format!("    compiling the clauses of one call: {}", quoted(clauses)));
+        table.ours("ClauseCache::compile (hit, as Kicker does)", measure(|| cache.compile(clauses).unwrap()));
+        table.alternative("Query::parse (compiled on every call)", measure(|| Query::parse(clauses).unwrap()));
+        table.print();
+    }
+    assert!(kicker.take_warnings().is_empty());
+}
+
+/// (d) what a refresh and a start cost: the index, the snapshot, the JSON cache.
+fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
+    let snapshot_path = snapshot::path_in(&root.join("snapshot"));
+    let seen = BTreeMap::new();
+    let index = Index::build(nodes.clone(), ROLE_FACT, built_at);
+    let write = |index: &Index| {
+        let snap = SnapshotRef { built_at, nodes: index.nodes(), seen_environments: &seen };
+        snapshot::write(&snapshot_path, &snap).unwrap()
+    };
+    write(&index);
+    let snapshot_bytes = fs::metadata(&snapshot_path).map(|m| m.len()).unwrap_or(0);
+    let dirs = [facts_dir.to_path_buf()];
+
+    let mut table = Table::new(format!(
+        "(d) loading {SERVERS} servers: snapshot {:.1} MB (MessagePack, one file) vs JSON fact cache {:.1} MB ({SERVERS} files); page cache warm",
+        snapshot_bytes as f64 / 1e6,
+        dir_bytes(facts_dir) as f64 / 1e6
+    ));
+    table.info(
+        "Index::build from servers in memory (sort, dedup, role map)",
+        measure_each(|| nodes.clone(), |n| Index::build(n, ROLE_FACT, built_at)),
+    );
+    table.info("snapshot::write (encode, write, fsync, rename)", measure_each(|| (), |()| write(&index)));
+    drop(index);
+    table.info(
+        "snapshot::read (decode to servers)",
+        measure_each(|| (), |()| snapshot::read(&snapshot_path).unwrap().unwrap()),
+    );
+    let warm_start = |()| Index::build(snapshot::read(&snapshot_path).unwrap().unwrap().nodes, ROLE_FACT, built_at);
+    table.ours("start from the snapshot: snapshot::read + Index::build", measure_each(|| (), warm_start));
+    table.info(
+        "puppet_cache::load (read and parse the JSON files)",
+        measure_each(|| (), |()| puppet_cache::load(&dirs).unwrap()),
+    );
+    let from_source = |()| {
+        let harvest = puppet_cache::load(&dirs).unwrap();
+        let nodes = harvest.observations.into_iter().map(|o| Node::new(o.certname, o.facts, o.timestamp, None));
+        Index::build(nodes.collect(), ROLE_FACT, built_at)
+    };
+    table.alternative(
+        "start from the JSON cache: puppet_cache::load + Node::new + Index::build",
+        measure_each(|| (), from_source),
+    );
+    table.print();
+}
+
+fn quoted(clauses: &[&str]) -> String {
+    clauses.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(", ")
+}
+
+/// The alternative to the role index: look at every server.
+fn scan_role<'a>(nodes: &'a [Node], role: &str, fresh: Freshness) -> Vec<&'a str> {
+    let is_role = |value: Option<&Value>| match value {
+        Some(Value::String(s)) => s == role,
+        Some(Value::Array(items)) => items.iter().any(|i| i.as_str() == Some(role)),
+        _ => false,
+    };
+    nodes
+        .iter()
+        .filter(|n| n.environment == ENVIRONMENT && admits(fresh, n) && is_role(n.facts.get(ROLE_FACT)))
+        .map(|n| n.certname.as_str())
+        .collect()
+}
+
+/// The alternative to the index for fact queries: every clause on every server.
+fn scan_query<'a>(nodes: &'a [Node], query: &Query, fresh: Freshness) -> Vec<&'a str> {
+    nodes
+        .iter()
+        .filter(|n| n.environment == ENVIRONMENT && admits(fresh, n) && query.matches(n))
+        .map(|n| n.certname.as_str())
+        .collect()
+}
+
+fn admits(fresh: Freshness, node: &Node) -> bool {
+    fresh.now.saturating_sub(node.timestamp) <= fresh.max_age as i64
+}
+
+fn positions_to_names<'a>(index: &'a Index, positions: &[u32]) -> Vec<&'a str> {
+    positions.iter().map(|p| index.node(*p).certname.as_str()).collect()
+}
+
+/// A confdir and vardir whose default fact cache dir holds the synthetic fleet.
+fn scratch_master(root: &Path) -> PuppetSettings {
+    let confdir = root.join("etc");
+    fs::create_dir_all(&confdir).unwrap();
+    // A long ttl, so no background refresh competes with the measurements for the CPU.
+    fs::write(confdir.join("puppet_kicker.yaml"), "cache:\n  ttl: 1d\n  cold_start_timeout: 5m\n").unwrap();
+    PuppetSettings { confdir, vardir: root.join("var"), ..Default::default() }
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir).map(|e| e.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0)
+}
+
+// ---- the harness ------------------------------------------------------------
+
+struct Stats {
+    median: f64,
+    mean: f64,
+    iterations: u64,
+    samples: usize,
+}
+
+/// Times `op` in batches: warm up, pick a batch size for ~`SAMPLES` samples in
+/// `MEASURE`, then sample until `MEASURE` has passed. Nanoseconds per operation.
+fn measure<T>(mut op: impl FnMut() -> T) -> Stats {
+    let warm = Instant::now();
+    let mut warm_iterations = 0u64;
+    while warm_iterations == 0 || warm.elapsed() < WARM_UP {
+        black_box(op());
+        warm_iterations += 1;
+    }
+    let per_op = warm.elapsed().as_nanos() as f64 / warm_iterations as f64;
+    let batch = ((MEASURE.as_nanos() as f64 / f64::from(SAMPLES) / per_op) as u64).max(1);
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < MIN_SAMPLES || start.elapsed() < MEASURE {
+        let t = Instant::now();
+        for _ in 0..batch {
+            black_box(op());
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / batch as f64);
+    }
+    stats(samples, batch)
+}
+
+/// Times one `op` per sample on a fresh input from `setup`, neither of which (nor
+/// dropping the output) is timed: for slow operations that consume their input.
+fn measure_each<S, T>(mut setup: impl FnMut() -> S, mut op: impl FnMut(S) -> T) -> Stats {
+    drop(black_box(op(setup()))); // warm-up
+    let mut samples = Vec::new();
+    let mut measured = Duration::ZERO;
+    while samples.len() < MIN_SAMPLES || measured < MEASURE {
+        let input = setup();
+        let t = Instant::now();
+        let output = black_box(op(input));
+        let elapsed = t.elapsed();
+        drop(output);
+        measured += elapsed;
+        samples.push(elapsed.as_nanos() as f64);
+    }
+    stats(samples, 1)
+}
+
+fn stats(mut samples: Vec<f64>, batch: u64) -> Stats {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    let median = if n % 2 == 1 { samples[n / 2] } else { (samples[n / 2 - 1] + samples[n / 2]) / 2.0 };
+    let mean = samples.iter().sum::<f64>() / n as f64;
+    Stats { median, mean, iterations: batch * n as u64, samples: n }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// puppet-kicker's way.
+    Ours,
+    /// What it replaces: the speed-up column compares every row with this one.
+    Alternative,
+    /// A figure for context.
+    Info,
+}
+
+struct Table {
+    title: String,
+    rows: Vec<(String, Kind, Stats)>,
+}
+
+impl Table {
+    fn new(title: String) -> Table {
+        Table { title, rows: Vec::new() }
+    }
+
+    fn ours(&mut self, name: &str, stats: Stats) {
+        self.rows.push((name.to_string(), Kind::Ours, stats));
+    }
+
+    fn alternative(&mut self, name: &str, stats: Stats) {
+        self.rows.push((name.to_string(), Kind::Alternative, stats));
+    }
+
+    fn info(&mut self, name: &str, stats: Stats) {
+        self.rows.push((name.to_string(), Kind::Info, stats));
+    }
+
+    /// One line per row; `speed-up` compares medians with the alternative's.
+    fn print(&self) {
+        let baseline = self.rows.iter().find(|(_, kind, _)| *kind == Kind::Alternative).map(|(_, _, s)| s.median);
+        let width = self.rows.iter().map(|(name, _, _)| name.len() + 2).max().unwrap_or(0).max(16);
+        let (median, mean, ops, samples, speedup) = ("median", "mean", "ops", "samples", "speed-up");
+        println!("{}", self.title);
+        println!("  {:<width$}  {median:>10}  {mean:>10}  {ops:>8}  {samples:>7}  {speedup:>15}", "implementation");
+        for (name, kind, s) in &self.rows {
+            let (marker, relative) = match (kind, baseline) {
+                (Kind::Alternative, _) => ("* ", "(alternative)".to_string()),
+                (Kind::Ours, Some(base)) => ("> ", ratio(base, s.median)),
+                (Kind::Info, Some(base)) => ("  ", ratio(base, s.median)),
+                (_, None) => ("  ", String::new()),
+            };
+            let name = format!("{marker}{name}");
+            let (median, mean) = (human(s.median), human(s.mean));
+            println!(
+                "  {name:<width$}  {median:>10}  {mean:>10}  {:>8}  {:>7}  {relative:>15}",
+                s.iterations, s.samples
+            );
+        }
+        println!();
+    }
+}
+
+/// How much faster than the alternative (`base`) a row is, or how much slower.
+fn ratio(base: f64, row: f64) -> String {
+    if row <= base {
+        format!("{:.1}x faster", base / row)
+    } else {
+        format!("{:.1}x slower", row / base)
+    }
+}
+
+fn human(nanos: f64) -> String {
+    match nanos {
+        n if n < 1e3 => format!("{n:.0} ns"),
+        n if n < 1e6 => format!("{:.2} µs", n / 1e3),
+        n if n < 1e9 => format!("{:.2} ms", n / 1e6),
+        n => format!("{:.2} s", n / 1e9),
+    }
+}
+
+fn print_machine() {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()))
+        .unwrap_or_else(|| "unknown".into());
+    let processors = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
+    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let memory = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().to_string())))
+        .unwrap_or_default();
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let load = load_average();
+    println!("puppet-kicker {} benchmark (cargo bench --bench query)", env!("CARGO_PKG_VERSION"));
+    println!(
+        "machine: nproc {nproc} ({processors} in /proc/cpuinfo), CPU {model}, memory {memory}, Linux {}, {} {}",
+        kernel.trim(),
+        std::env::consts::ARCH,
+        if cfg!(debug_assertions) { "debug build" } else { "optimized build" }
+    );
+    println!("load average at start: {load} (other processes make every figure slower and noisier)");
+}
+
+fn rss_mb() -> f64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+    kb.unwrap_or(0.0) / 1024.0
+}
+
+fn load_average() -> String {
+    let text = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}

@@ -11,15 +11,20 @@ use regex::Regex;
 use serde_json::Value;
 use std::collections::HashMap;
 
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Positions into `Index::nodes`, ascending, i.e. already in result order.
 type Positions = Vec<u32>;
 
 #[derive(Debug, Default)]
 pub struct Index {
     nodes: Vec<Node>,
+    by_certname: HashMap<String, u32>,
     by_environment: HashMap<String, EnvironmentEntry>,
     /// Unix seconds when the data was collected from its source.
     built_at: i64,
+    /// Unique per build in this process, so bindings can cache what they converted.
+    generation: u64,
 }
 
 #[derive(Debug, Default)]
@@ -83,8 +88,10 @@ impl Index {
         nodes.sort_by(Node::canonical_cmp);
 
         let mut by_environment: HashMap<String, EnvironmentEntry> = HashMap::new();
+        let mut by_certname = HashMap::with_capacity(nodes.len());
         for (position, node) in nodes.iter().enumerate() {
             let position = position as u32;
+            by_certname.insert(node.certname.clone(), position);
             let entry = by_environment.entry(node.environment.clone()).or_default();
             entry.all.push(position);
             for role in role_names(node.facts.get(role_fact)) {
@@ -94,7 +101,18 @@ impl Index {
                 }
             }
         }
-        Index { nodes, by_environment, built_at }
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Index { nodes, by_certname, by_environment, built_at, generation }
+    }
+
+    /// Unique per `build` within the process: a binding may keep converted servers
+    /// keyed by (generation, position) and drop them when it changes.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn by_certname(&self, certname: &str) -> Option<&Node> {
+        self.by_certname.get(certname).map(|p| self.node(*p))
     }
 
     pub fn nodes(&self) -> &[Node] {
@@ -145,26 +163,43 @@ impl Index {
     /// `servers_with_facts`: servers matching every clause, scoped to `environment`
     /// unless a clause names the environment itself.
     pub fn with_facts(&self, query: &Query, environment: &str, role_fact: &str, fresh: Freshness) -> Vec<u32> {
-        let candidates: Box<dyn Iterator<Item = u32> + '_> = if query.names_environment() {
-            Box::new(0..self.nodes.len() as u32)
+        let clauses = query.clauses();
+        // An exact role clause narrows the scan to that role's servers, and is then
+        // already answered: the index holds exactly the servers it matches.
+        let seed = clauses.iter().enumerate().find_map(|(i, c)| {
+            let role = (c.path() == role_fact).then(|| c.plain_equality()).flatten()?;
+            Some((i, role))
+        });
+        let scope: Option<&EnvironmentEntry> = if query.names_environment() {
+            None
         } else {
-            let Some(entry) = self.by_environment.get(environment) else {
-                return Vec::new();
-            };
-            // An exact role clause narrows the scan to that role's servers.
-            let seed = query
-                .clauses()
-                .iter()
-                .filter(|c| c.path() == role_fact)
-                .find_map(|c| c.plain_equality())
-                .map(|role| entry.by_role.get(role));
-            match seed {
-                Some(Some(positions)) => Box::new(positions.iter().copied()),
-                Some(None) => return Vec::new(),
-                None => Box::new(entry.all.iter().copied()),
+            match self.by_environment.get(environment) {
+                Some(entry) => Some(entry),
+                None => return Vec::new(),
             }
         };
+        let candidates: &[u32] = match (scope, seed) {
+            (Some(entry), Some((_, role))) => match entry.by_role.get(role) {
+                Some(positions) => positions,
+                None => return Vec::new(),
+            },
+            (Some(entry), None) => &entry.all,
+            (None, _) => return self.filter_all(query, fresh),
+        };
+        let skip = seed.map(|(i, _)| i);
         candidates
+            .iter()
+            .copied()
+            .filter(|p| {
+                let node = self.node(*p);
+                fresh.admits(node) && clauses.iter().enumerate().all(|(i, c)| Some(i) == skip || c.matches(node))
+            })
+            .collect()
+    }
+
+    /// A query naming the environment scans every server.
+    fn filter_all(&self, query: &Query, fresh: Freshness) -> Vec<u32> {
+        (0..self.nodes.len() as u32)
             .filter(|p| {
                 let node = self.node(*p);
                 fresh.admits(node) && query.matches(node)

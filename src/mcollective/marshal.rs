@@ -456,7 +456,7 @@ mod tests {
     #[test]
     fn hostile_input_is_an_error() {
         let mut deep = b"\x04\x08".to_vec();
-        deep.extend(std::iter::repeat([b'[', 0x06]).take(100_000).flatten());
+        deep.extend(std::iter::repeat_n([b'[', 0x06], 100_000).flatten());
         deep.push(b'0');
         assert!(decode(&deep).is_err(), "deep nesting");
 

@@ -112,7 +112,7 @@ fn is_decimal(s: &str) -> bool {
     let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
     let digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
     let mantissa_ok = digits(int) && digits(frac) && !(int.is_empty() && frac.is_empty());
-    let exponent_ok = exponent.is_none_or(|e| is_integer(e));
+    let exponent_ok = exponent.is_none_or(is_integer);
     mantissa_ok && exponent_ok
 }
 
