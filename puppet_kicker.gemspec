@@ -11,13 +11,17 @@ Gem::Specification.new do |spec|
   spec.authors = ['puppet-kicker maintainers']
   spec.license = 'Apache-2.0'
   spec.homepage = 'https://github.com/puppet-kicker/puppet-kicker'
-  spec.required_ruby_version = '>= 2.7'
+  # 2.6: puppetserver's JRuby 9.3 (which uses the C-ABI library through ffi).
+  spec.required_ruby_version = '>= 2.6'
 
   spec.files = Dir[
     'Cargo.toml', 'Cargo.lock', 'rustfmt.toml', 'src/**/*.rs', 'benches/**/*.rs',
     'ext/puppet_kicker/Cargo.toml', 'ext/puppet_kicker/extconf.rb', 'ext/puppet_kicker/src/**/*.rs',
+    'ext/puppet_kicker_ffi/Cargo.toml', 'ext/puppet_kicker_ffi/build.rs', 'ext/puppet_kicker_ffi/src/**/*.rs',
+    'ext/puppet_kicker_ffi/include/*.h',
     'lib/**/*.rb', 'templates/*', 'examples/**/*', 'metadata.json', 'README.md', 'LICENSE'
   ]
   spec.require_paths = ['lib']
+  # Builds both libraries: the magnus extension (MRI only) and the C-ABI one (ffi).
   spec.extensions = ['ext/puppet_kicker/extconf.rb']
 end

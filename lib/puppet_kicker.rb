@@ -2,6 +2,13 @@
 
 # Ruby side of puppet-kicker: loads the native core and gives the Puppet functions
 # one small API. Everything else (index, queries, refresh, snapshot) is in Rust.
+#
+# Two bindings of the same core, with the same results and errors:
+# - magnus: the C extension puppet_kicker.so, for MRI (`puppet apply`, agents);
+# - ffi: libpuppet_kicker_ffi.so, a C ABI loaded with Ruby's ffi, for JRuby
+#   (puppetserver), which cannot load C extensions.
+# The backend is magnus on MRI and ffi elsewhere; PUPPET_KICKER_BACKEND=magnus|ffi
+# (or PuppetKicker.backend = ...) overrides it. Ruby 2.6 syntax (puppetserver's JRuby).
 require_relative 'puppet_kicker/version'
 
 module PuppetKicker
@@ -14,29 +21,59 @@ module PuppetKicker
   # The index holds no server (see `on_no_data`).
   class NoDataError < Error; end
 
-  # Next to this file in the module (pluginsynced) and in the gem (extconf.rb copies it).
-  NATIVE_LIBRARY = File.join(__dir__, 'puppet_kicker', 'puppet_kicker.so')
+  # Both libraries sit next to this file, in the module (pluginsynced) and in the gem
+  # (extconf.rb copies them).
+  LIBRARY_DIR = File.join(__dir__, 'puppet_kicker')
+  NATIVE_LIBRARY = File.join(LIBRARY_DIR, 'puppet_kicker.so')
+  FFI_LIBRARY = File.join(LIBRARY_DIR, 'libpuppet_kicker_ffi.so')
+  LIBRARIES = { 'magnus' => NATIVE_LIBRARY, 'ffi' => FFI_LIBRARY }.freeze
+  BACKENDS = LIBRARIES.keys.freeze
 
   class << self
-    # The native module, loaded once. A missing or broken library is a clear error
-    # naming the file, not a bare LoadError from deep inside a compile.
+    # 'magnus' on MRI, 'ffi' on any other Ruby, unless PUPPET_KICKER_BACKEND is set.
+    def default_backend
+      chosen = ENV.fetch('PUPPET_KICKER_BACKEND', '').strip
+      return chosen unless chosen.empty?
+
+      RUBY_ENGINE == 'ruby' ? 'magnus' : 'ffi'
+    end
+
+    # The backend in use: 'magnus' or 'ffi'.
+    def backend
+      @backend ||= checked_backend(default_backend)
+    end
+
+    # Switches backend (tests, benchmarks); nil goes back to the default. Both can
+    # be loaded in one MRI process: each library holds its own core.
+    def backend=(name)
+      @backend = name.nil? ? nil : checked_backend(name.to_s)
+    end
+
+    # Runs the block with `name` as the backend, then restores the previous one.
+    def with_backend(name)
+      saved = @backend
+      self.backend = name
+      yield
+    ensure
+      @backend = saved
+    end
+
+    # The loaded backend: PuppetKicker::Native (magnus) or PuppetKicker::FFIBackend,
+    # loaded once. A missing or broken library is a clear error naming the file and
+    # why it failed, not a bare LoadError from deep inside a compile.
     def native
-      @native ||= begin
-        require NATIVE_LIBRARY
-        PuppetKicker::Native
-      rescue LoadError => e
-        raise Error, "cannot load puppet-kicker's native library #{NATIVE_LIBRARY}: #{e.message}. " \
-                     'Install the module package built for this platform, or build it with `rake compile`.'
-      end
+      name = backend
+      (@natives ||= {})[name] ||= load_backend(name)
     end
 
     # Configures the core from Puppet's own settings; a no-op while they are unchanged.
     def configure(settings = Puppet.settings)
       key = [settings[:confdir], settings[:vardir], server_datadir(settings), ENV.fetch('PUPPET_KICKER_CONFIG', nil)]
-      return if key == @configured_with
+      configured = (@configured_with ||= {})
+      return if key == configured[backend]
 
       native.configure(*key)
-      @configured_with = key
+      configured[backend] = key
     end
 
     def servers_with_role(roles, environment)
@@ -76,10 +113,46 @@ module PuppetKicker
       native.take_warnings.each { |warning| Puppet.warning("puppet-kicker: #{warning}") }
     end
 
+    # puppetserver's fact cache lives in $server_datadir/facts; the setting comes from
+    # Puppet (its default is $vardir/server_data), never from a hard-coded path.
     def server_datadir(settings)
       settings[:server_datadir]
     rescue ArgumentError, Puppet::Settings::InterpolationError
       nil
+    end
+
+    def checked_backend(name)
+      return name if BACKENDS.include?(name)
+
+      raise Error, "unknown puppet-kicker backend #{name.inspect} (from PUPPET_KICKER_BACKEND or " \
+                   "PuppetKicker.backend=): use #{BACKENDS.join(' or ')}"
+    end
+
+    def load_backend(name)
+      path = LIBRARIES.fetch(name)
+      loaded = name == 'ffi' ? load_ffi(path) : load_magnus(path)
+      if defined?(Puppet) && Puppet.respond_to?(:info)
+        Puppet.info("puppet-kicker: #{name} backend loaded from #{path} " \
+                    "(core #{loaded.version}, #{RUBY_ENGINE} #{RUBY_ENGINE_VERSION})")
+      end
+      loaded
+    end
+
+    def load_magnus(path)
+      require path
+      PuppetKicker::Native
+    rescue LoadError => e
+      hint = RUBY_ENGINE == 'ruby' ? '' : " #{RUBY_ENGINE} cannot load C extensions: use the ffi backend."
+      raise Error, "cannot load puppet-kicker's native library #{path} (magnus backend): #{e.message}.#{hint} " \
+                   'Install the module package built for this platform, or build it with `rake compile`.'
+    end
+
+    def load_ffi(path)
+      require_relative 'puppet_kicker/ffi_backend'
+      PuppetKicker::FFIBackend.load(path)
+    rescue LoadError => e
+      raise Error, "cannot load puppet-kicker's native library #{path} (ffi backend): #{e.message}. " \
+                   'Install the module package built for this platform, or build it with `rake compile`.'
     end
   end
 

@@ -14,6 +14,9 @@ FileUtils.ln_sf(ROOT, File.join(fixture_modules, 'kicker')) unless File.exist?(F
 
 RSpec.configure { |c| c.mock_with :rspec }
 require 'puppetlabs_spec_helper/module_spec_helper'
+# Ruby's ffi, for the ffi backend, loaded now: inside an example rspec-puppet runs with
+# a $LOAD_PATH that no longer holds the paths of gems activated later.
+require 'ffi'
 require_relative '../lib/puppet_kicker'
 
 # A scratch master whose fact cache holds examples/haproxy/servers.yaml, submitted
@@ -36,12 +39,35 @@ RSpec.configure do |c|
   c.before(:suite) { ENV['PUPPET_KICKER_CONFIG'] = File.join(ScratchMaster.create, 'puppet_kicker.yaml') }
 end
 
+# Both bindings of the core, magnus (MRI's) and ffi (puppetserver's JRuby), load in
+# one MRI process, each with its own core. `each_backend { ... }` defines the
+# examples once per backend; the `backend` fact keeps rspec-puppet's catalogue cache
+# (keyed on facts) from handing one backend's catalogue to the other.
+module EachBackend
+  def each_backend(&examples)
+    PuppetKicker::BACKENDS.each do |name|
+      context "through the #{name} backend", backend: name do
+        let(:facts) { { 'puppet_kicker_backend' => name } }
+        class_exec(&examples)
+      end
+    end
+  end
+end
+
+RSpec.configure do |c|
+  c.extend EachBackend
+  c.around do |example|
+    backend = example.metadata[:backend]
+    backend ? PuppetKicker.with_backend(backend) { example.run } : example.run
+  end
+end
+
 # Points PUPPET_KICKER_CONFIG at a scratch master configured with `settings` for one
 # example. The path also goes into a fact, so rspec-puppet's catalogue cache (keyed
 # on facts, not on the environment variable) compiles afresh.
 RSpec.shared_context 'with its own puppet_kicker.yaml' do
   let(:config_file) { File.join(ScratchMaster.create(settings), 'puppet_kicker.yaml') }
-  let(:facts) { { 'puppet_kicker_config' => config_file } }
+  let(:facts) { { 'puppet_kicker_config' => config_file, 'puppet_kicker_backend' => PuppetKicker.backend } }
 
   around do |example|
     saved = ENV.fetch('PUPPET_KICKER_CONFIG', nil)

@@ -22,9 +22,11 @@ describe 'packaging' do
       listing = run('tar', 'tzf', tarball)
       expect(listing).to include('puppetkicker-kicker-0.1.0/metadata.json',
                                  'puppetkicker-kicker-0.1.0/lib/puppet_kicker/puppet_kicker.so',
+                                 'puppetkicker-kicker-0.1.0/lib/puppet_kicker/libpuppet_kicker_ffi.so',
                                  'puppetkicker-kicker-0.1.0/lib/puppet/functions/servers_with_role.rb')
       run('puppet', 'module', 'install', '--target-dir', File.join(@tmp, 'modules'), '--ignore-dependencies', tarball)
       expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'lib', 'puppet_kicker', 'puppet_kicker.so'))
+      expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'lib', 'puppet_kicker', 'libpuppet_kicker_ffi.so'))
     end
 
     it 'renders the haproxy example from the installed module' do
@@ -41,9 +43,13 @@ describe 'packaging' do
         # (a temporary target directory, removed after install) is the same Makefile.
         env = { 'CARGO_TARGET_DIR' => File.join(ROOT, 'target') }
         run(env, 'gem', 'install', '--local', '--install-dir', File.join(dir, 'gems'), '--no-document', File.join(dir, 'puppet_kicker.gem'))
-        loaded = run({ 'GEM_PATH' => File.join(dir, 'gems') }, 'ruby', '-e',
-                     'require "puppet_kicker"; puts PuppetKicker::NATIVE_LIBRARY; puts PuppetKicker.native.version')
+        # The system's gems stay on the path: the ffi backend needs Ruby's ffi gem.
+        loaded = run({ 'GEM_PATH' => [File.join(dir, 'gems'), *Gem.path].join(File::PATH_SEPARATOR) }, 'ruby', '-e',
+                     'require "puppet_kicker"; puts PuppetKicker::NATIVE_LIBRARY; puts PuppetKicker.native.version; ' \
+                     'PuppetKicker.backend = "ffi"; puts PuppetKicker::FFI_LIBRARY; puts PuppetKicker.native.version')
         expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/lib/puppet_kicker/puppet_kicker.so", '0.1.0 (index format 1)')
+        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/lib/puppet_kicker/libpuppet_kicker_ffi.so")
+        expect(loaded.scan('0.1.0 (index format 1)').size).to eq(2)
       end
     end
   end

@@ -1,0 +1,109 @@
+# frozen_string_literal: true
+
+# `ruby bench/ffi_vs_magnus.rb [SERVERS]`, after `rake compile`, on MRI (where both
+# bindings load): one function call through the magnus extension (Ruby objects built
+# by Rust) next to the same call through the C-ABI library and Ruby's ffi (JSON
+# written by Rust, copied, parsed by Ruby's JSON), on a synthetic fleet written by
+# `pk-synthetic-facts` as puppetserver's JSON fact cache (~150 facts a server). The
+# ffi call is also split into its parts: the C call that returns the JSON (Rust
+# query + serialization + copy into a Ruby String) and JSON.parse. Standard library only.
+
+require 'benchmark'
+require 'fileutils'
+require 'json'
+require 'tmpdir'
+
+ROOT = File.expand_path('..', __dir__)
+SERVERS = Integer(ARGV.fetch(0, '1000'))
+ENVIRONMENT = 'production'
+MEASURE = 1.0 # seconds of samples per case
+MIN_SAMPLES = 5
+
+# The facade logs through Puppet; outside Puppet, to stderr.
+unless defined?(Puppet)
+  module Puppet
+    def self.warning(message)
+      warn("warning: #{message}")
+    end
+  end
+end
+
+require File.join(ROOT, 'lib', 'puppet_kicker')
+
+abort 'bench/ffi_vs_magnus.rb: run it with MRI, where both bindings load' unless RUBY_ENGINE == 'ruby'
+PuppetKicker::LIBRARIES.each_value do |path|
+  abort "bench/ffi_vs_magnus.rb: #{path} is missing; run `rake compile` first" unless File.exist?(path)
+end
+
+def measure
+  yield
+  GC.start
+  samples = []
+  started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  while samples.size < MIN_SAMPLES || Process.clock_gettime(Process::CLOCK_MONOTONIC) - started < MEASURE
+    samples << Benchmark.realtime { yield }
+  end
+  samples.sort!
+  samples[samples.size / 2]
+end
+
+def human(seconds)
+  seconds < 1e-3 ? format('%.1f µs', seconds * 1e6) : format('%.2f ms', seconds * 1e3)
+end
+
+work = Dir.mktmpdir('puppet-kicker-bench-ffi')
+at_exit { FileUtils.rm_rf(work) }
+facts = File.join(work, 'var', 'server_data', 'facts')
+target = ENV.fetch('CARGO_TARGET_DIR', File.join(ROOT, 'target'))
+system('cargo', 'build', '--release', '--quiet', '--bin', 'pk-synthetic-facts', chdir: ROOT, exception: true)
+system(File.join(target, 'release', 'pk-synthetic-facts'), facts, SERVERS.to_s, '1', out: File::NULL, exception: true)
+FileUtils.mkdir_p(File.join(work, 'etc'))
+
+backends = PuppetKicker::BACKENDS.to_h do |name|
+  PuppetKicker.backend = name
+  native = PuppetKicker.native
+  native.configure(File.join(work, 'etc'), File.join(work, 'var'), nil, nil)
+  [name, native]
+end
+
+cases = [
+  ['version (no data: the call itself)', ->(n) { n.version }],
+  ['server_with_role: 1 server', ->(n) { n.server_with_role(['haproxy'], ENVIRONMENT) }],
+  ['servers_with_facts: role=haproxy', ->(n) { n.servers_with_facts(['role=haproxy'], ENVIRONMENT) }],
+  ['servers_with_role: node', ->(n) { n.servers_with_role(['node'], ENVIRONMENT) }],
+]
+
+ffi = backends.fetch('ffi')
+lib = ffi.instance_variable_get(:@lib)
+raw = lambda do |request|
+  json = JSON.generate(request)
+  text, pointer = lib.pk_query(json, json.bytesize)
+  lib.pk_free(pointer)
+  text
+end
+requests = {
+  'server_with_role: 1 server' => { 'op' => 'server_with_role', 'roles' => ['haproxy'], 'environment' => ENVIRONMENT },
+  'servers_with_facts: role=haproxy' => { 'op' => 'servers_with_facts', 'clauses' => ['role=haproxy'], 'environment' => ENVIRONMENT },
+  'servers_with_role: node' => { 'op' => 'servers_with_role', 'roles' => ['node'], 'environment' => ENVIRONMENT },
+}
+
+puts "#{SERVERS} synthetic servers; #{RUBY_DESCRIPTION}"
+puts "#{`nproc`.strip} CPUs: #{File.read('/proc/cpuinfo')[/^model name\s*:\s*(.*)$/, 1]}"
+puts
+puts '| Call | Servers returned | magnus | ffi | ffi / magnus | ffi: C call + copy | ffi: JSON.parse | JSON bytes |'
+puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
+cases.each do |label, call|
+  result = call.call(backends.fetch('magnus'))
+  raise "#{label}: the backends disagree" unless call.call(ffi) == result
+
+  count = result.is_a?(Array) ? result.size : (result.is_a?(Hash) ? 1 : 0)
+  magnus_time = measure { call.call(backends.fetch('magnus')) }
+  ffi_time = measure { call.call(ffi) }
+  parts = ['', '', '']
+  if (request = requests[label])
+    text = raw.call(request)
+    parse = measure { JSON.parse(text, max_nesting: false, create_additions: false) }
+    parts = [human(measure { raw.call(request) }), human(parse), "#{(text.bytesize / 1024.0).round} KiB"]
+  end
+  puts "| #{label} | #{count} | #{human(magnus_time)} | #{human(ffi_time)} | #{format('%.2fx', ffi_time / magnus_time)} | #{parts.join(' | ')} |"
+end

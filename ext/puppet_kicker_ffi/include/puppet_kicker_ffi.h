@@ -1,0 +1,86 @@
+/*
+ * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
+ * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
+ * ffi). ABI version 1. See ext/puppet_kicker_ffi/src/lib.rs.
+ *
+ * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
+ *
+ * Replies: every `char *` returned is a new NUL-terminated UTF-8 JSON document owned
+ * by the caller, to be passed to pk_free() exactly once. It is either
+ *     {"ok": VALUE}
+ * or  {"error": {"kind": KIND, "message": MESSAGE}}
+ * with KIND one of: "query" (a malformed clause or role), "config" (puppet_kicker.yaml,
+ * or not configured yet), "no_data" (the index holds no server), "io", "request" (a
+ * malformed request: a bug in the caller), "unsupported", "internal" (a Rust panic,
+ * caught). No function unwinds or aborts: errors are data.
+ *
+ * A server is an object of its facts, in the core's order, then "certname" unless a
+ * fact has that name: exactly the Hash the magnus extension returns.
+ *
+ * Threads: every function may be called from any number of threads at once. There
+ * is one core per loaded library, shared by all callers in the process (all JRuby
+ * instances of a puppetserver). The library is linked with -z nodelete, so dlclose
+ * never unloads it (the core keeps a background refresh thread).
+ */
+#ifndef PUPPET_KICKER_FFI_H
+#define PUPPET_KICKER_FFI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI version this library implements (1); check it before any other call. */
+uint32_t pk_abi_version(void);
+
+/* ok: "0.1.0 (index format 1)", the core's version. */
+char *pk_version(void);
+
+/* req: {"confdir": s, "vardir": s, "server_datadir": s|null, "config_file": s|null}
+ * (Puppet's settings; config_file is PUPPET_KICKER_CONFIG). ok: null.
+ * Reuses the core while the settings are unchanged; a new core when they differ. */
+char *pk_configure(const uint8_t *req, size_t len);
+
+/* req: {"op": "servers_with_role", "roles": [s, ...], "environment": s}
+ *    | {"op": "server_with_role",  "roles": [s, ...], "environment": s}
+ *    | {"op": "servers_with_facts", "clauses": [s, ...], "environment": s}
+ * ok: [server, ...] in fqdn-then-certname order; server_with_role: the first server
+ * or null. A role is a name or "/regex/". */
+char *pk_query(const uint8_t *req, size_t len);
+
+/* req: {"certname": s, "environment": s}: where a node compiles. ok: null. */
+char *pk_note_environment(const uint8_t *req, size_t len);
+
+/* ok: ["warning", ...], the core's warnings since the last call, to log. */
+char *pk_take_warnings(void);
+
+/* ok: {"servers": n, "built_at": n|null, "last_error": s|null,
+ *      "config_file": s|null, "cache_dir": s, "failures": n, "retry_at": n|null}. */
+char *pk_status(void);
+
+/* The kick report processor. req: a report's kicks, {"host": s, "environment": s,
+ * "time": ms, "noop": b, "kicks": [...]} as lib/puppet_kicker/kick.rb builds them.
+ * ok: [[level, message], ...] to log (level: "info", "notice", "warning", "err");
+ * the core dispatches the kicks in the background. */
+char *pk_kick(const uint8_t *req, size_t len);
+
+/* Waits, bounded by kick.exit_wait, for due kicks to be sent (a process about to
+ * exit). ok: [[level, message], ...]. */
+char *pk_kick_flush(void);
+
+/* ok: [[level, message], ...], what the kick dispatcher logged since the last call. */
+char *pk_take_kick_log(void);
+
+/* ok: the kick status document's JSON text, as a string. */
+char *pk_kick_status(void);
+
+/* Frees a reply of any pk_* function; null is ignored. */
+void pk_free(char *reply);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PUPPET_KICKER_FFI_H */

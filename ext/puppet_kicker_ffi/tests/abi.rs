@@ -1,0 +1,269 @@
+//! The C ABI as a foreign caller sees it: JSON requests in, owned JSON replies out,
+//! errors as data, and the same answers from many threads at once while the index
+//! is being refreshed under them (puppetserver's JRuby instances have no GVL).
+
+use puppet_kicker_ffi::*;
+use serde_json::{json, Value};
+use std::ffi::{c_char, CStr};
+use std::fs;
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+
+/// The core is one per process: tests that configure it take turns.
+static CORE: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    CORE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes ownership of a reply: reads it, frees it.
+fn take(reply: *mut c_char) -> Value {
+    assert!(!reply.is_null());
+    let text = unsafe { CStr::from_ptr(reply) }.to_str().expect("replies are UTF-8").to_string();
+    unsafe { pk_free(reply) };
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("reply is not JSON ({e}): {text}"))
+}
+
+fn call(f: unsafe extern "C" fn(*const u8, usize) -> *mut c_char, request: &Value) -> Value {
+    let bytes = serde_json::to_vec(request).unwrap();
+    take(unsafe { f(bytes.as_ptr(), bytes.len()) })
+}
+
+fn ok(reply: Value) -> Value {
+    match reply {
+        Value::Object(mut m) if m.contains_key("ok") => m.remove("ok").unwrap(),
+        other => panic!("expected ok, got {other}"),
+    }
+}
+
+fn error(reply: &Value) -> (String, String) {
+    let e = &reply["error"];
+    (e["kind"].as_str().unwrap_or_default().to_string(), e["message"].as_str().unwrap_or_default().to_string())
+}
+
+/// A scratch master with a JSON fact cache (puppetserver's layout) of `servers`.
+struct Master {
+    root: PathBuf,
+}
+
+impl Master {
+    fn new(name: &str, config: &str, servers: &[(&str, Value)]) -> Master {
+        let root = std::env::temp_dir().join(format!("pk-ffi-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let facts = root.join("var/server_data/facts");
+        fs::create_dir_all(&facts).unwrap();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        for (certname, values) in servers {
+            let doc = json!({"name": certname, "values": values, "timestamp": "2024-05-01T10:00:00.000000000+00:00",
+                             "expiration": "2024-05-01T10:30:00.000000000+00:00"});
+            fs::write(facts.join(format!("{certname}.json")), doc.to_string()).unwrap();
+        }
+        // The fixtures' timestamps are fixed: keep them from going stale.
+        fs::write(root.join("etc/puppet_kicker.yaml"), format!("max_age: 5200w\n{config}")).unwrap();
+        Master { root }
+    }
+
+    fn configure(&self) -> Value {
+        call(
+            pk_configure,
+            &json!({"confdir": self.root.join("etc"), "vardir": self.root.join("var"), "server_datadir": null}),
+        )
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn fleet() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "web2.example.com",
+            json!({"fqdn": "web2.example.com", "role": "web", "hostname": "web2", "ipaddress": "10.0.0.12"}),
+        ),
+        (
+            "web1.example.com",
+            json!({"fqdn": "web1.example.com", "role": "web", "hostname": "web1", "ipaddress": "10.0.0.11",
+                   "uptime_days": 12, "load": 0.25, "big": 18446744073709551615u64, "neg": -3, "virtual": false,
+                   "nothing": null, "os": {"family": "Debian", "release": {"full": "12.5", "major": "12"}},
+                   "disks": [{"name": "sda", "size_bytes": 1e12}], "empty": {}, "none": [], "unicode": "é\u{2028}\u{0}ü"}),
+        ),
+        (
+            "db1.example.com",
+            json!({"fqdn": "db1.example.com", "role": "db", "hostname": "db1", "certname": "db1-from-fact"}),
+        ),
+        ("lb1.example.com", json!({"role": "haproxy", "hostname": "lb1", "environment": "staging"})),
+    ]
+}
+
+fn hostnames(servers: &Value) -> Vec<&str> {
+    servers.as_array().unwrap().iter().map(|s| s["hostname"].as_str().unwrap()).collect()
+}
+
+#[test]
+fn version_and_abi_need_no_configuration() {
+    assert_eq!(pk_abi_version(), ABI_VERSION);
+    let version = ok(take(pk_version()));
+    assert!(version.as_str().unwrap().contains("index format"), "{version}");
+    unsafe { pk_free(std::ptr::null_mut()) };
+}
+
+#[test]
+fn queries_return_servers_as_the_magnus_extension_builds_them() {
+    let _core = serial();
+    let master = Master::new("queries", "", &fleet());
+    assert_eq!(ok(master.configure()), Value::Null);
+
+    let web = ok(call(pk_query, &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"})));
+    assert_eq!(hostnames(&web), ["web1", "web2"]);
+    // Every fact, in the core's order, then certname; values of every JSON type intact.
+    let web1 = web[0].as_object().unwrap();
+    assert_eq!(web1["certname"], "web1.example.com");
+    let request = br#"{"op":"servers_with_role","roles":["web"],"environment":"production"}"#;
+    let reply = unsafe { pk_query(request.as_ptr(), request.len()) };
+    let raw = unsafe { CStr::from_ptr(reply) }.to_str().unwrap().to_string();
+    unsafe { pk_free(reply) };
+    assert!(
+        raw.starts_with(r#"{"ok":[{"big":18446744073709551615,"disks":[{"name":"sda","size_bytes":1000000000000.0}],"#),
+        "{raw}"
+    );
+    assert!(raw.contains(r#""virtual":false,"certname":"web1.example.com"},{"fqdn""#), "{raw}");
+    assert_eq!(web1["big"], json!(18446744073709551615u64));
+    assert_eq!(web1["neg"], json!(-3));
+    assert_eq!(web1["load"], json!(0.25));
+    assert_eq!(web1["disks"][0]["size_bytes"], json!(1e12));
+    assert_eq!(web1["unicode"], "é\u{2028}\u{0}ü");
+    assert_eq!(web1["nothing"], Value::Null);
+    assert_eq!(web1["os"]["release"]["full"], "12.5");
+
+    // A fact named certname wins over the certname.
+    let db = ok(call(pk_query, &json!({"op": "server_with_role", "roles": ["/^d/"], "environment": "production"})));
+    assert_eq!(db["certname"], "db1-from-fact");
+    let none = ok(call(pk_query, &json!({"op": "server_with_role", "roles": ["nobody"], "environment": "production"})));
+    assert_eq!(none, Value::Null);
+
+    let big = ok(call(
+        pk_query,
+        &json!({"op": "servers_with_facts", "clauses": ["uptime_days>10", "os.family=Debian"], "environment": "production"}),
+    ));
+    assert_eq!(hostnames(&big), ["web1"]);
+    let staging =
+        ok(call(pk_query, &json!({"op": "servers_with_role", "roles": ["haproxy"], "environment": "staging"})));
+    assert_eq!(staging[0]["certname"], "lb1.example.com");
+
+    assert_eq!(
+        ok(call(pk_note_environment, &json!({"certname": "web9.example.com", "environment": "staging"}))),
+        Value::Null
+    );
+    let reply = pk_status();
+    let raw = unsafe { CStr::from_ptr(reply) }.to_str().unwrap().to_string();
+    let status = ok(take(reply));
+    // The magnus extension's key order.
+    assert!(
+        raw.starts_with(r#"{"ok":{"servers":4,"built_at":"#) && raw.contains(r#","last_error":null,"config_file":""#)
+    );
+    assert!(raw.contains(r#"","cache_dir":""#) && raw.ends_with(r#","failures":0,"retry_at":null}}"#), "{raw}");
+    assert_eq!(status["servers"], 4);
+    assert!(status["config_file"].as_str().unwrap().ends_with("etc/puppet_kicker.yaml"));
+    assert!(ok(take(pk_take_warnings())).is_array());
+}
+
+#[test]
+fn errors_are_data_with_the_cores_kind_and_message() {
+    let _core = serial();
+    let master = Master::new("errors", "", &fleet());
+    master.configure();
+
+    let reply = call(
+        pk_query,
+        &json!({"op": "servers_with_facts", "clauses": ["role=web", "uptime"], "environment": "production"}),
+    );
+    let (kind, message) = error(&reply);
+    assert_eq!(kind, "query");
+    assert!(message.starts_with("clause 'uptime': no operator"), "{message}");
+    let (kind, message) =
+        error(&call(pk_query, &json!({"op": "servers_with_role", "roles": ["/(?=x)/"], "environment": "p"})));
+    assert_eq!(kind, "query");
+    assert!(message.starts_with("role /(?=x)/: invalid regex"), "{message}");
+
+    // A bad configuration names the file and the key.
+    let bad = Master::new("bad-config", "cache:\n  ttl: soon\n", &fleet());
+    let (kind, message) = error(&bad.configure());
+    assert_eq!(kind, "config");
+    assert!(message.contains("puppet_kicker.yaml: 'cache.ttl' must be a duration"), "{message}");
+
+    // No data at all: the no_data kind, with the policy's explanation.
+    let empty = Master::new("empty", "cache:\n  cold_start_timeout: 2\n", &[]);
+    empty.configure();
+    let (kind, message) =
+        error(&call(pk_query, &json!({"op": "servers_with_role", "roles": ["web"], "environment": "p"})));
+    assert_eq!(kind, "no_data");
+    assert!(message.contains("on_no_data: empty"), "{message}");
+
+    // Malformed requests are the caller's bug, reported, never a crash.
+    for request in
+        [&b"not json"[..], br#"{"op":"drop_tables"}"#, br#"{"op":"servers_with_role","roles":[1],"environment":"p"}"#]
+    {
+        let (kind, message) = error(&take(unsafe { pk_query(request.as_ptr(), request.len()) }));
+        assert_eq!(kind, "request", "{message}");
+        assert!(message.starts_with("malformed request: "), "{message}");
+    }
+    let (kind, _) = error(&take(unsafe { pk_query(std::ptr::null(), 5) }));
+    assert_eq!(kind, "request");
+    let (kind, _) = error(&take(unsafe { pk_query(std::ptr::null(), 0) }));
+    assert_eq!(kind, "request");
+    // A kick payload the core cannot read is a query error, as through magnus.
+    let (kind, message) = error(&call(pk_kick, &json!({"host": 1})));
+    assert_eq!(kind, "query");
+    assert!(message.starts_with("kick report: "), "{message}");
+}
+
+/// puppetserver runs several JRuby instances at once, without a GVL: every one calls
+/// into the same core. Here 8 threads query, configure (same settings), note
+/// environments and read the status while `cache.ttl: 0` makes every query start a
+/// background refresh that swaps the index under them; every answer must be whole
+/// and the same.
+#[test]
+fn parallel_calls_while_the_index_is_refreshed_agree() {
+    let _core = serial();
+    let master = Arc::new(Master::new("parallel", "cache:\n  ttl: 0\n", &fleet()));
+    master.configure();
+    let requests = [
+        json!({"op": "servers_with_role", "roles": ["web", "db"], "environment": "production"}),
+        json!({"op": "servers_with_facts", "clauses": ["uptime_days>10", "os.family=Debian"], "environment": "production"}),
+        json!({"op": "server_with_role", "roles": ["/^hap/"], "environment": "staging"}),
+        json!({"op": "servers_with_facts", "clauses": ["hostname=/^web/", "role!=db"], "environment": "production"}),
+    ];
+    let expected: Vec<Value> = requests.iter().map(|r| call(pk_query, r)).collect();
+    assert_eq!(hostnames(&expected[0]["ok"]), ["db1", "web1", "web2"]);
+
+    let threads = 8;
+    let barrier = Arc::new(Barrier::new(threads));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (barrier, master, requests, expected) =
+                (barrier.clone(), master.clone(), requests.clone(), expected.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..400 {
+                    let k = (i + t) % requests.len();
+                    assert_eq!(call(pk_query, &requests[k]), expected[k], "thread {t}, call {i}");
+                    match i % 50 {
+                        0 => assert_eq!(ok(master.configure()), Value::Null),
+                        10 => {
+                            ok(call(pk_note_environment, &json!({"certname": format!("n{t}"), "environment": "dev"})));
+                        }
+                        20 => assert_eq!(ok(take(pk_status()))["servers"], 4),
+                        30 => assert!(ok(take(pk_take_warnings())).is_array()),
+                        _ => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("a worker failed");
+    }
+}

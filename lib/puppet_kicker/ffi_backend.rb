@@ -1,0 +1,151 @@
+# frozen_string_literal: true
+
+require 'json'
+
+module PuppetKicker
+  # The core through its C ABI (ext/puppet_kicker_ffi, libpuppet_kicker_ffi.so) and
+  # Ruby's `ffi`: what JRuby, so puppetserver, uses, since it cannot load a C
+  # extension. Same methods, results and errors as the magnus extension's
+  # PuppetKicker::Native. Requests go in as JSON; each reply is a JSON document the
+  # library allocates and this code frees with pk_free right after copying it.
+  #
+  # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
+  module FFIBackend
+    # The ABI this code speaks (the library's pk_abi_version must match).
+    ABI_VERSION = 1
+
+    # Error kinds of the ABI, to the facade's exception classes; any other kind
+    # (io, request, unsupported, internal) is a PuppetKicker::Error.
+    ERRORS = { 'query' => 'QueryError', 'config' => 'ConfigError', 'no_data' => 'NoDataError' }.freeze
+
+    # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
+    PARSE = { max_nesting: false, create_additions: false }.freeze
+    # Servers come deep-frozen, as the magnus extension shares them between calls.
+    PARSE_FROZEN = PARSE.merge(freeze: true).freeze
+
+    class << self
+      attr_reader :library
+
+      # Opens the library at `path` and checks its ABI version. Raises LoadError,
+      # with the reason, when Ruby's ffi is missing or the file cannot be used.
+      def load(path)
+        require_ffi
+        raise LoadError, 'no such file' unless File.file?(path)
+
+        lib = Module.new
+        lib.extend(::FFI::Library)
+        begin
+          lib.ffi_lib(path)
+        rescue LoadError, ::FFI::NotFoundError => e
+          raise LoadError, e.message
+        end
+        attach(lib)
+        abi = lib.pk_abi_version
+        raise LoadError, "it implements C ABI version #{abi}, this Ruby code needs #{ABI_VERSION}" unless abi == ABI_VERSION
+
+        @lib = lib
+        @library = path
+        self
+      end
+
+      def configure(confdir, vardir, server_datadir, config_file)
+        request(:pk_configure, 'confdir' => confdir, 'vardir' => vardir,
+                               'server_datadir' => server_datadir, 'config_file' => config_file)
+      end
+
+      def servers_with_role(roles, environment)
+        servers(:pk_query, 'op' => 'servers_with_role', 'roles' => roles, 'environment' => environment)
+      end
+
+      def server_with_role(roles, environment)
+        servers(:pk_query, 'op' => 'server_with_role', 'roles' => roles, 'environment' => environment)
+      end
+
+      def servers_with_facts(clauses, environment)
+        servers(:pk_query, 'op' => 'servers_with_facts', 'clauses' => clauses, 'environment' => environment)
+      end
+
+      def note_environment(certname, environment)
+        request(:pk_note_environment, 'certname' => certname, 'environment' => environment)
+      end
+
+      # The kick report processor: `report` is the JSON text lib/puppet_kicker/kick.rb
+      # builds; returns [[level, message], ...] to log.
+      def kick_report(report)
+        decode(@lib.pk_kick(report, report.bytesize))
+      end
+
+      def kick_flush
+        decode(@lib.pk_kick_flush)
+      end
+
+      def take_kick_log
+        decode(@lib.pk_take_kick_log)
+      end
+
+      # The kick status document's JSON text.
+      def kick_status
+        decode(@lib.pk_kick_status)
+      end
+
+      def take_warnings
+        decode(@lib.pk_take_warnings)
+      end
+
+      def status
+        decode(@lib.pk_status)
+      end
+
+      def version
+        decode(@lib.pk_version)
+      end
+
+      private
+
+      def require_ffi
+        require 'ffi'
+      rescue LoadError => e
+        raise LoadError, "Ruby's ffi library is not available (#{e.message})"
+      end
+
+      def attach(lib)
+        lib.attach_function :pk_abi_version, [], :uint32
+        # :strptr returns [copy of the NUL-terminated reply, pointer to free].
+        lib.attach_function :pk_version, [], :strptr
+        lib.attach_function :pk_status, [], :strptr
+        lib.attach_function :pk_take_warnings, [], :strptr
+        lib.attach_function :pk_kick_flush, [], :strptr
+        lib.attach_function :pk_take_kick_log, [], :strptr
+        lib.attach_function :pk_kick_status, [], :strptr
+        %i[pk_configure pk_query pk_note_environment pk_kick].each do |name|
+          lib.attach_function name, %i[string size_t], :strptr
+        end
+        lib.attach_function :pk_free, [:pointer], :void
+      end
+
+      def request(function, payload)
+        json = JSON.generate(payload)
+        decode(@lib.send(function, json, json.bytesize))
+      end
+
+      # A query's servers: each deep-frozen, in an Array of the caller's own (as the
+      # magnus extension returns them), or one frozen server, or nil.
+      def servers(function, payload)
+        json = JSON.generate(payload)
+        found = decode(@lib.send(function, json, json.bytesize), PARSE_FROZEN)
+        found.is_a?(Array) ? found.dup : found
+      end
+
+      # The reply's value, or its error raised as the magnus extension raises it.
+      def decode(reply, options = PARSE)
+        text, pointer = reply
+        @lib.pk_free(pointer)
+        document = JSON.parse(text.force_encoding(Encoding::UTF_8), options)
+        return document['ok'] if document.key?('ok')
+
+        error = document['error'] || {}
+        raise PuppetKicker.const_get(ERRORS.fetch(error['kind'], 'Error')), error['message'].to_s.dup
+      end
+    end
+  end
+end

@@ -1,0 +1,66 @@
+# frozen_string_literal: true
+
+require 'open3'
+require 'tmpdir'
+
+# The ffi backend under JRuby, puppetserver's Ruby (no C extensions, no GVL): the
+# facade picks it by itself, its answers and errors are those of the magnus
+# extension under MRI, object for object, and 8 threads calling at once all get them.
+describe 'the ffi backend under JRuby' do
+  before(:all) do
+    @jruby = 'jruby' if system('sh', '-c', 'command -v jruby', out: File::NULL)
+  end
+
+  it 'picks ffi, answers like the magnus extension under MRI, and holds under parallel calls' do
+    skip 'no jruby (installed with puppetserver: script/puppetserver install)' unless @jruby
+    master = ScratchMaster.create
+    Dir.mktmpdir('puppet-kicker-jruby') do |dir|
+      out = File.join(dir, 'answers.marshal')
+      script = File.join(ROOT, 'spec', 'fixtures', 'jruby', 'ffi_check.rb')
+      # The scratch master's own puppet_kicker.yaml is found as $confdir/puppet_kicker.yaml.
+      stdout, stderr, status = Open3.capture3({ 'PUPPET_KICKER_BACKEND' => nil }, @jruby, script,
+                                              File.join(ROOT, 'lib'), master, File.join(master, 'var'), out)
+      expect(status).to be_success, "#{stdout}\n#{stderr}"
+      expect(stdout).to include('parallel: 2400 calls from 8 threads, 0 mismatches')
+
+      jruby = Marshal.load(File.binread(out)) # rubocop:disable Security/MarshalLoad
+      expect(jruby['backend']).to eq('ffi')
+      expect(jruby['engine']).to start_with('jruby 9.')
+      mri = PuppetKicker.with_backend('magnus') do
+        PuppetKicker.native.configure(master, File.join(master, 'var'), nil, nil)
+        calls = [
+          -> { PuppetKicker.native.servers_with_role(%w[node haproxy], 'production') },
+          -> { PuppetKicker.native.servers_with_role(['/^no/'], 'staging') },
+          -> { PuppetKicker.native.server_with_role(['haproxy'], 'production') },
+          -> { PuppetKicker.native.server_with_role(['nobody'], 'production') },
+          -> { PuppetKicker.native.servers_with_facts(['role=node', 'processors.count>=4'], 'production') },
+          -> { PuppetKicker.native.servers_with_facts(['role=node', 'uptime'], 'production') },
+          -> { PuppetKicker.native.servers_with_role(['/(?=x)/'], 'production') },
+        ]
+        calls.map do |call|
+          call.call
+        rescue PuppetKicker::Error => e
+          [:raised, e.class.name, e.message]
+        end
+      end
+      expect(jruby['answers'].size).to eq(mri.size)
+      # Equal, with the same classes, encodings and Hash key order at every level.
+      # (Not compared: frozenness, which Marshal does not carry, and object identity:
+      # JRuby's JSON shares equal frozen Strings.)
+      shape = lambda do |value|
+        case value
+        when Hash then [Hash, value.map { |k, v| [k, k.encoding, shape.call(v)] }]
+        when Array then [Array, value.map { |v| shape.call(v) }]
+        when String then [String, value, value.encoding]
+        when Float then [Float, value.to_s]
+        else [value.class, value]
+        end
+      end
+      jruby['answers'].zip(mri).each do |from_jruby, from_mri|
+        expect(shape.call(from_jruby)).to eq(shape.call(from_mri))
+      end
+      expect(mri.first.map { |s| s['hostname'] }).to eq(%w[lb1 node1 node2 node3])
+      expect(mri[5]).to match([:raised, 'PuppetKicker::QueryError', /\Aclause 'uptime': no operator/])
+    end
+  end
+end

@@ -1,0 +1,160 @@
+# frozen_string_literal: true
+
+require 'spec_helper'
+require 'json'
+require 'tmpdir'
+
+# The magnus extension and the C-ABI library loaded through ffi must be
+# interchangeable: the same Ruby objects (classes, values, Hash key order) and the
+# same exceptions (class and message) for every call. Both load in this MRI process,
+# each with its own core, over one fact cache that holds every kind of JSON value.
+describe 'the two backends' do
+  exotic = {
+    'fqdn' => 'odd.example.com', 'role' => 'odd', 'hostname' => 'odd',
+    'integers' => [0, -1, 2**31, 2**63 - 1, -2**63, 2**64 - 1], 'beyond_u64' => 2**70,
+    'floats' => [0.1, -2.5, 3.0, 1.0e300, 5.0e-324, -0.0, 123_456_789.123],
+    'booleans' => [true, false], 'nothing' => nil, 'empty_string' => '', 'empty_array' => [], 'empty_hash' => {},
+    'strings' => ["quote \" backslash \\ slash /", "tab\tnewline\ncr\r", "nul\u0000bell\u0007", 'é ü ß 漢字 🎉',
+                  "\u2028\u2029", '<script>&amp;'],
+    'json_class' => 'String', 'dotted.name' => 'x', 'unicode_ключ' => 'значение',
+    # Deeper than Ruby JSON's default max_nesting (100), within serde_json's limit (128).
+    'deep' => (1..110).reduce('bottom') { |inner, i| { "level#{i}" => inner } },
+    'os' => { 'family' => 'Debian', 'release' => { 'full' => '12.5', 'major' => '12' } },
+    'certname' => 'odd-certname-from-a-fact',
+  }
+  servers = {
+    'odd.example.com' => exotic,
+    'web2.example.com' => { 'fqdn' => 'web2.example.com', 'role' => 'web', 'hostname' => 'web2', 'uptime_days' => 3 },
+    'web1.example.com' => { 'fqdn' => 'web1.example.com', 'role' => 'web', 'hostname' => 'web1', 'uptime_days' => 30 },
+    'api1.example.com' => { 'role' => 'api', 'hostname' => 'api1', 'environment' => 'staging' },
+  }
+
+  before(:all) do
+    @dir = Dir.mktmpdir('puppet-kicker-backends')
+    facts = File.join(@dir, 'var', 'server_data', 'facts')
+    FileUtils.mkdir_p([facts, File.join(@dir, 'etc')])
+    stamp = Time.now.utc.strftime('%Y-%m-%dT%H:%M:%S.%N+00:00')
+    servers.each do |certname, values|
+      document = { 'name' => certname, 'values' => values, 'timestamp' => stamp, 'expiration' => stamp }
+      File.write(File.join(facts, "#{certname}.json"), JSON.generate(document, max_nesting: false))
+    end
+    File.write(File.join(@dir, 'etc', 'puppet_kicker.yaml'), "cache:\n  dir: cache\n")
+    PuppetKicker::BACKENDS.each do |name|
+      PuppetKicker.with_backend(name) do
+        PuppetKicker.native.configure(File.join(@dir, 'etc'), File.join(@dir, 'var'), nil, nil)
+      end
+    end
+  end
+
+  after(:all) { FileUtils.rm_rf(@dir) }
+
+  # What a call gives through each backend: its value, or its exception's class
+  # and message.
+  def through_each(&call)
+    PuppetKicker::BACKENDS.map do |name|
+      PuppetKicker.with_backend(name) do
+        call.call(PuppetKicker.native)
+      rescue StandardError => e
+        [:raised, e.class, e.message]
+      end
+    end
+  end
+
+  # Equal, and equal in shape: classes at every level, Hash key order.
+  def shape(value)
+    case value
+    when Hash then [Hash, value.map { |k, v| [k, k.encoding, shape(v)] }]
+    when Array then [Array, value.map { |v| shape(v) }]
+    when String then [String, value, value.encoding, value.frozen?]
+    when Float then [Float, value.to_s]
+    else [value.class, value]
+    end
+  end
+
+  def expect_identical(&call)
+    magnus, ffi = through_each(&call)
+    expect(shape(ffi)).to eq(shape(magnus))
+    magnus
+  end
+
+  it 'returns every kind of fact value identically, in the same key order' do
+    odd = expect_identical { |n| n.servers_with_role(['odd'], 'production') }
+    expect(odd.size).to eq(1)
+    expect(odd.first.keys.sort).to eq(exotic.keys.sort)
+    expect(odd.first['integers']).to eq(exotic['integers'])
+    expect(odd.first['strings']).to eq(exotic['strings'])
+    expect(odd.first['certname']).to eq('odd-certname-from-a-fact')
+    expect(odd.first['deep'].to_s).to include('bottom')
+  end
+
+  it 'answers every query identically' do
+    expect_identical { |n| n.servers_with_role(%w[web odd], 'production') }
+    expect_identical { |n| n.servers_with_role(['/^w/'], 'production') }
+    expect_identical { |n| n.servers_with_role(['api'], 'staging') }
+    expect_identical { |n| n.servers_with_role(['nobody'], 'production') }
+    expect_identical { |n| n.server_with_role(['web'], 'production') }
+    expect_identical { |n| n.server_with_role(['nobody'], 'production') }
+    expect_identical { |n| n.servers_with_facts(['uptime_days>10'], 'production') }
+    expect_identical { |n| n.servers_with_facts(['os.release.full>=12', 'role=odd'], 'production') }
+    expect_identical { |n| n.servers_with_facts(['environment=staging'], 'production') }
+    expect(expect_identical { |n| n.servers_with_role(['web'], 'production') }.map { |s| s['hostname'] }).to eq(%w[web1 web2])
+  end
+
+  it 'raises the same exceptions with the same messages' do
+    errors = [
+      ->(n) { n.servers_with_facts(['role=web', 'uptime'], 'production') },
+      ->(n) { n.servers_with_facts(['hostname=/^(?!db)/'], 'production') },
+      ->(n) { n.servers_with_role(['/(?=x)/'], 'production') },
+      ->(n) { n.servers_with_role([], 'production') },
+      ->(n) { n.servers_with_role([''], 'production') },
+      ->(n) { n.kick_report('{"host": 1}') },
+    ]
+    errors.each do |call|
+      magnus = expect_identical(&call)
+      expect(magnus.first(2)).to eq([:raised, PuppetKicker::QueryError])
+    end
+    bad = File.join(@dir, 'bad.yaml')
+    File.write(bad, "cache:\n  ttl: soon\n")
+    magnus = expect_identical { |n| n.configure(File.join(@dir, 'etc'), File.join(@dir, 'var'), nil, bad) }
+    expect(magnus.first(2)).to eq([:raised, PuppetKicker::ConfigError])
+    expect(magnus.last).to include("bad.yaml: 'cache.ttl' must be a duration")
+  end
+
+  it 'gives the same status, warnings and version' do
+    magnus, ffi = through_each { |n| n.status }
+    expect(ffi.keys).to eq(magnus.keys)
+    expect(ffi.reject { |k, _| k == 'built_at' }).to eq(magnus.reject { |k, _| k == 'built_at' })
+    expect([ffi['built_at'], magnus['built_at']]).to all(be_a(Integer))
+    expect_identical(&:take_warnings)
+    expect_identical(&:version)
+    expect_identical { |n| n.note_environment('web9.example.com', 'staging') }
+  end
+
+  it 'fails to load with an error that names the file and why' do
+    expect { PuppetKicker.send(:load_ffi, '/nonexistent/libpuppet_kicker_ffi.so') }.to raise_error(
+      PuppetKicker::Error, %r{cannot load puppet-kicker's native library /nonexistent/libpuppet_kicker_ffi.so \(ffi backend\): no such file}
+    )
+    Dir.mktmpdir do |dir|
+      broken = File.join(dir, 'broken.so')
+      File.write(broken, 'not an ELF file')
+      expect { PuppetKicker.send(:load_ffi, broken) }.to raise_error(
+        PuppetKicker::Error, /library #{Regexp.escape(broken)} \(ffi backend\): .*(invalid ELF header|file too short)/
+      )
+      expect { PuppetKicker.send(:load_magnus, broken) }.to raise_error(
+        PuppetKicker::Error, /library #{Regexp.escape(broken)} \(magnus backend\): .*(invalid ELF header|file too short)/
+      )
+    end
+  end
+
+  it 'picks magnus on MRI, and takes PUPPET_KICKER_BACKEND or an unknown name as a clear error' do
+    expect(RUBY_ENGINE).to eq('ruby')
+    saved = ENV.fetch('PUPPET_KICKER_BACKEND', nil)
+    ENV.delete('PUPPET_KICKER_BACKEND')
+    expect(PuppetKicker.default_backend).to eq('magnus')
+    ENV['PUPPET_KICKER_BACKEND'] = 'ffi'
+    expect(PuppetKicker.default_backend).to eq('ffi')
+    expect { PuppetKicker.with_backend('jni') {} }.to raise_error(PuppetKicker::Error, /unknown puppet-kicker backend "jni".*magnus or ffi/)
+  ensure
+    saved ? ENV['PUPPET_KICKER_BACKEND'] = saved : ENV.delete('PUPPET_KICKER_BACKEND')
+  end
+end
