@@ -197,6 +197,16 @@ impl Kicker {
         Ok(Selection { index: Some(index), positions })
     }
 
+    /// The servers at `positions` of the current index, if it is still `generation`
+    /// (a binding fetching what it has not cached of an earlier selection).
+    pub fn servers_at(&self, generation: u64, positions: &[u32]) -> Option<Selection> {
+        let index = self.shared.current.load_full()?;
+        if index.generation() != generation || positions.iter().any(|p| *p as usize >= index.len()) {
+            return None;
+        }
+        Some(Selection { index: Some(index), positions: positions.to_vec() })
+    }
+
     /// Records where a certname compiled, for servers whose facts name no environment.
     pub fn note_environment(&self, certname: &str, environment: &str) {
         let mut seen = lock(&self.shared.seen_environments);

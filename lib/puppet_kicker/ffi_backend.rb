@@ -12,7 +12,9 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 1
+    ABI_VERSION = 2
+    # Selections retried when the index changes between selecting and fetching.
+    SELECT_ATTEMPTS = 3
 
     # Error kinds of the ABI, to the facade's exception classes; any other kind
     # (io, request, unsupported, internal) is a PuppetKicker::Error.
@@ -45,6 +47,9 @@ module PuppetKicker
 
         @lib = lib
         @library = path
+        @cache_lock = Mutex.new
+        @cache_generation = nil
+        @cache = {}
         self
       end
 
@@ -54,15 +59,15 @@ module PuppetKicker
       end
 
       def servers_with_role(roles, environment)
-        servers(:pk_query, 'op' => 'servers_with_role', 'roles' => roles, 'environment' => environment)
+        servers('op' => 'servers_with_role', 'roles' => roles, 'environment' => environment)
       end
 
       def server_with_role(roles, environment)
-        servers(:pk_query, 'op' => 'server_with_role', 'roles' => roles, 'environment' => environment)
+        servers('op' => 'server_with_role', 'roles' => roles, 'environment' => environment).first
       end
 
       def servers_with_facts(clauses, environment)
-        servers(:pk_query, 'op' => 'servers_with_facts', 'clauses' => clauses, 'environment' => environment)
+        servers('op' => 'servers_with_facts', 'clauses' => clauses, 'environment' => environment)
       end
 
       def note_environment(certname, environment)
@@ -117,23 +122,47 @@ module PuppetKicker
         lib.attach_function :pk_kick_flush, [], :strptr
         lib.attach_function :pk_take_kick_log, [], :strptr
         lib.attach_function :pk_kick_status, [], :strptr
-        %i[pk_configure pk_query pk_note_environment pk_kick].each do |name|
+        %i[pk_configure pk_query pk_select pk_servers_at pk_note_environment pk_kick].each do |name|
           lib.attach_function name, %i[string size_t], :strptr
         end
         lib.attach_function :pk_free, [:pointer], :void
       end
 
-      def request(function, payload)
+      def request(function, payload, options = PARSE)
         json = JSON.generate(payload)
-        decode(@lib.send(function, json, json.bytesize))
+        decode(@lib.send(function, json, json.bytesize), options)
       end
 
-      # A query's servers: each deep-frozen, in an Array of the caller's own (as the
-      # magnus extension returns them), or one frozen server, or nil.
-      def servers(function, payload)
-        json = JSON.generate(payload)
-        found = decode(@lib.send(function, json, json.bytesize), PARSE_FROZEN)
-        found.is_a?(Array) ? found.dup : found
+      # A query's servers, each deep-frozen, in an Array of the caller's own, as the
+      # magnus extension returns them. Parsing a server's facts costs far more than
+      # finding it, so servers are kept per index generation and only those not yet
+      # seen are fetched (pk_servers_at). The lock covers multithreaded JRuby.
+      def servers(query)
+        SELECT_ATTEMPTS.times do
+          selected = request(:pk_select, query)
+          generation = selected['generation']
+          positions = selected['positions']
+          found = @cache_lock.synchronize { cached(generation, positions) }
+          return found if found
+        end
+        raise PuppetKicker::Error, 'puppet-kicker: the index kept changing while it was read; try again'
+      end
+
+      # The servers at `positions`, from the cache or fetched; nil if the index has
+      # been replaced since the selection.
+      def cached(generation, positions)
+        unless @cache_generation == generation
+          @cache = {}
+          @cache_generation = generation
+        end
+        missing = positions.reject { |p| @cache.key?(p) }
+        unless missing.empty?
+          fetched = request(:pk_servers_at, { 'generation' => generation, 'positions' => missing }, PARSE_FROZEN)
+          return nil if fetched.nil?
+
+          missing.each_with_index { |p, i| @cache[p] = fetched[i] }
+        end
+        positions.map { |p| @cache[p] }
       end
 
       # The reply's value, or its error raised as the magnus extension raises it.

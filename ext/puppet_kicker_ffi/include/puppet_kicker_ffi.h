@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 1. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 2. See ext/puppet_kicker_ffi/src/lib.rs.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -49,6 +49,15 @@ char *pk_configure(const uint8_t *req, size_t len);
  * ok: [server, ...] in fqdn-then-certname order; server_with_role: the first server
  * or null. A role is a name or "/regex/". */
 char *pk_query(const uint8_t *req, size_t len);
+
+/* req: as pk_query. ok: {"generation": n, "positions": [n, ...]}: the selection as
+ * the index generation and positions (at most one for server_with_role), so that a
+ * caller keeping the servers it converted per generation fetches only new ones. */
+char *pk_select(const uint8_t *req, size_t len);
+
+/* req: {"generation": n, "positions": [n, ...]}. ok: [server, ...] at those positions
+ * of that index, or null once the index has been replaced (select again). */
+char *pk_servers_at(const uint8_t *req, size_t len);
 
 /* req: {"certname": s, "environment": s}: where a node compiles. ok: null. */
 char *pk_note_environment(const uint8_t *req, size_t len);

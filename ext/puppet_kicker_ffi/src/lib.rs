@@ -11,6 +11,8 @@
 //! | `char *pk_version(void)` | | `"0.1.0 (index format 1)"` |
 //! | `char *pk_configure(req, len)` | `{"confdir","vardir","server_datadir"?,"config_file"?}` | `null` |
 //! | `char *pk_query(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}` | `[server, ..]`, or `server`/`null` for `server_with_role` |
+//! | `char *pk_select(req, len)` | as `pk_query` | `{"generation": G, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`) |
+//! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[server, ..]` at those positions, or `null` when the index is no longer generation G |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_warnings(void)` | | `["warning", ..]` |
 //! | `char *pk_status(void)` | | `{"servers","built_at","last_error","config_file","cache_dir","failures","retry_at"}` |
@@ -44,8 +46,9 @@ use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
-/// Bumped on any incompatible change to a function, a request or a reply.
-pub const ABI_VERSION: u32 = 1;
+/// Bumped on any change to the functions, requests or replies (2: pk_select and
+/// pk_servers_at, so callers can cache servers per index generation).
+pub const ABI_VERSION: u32 = 2;
 
 /// An error as it crosses the boundary: a kind the Ruby side maps to an exception
 /// class, and the message the magnus extension would give.
@@ -118,30 +121,84 @@ pub unsafe extern "C" fn pk_configure(req: *const u8, len: usize) -> *mut c_char
 /// `req` must point to `len` readable bytes (or be null with `len == 0`).
 #[no_mangle]
 pub unsafe extern "C" fn pk_query(req: *const u8, len: usize) -> *mut c_char {
-    #[derive(Deserialize)]
-    #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-    enum Query {
-        ServersWithRole { roles: Vec<String>, environment: String },
-        ServerWithRole { roles: Vec<String>, environment: String },
-        ServersWithFacts { clauses: Vec<String>, environment: String },
-    }
     let bytes = request_bytes(req, len);
-    reply(|out| match parse(bytes?)? {
+    reply(|out| {
+        let (selection, first_only) = select(parse(bytes?)?)?;
+        if !first_only {
+            return write_servers(out, &selection);
+        }
+        let first = selection.nodes().next();
+        match first {
+            Some(node) => write_server(out, node),
+            None => write_json(out, ()),
+        }
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Query {
+    ServersWithRole { roles: Vec<String>, environment: String },
+    ServerWithRole { roles: Vec<String>, environment: String },
+    ServersWithFacts { clauses: Vec<String>, environment: String },
+}
+
+/// Runs a query; true when only its first server is wanted.
+fn select(query: Query) -> Result<(Selection, bool), Failure> {
+    Ok(match query {
         Query::ServersWithRole { roles, environment } => {
-            let roles = RoleSelector::parse(&roles)?;
-            write_servers(out, &Kicker::global()?.servers_with_role(&roles, &environment)?)
+            (Kicker::global()?.servers_with_role(&RoleSelector::parse(&roles)?, &environment)?, false)
         }
         Query::ServerWithRole { roles, environment } => {
-            let roles = RoleSelector::parse(&roles)?;
-            let selection = Kicker::global()?.servers_with_role(&roles, &environment)?;
-            let first = selection.nodes().next();
-            match first {
-                Some(node) => write_server(out, node),
-                None => write_json(out, ()),
-            }
+            (Kicker::global()?.servers_with_role(&RoleSelector::parse(&roles)?, &environment)?, true)
         }
         Query::ServersWithFacts { clauses, environment } => {
-            write_servers(out, &Kicker::global()?.servers_with_facts(&clauses, &environment)?)
+            (Kicker::global()?.servers_with_facts(&clauses, &environment)?, false)
+        }
+    })
+}
+
+/// The selection of a query as index generation and positions: a caller that keeps
+/// the servers it converted, per generation, fetches only new ones with
+/// `pk_servers_at` instead of parsing every server's facts on every call.
+///
+/// # Safety
+/// `req` must point to `len` readable bytes (or be null with `len == 0`).
+#[no_mangle]
+pub unsafe extern "C" fn pk_select(req: *const u8, len: usize) -> *mut c_char {
+    #[derive(Serialize)]
+    struct Selected<'a> {
+        generation: u64,
+        positions: &'a [u32],
+    }
+    let bytes = request_bytes(req, len);
+    reply(|out| {
+        let (selection, first_only) = select(parse(bytes?)?)?;
+        let (generation, positions) = selection.positions();
+        let positions = if first_only { &positions[..positions.len().min(1)] } else { positions };
+        write_json(out, Selected { generation, positions })
+    })
+}
+
+/// The servers at `positions` of index `generation`, or `null` once that index has
+/// been replaced (the caller selects again).
+///
+/// # Safety
+/// `req` must point to `len` readable bytes (or be null with `len == 0`).
+#[no_mangle]
+pub unsafe extern "C" fn pk_servers_at(req: *const u8, len: usize) -> *mut c_char {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct At {
+        generation: u64,
+        positions: Vec<u32>,
+    }
+    let bytes = request_bytes(req, len);
+    reply(|out| {
+        let at: At = parse(bytes?)?;
+        match Kicker::global()?.servers_at(at.generation, &at.positions) {
+            Some(selection) => write_servers(out, &selection),
+            None => write_json(out, ()),
         }
     })
 }

@@ -267,3 +267,27 @@ fn parallel_calls_while_the_index_is_refreshed_agree() {
         worker.join().expect("a worker failed");
     }
 }
+
+#[test]
+fn selections_are_fetched_by_generation_and_go_stale_with_a_new_index() {
+    let _core = serial();
+    let master = Master::new("select", "cache:\n  ttl: 1h\n", &fleet());
+    assert_eq!(ok(master.configure()), Value::Null);
+    let query = json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"});
+    let selected = ok(call(pk_select, &query));
+    let generation = selected["generation"].clone();
+    assert_eq!(selected["positions"].as_array().unwrap().len(), 2);
+    let servers = ok(call(pk_servers_at, &json!({"generation": generation, "positions": selected["positions"]})));
+    assert_eq!(servers, ok(call(pk_query, &query)), "the same servers as pk_query, in order");
+    let first = ok(call(pk_select, &json!({"op": "server_with_role", "roles": ["web"], "environment": "production"})));
+    assert_eq!(first["positions"], json!([selected["positions"][0]]));
+
+    // Another configuration means another index: the old generation is refused.
+    let other = Master::new("select-other", "", &fleet());
+    assert_eq!(ok(other.configure()), Value::Null);
+    ok(call(pk_select, &query));
+    let stale = ok(call(pk_servers_at, &json!({"generation": generation, "positions": [0]})));
+    assert_eq!(stale, Value::Null);
+    let (kind, _) = error(&call(pk_servers_at, &json!({"generation": "x"})));
+    assert_eq!(kind, "request");
+}
