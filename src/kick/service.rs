@@ -118,7 +118,12 @@ impl KickService {
     ) -> Vec<LogLine> {
         let now = now_ms();
         lock(&self.inner.reporters).insert(report.host.clone());
-        let events = self.inner.transact(|planner| planner.on_report(report, now, resolve, role_of));
+        let events = self.inner.transact(|planner| {
+            let events = planner.on_report(report, now, resolve, role_of);
+            // Nothing happened (no kick, no kicked run ended): nothing to write.
+            let changed = !events.is_empty() || !report.kicks.is_empty();
+            (events, changed)
+        });
         if events.iter().any(|e| matches!(e, Event::Queued { .. } | Event::FollowUp { .. } | Event::RunFinished { .. }))
         {
             let _ = self.wake.send(());
@@ -170,8 +175,9 @@ impl KickService {
 impl Inner {
     /// Changes the planner's state as one step across processes: under an exclusive
     /// lock on `kicks.lock`, re-reads the state file if another process wrote it,
-    /// applies `change`, and writes the state back.
-    fn transact<R>(&self, change: impl FnOnce(&mut Planner) -> R) -> R {
+    /// applies `change`, and writes the state back if `change` says it changed it
+    /// (most reports change nothing, and a write is an fsync).
+    fn transact<R>(&self, change: impl FnOnce(&mut Planner) -> (R, bool)) -> R {
         let lock_file = self.state_path.with_extension("lock");
         let file_lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_file);
         let held = file_lock.as_ref().map(|f| f.lock()).is_ok_and(|r| r.is_ok());
@@ -191,10 +197,13 @@ impl Inner {
                 Ok(state) => planner.replace_state(state),
                 Err(e) => self.log(LogLine { level: Level::Warning, message: e }),
             }
+            *lock(&self.seen) = on_disk;
         }
-        let result = change(&mut planner);
-        self.persist(&planner, now_ms());
-        *lock(&self.seen) = FileStamp::of(&self.state_path);
+        let (result, changed) = change(&mut planner);
+        if changed {
+            self.persist(&planner, now_ms());
+            *lock(&self.seen) = FileStamp::of(&self.state_path);
+        }
         drop(planner);
         drop(file_lock);
         result
@@ -247,7 +256,8 @@ fn dispatch_due(inner: &Inner) {
     let dispatches = inner.transact(|planner| {
         let (dispatches, events) = planner.due(now_ms());
         events.iter().for_each(|e| inner.log(log_line(e)));
-        dispatches
+        let changed = !dispatches.is_empty() || !events.is_empty();
+        (dispatches, changed)
     });
     if !dispatches.is_empty() {
         (inner.before_dispatch)();
@@ -260,6 +270,7 @@ fn dispatch_due(inner: &Inner) {
         };
         inner.transact(|planner| {
             planner.on_outcome(&dispatch.target, outcome, now_ms()).iter().for_each(|e| inner.log(log_line(e)));
+            ((), true)
         });
     }
 }
