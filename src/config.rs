@@ -7,6 +7,7 @@ use crate::mcollective::{BrokerHost, ConnectorKind, Overrides};
 use crate::time::parse_duration;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// What Puppet tells us about its own layout; the bindings read these from
 /// `Puppet.settings` (never hard-coded: puppetserver and agents differ).
@@ -62,25 +63,16 @@ pub struct Config {
     pub mcollective: McollectiveSettings,
 }
 
-/// `mcollective.*`: which client.cfg to read, and values that override it.
+/// `mcollective.*`: which client.cfg to read, the values that override it, and the
+/// source's own settings.
 #[derive(Clone, PartialEq)]
 pub struct McollectiveSettings {
-    /// `None`: the first of `/etc/mcollective/client.cfg`, `/etc/puppetlabs/mcollective/client.cfg`.
-    pub client_config: Option<PathBuf>,
-    pub connector: Option<ConnectorKind>,
-    pub pool: Option<Vec<BrokerHost>>,
+    /// Overrides of client.cfg values; `config_path` is `mcollective.client_config`
+    /// (`None`: the first of `/etc/mcollective/client.cfg`, `/etc/puppetlabs/mcollective/client.cfg`).
+    pub overrides: Overrides,
     /// Broker login for every host of the pool.
     pub user: Option<String>,
     pub password: Option<String>,
-    pub vhost: Option<String>,
-    pub psk: Option<String>,
-    pub identity: Option<String>,
-    pub main_collective: Option<String>,
-    pub collectives: Option<Vec<String>>,
-    pub callerid: Option<String>,
-    pub ttl: Option<u32>,
-    pub discovery_timeout: Option<u64>,
-    pub connect_timeout: Option<u64>,
     /// Seconds to wait for inventory replies once discovery has answered.
     pub timeout: u64,
     /// Seconds a server that stopped answering stays in the index.
@@ -89,37 +81,16 @@ pub struct McollectiveSettings {
 
 impl Default for McollectiveSettings {
     fn default() -> Self {
-        McollectiveSettings {
-            client_config: None,
-            connector: None,
-            pool: None,
-            user: None,
-            password: None,
-            vhost: None,
-            psk: None,
-            identity: None,
-            main_collective: None,
-            collectives: None,
-            callerid: None,
-            ttl: None,
-            discovery_timeout: None,
-            connect_timeout: None,
-            timeout: 10,
-            grace: 600,
-        }
+        McollectiveSettings { overrides: Overrides::default(), user: None, password: None, timeout: 10, grace: 600 }
     }
 }
 
 impl std::fmt::Debug for McollectiveSettings {
-    // The psk and the password stay out of logs.
+    // The password stays out of logs (and the psk: see Overrides).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("McollectiveSettings")
-            .field("client_config", &self.client_config)
-            .field("connector", &self.connector)
-            .field("pool", &self.pool)
+            .field("overrides", &self.overrides)
             .field("user", &self.user)
-            .field("identity", &self.identity)
-            .field("collectives", &self.collectives)
             .field("timeout", &self.timeout)
             .field("grace", &self.grace)
             .finish_non_exhaustive()
@@ -127,30 +98,10 @@ impl std::fmt::Debug for McollectiveSettings {
 }
 
 impl McollectiveSettings {
-    /// What overrides the client.cfg, for [`crate::mcollective::Config::load`].
-    pub fn overrides(&self) -> Overrides {
-        let secs = |s: Option<u64>| s.map(std::time::Duration::from_secs);
-        Overrides {
-            config_path: self.client_config.clone(),
-            connector: self.connector,
-            pool: self.pool.clone(),
-            vhost: self.vhost.clone(),
-            psk: self.psk.clone(),
-            identity: self.identity.clone(),
-            main_collective: self.main_collective.clone(),
-            collectives: self.collectives.clone(),
-            callerid: self.callerid.clone(),
-            ttl: self.ttl,
-            discovery_timeout: secs(self.discovery_timeout),
-            connect_timeout: secs(self.connect_timeout),
-            ..Overrides::default()
-        }
-    }
-
     /// The operator's client.cfg with these overrides, `user` and `password` applied
     /// to every broker of the pool.
     pub fn client_config(&self) -> crate::mcollective::Result<crate::mcollective::Config> {
-        let mut config = crate::mcollective::Config::load(&self.overrides())?;
+        let mut config = crate::mcollective::Config::load(&self.overrides)?;
         for broker in &mut config.pool {
             if let Some(user) = &self.user {
                 broker.user.clone_from(user);
@@ -168,18 +119,18 @@ impl McollectiveSettings {
             |expected: &str| value.as_str().filter(|s| !s.is_empty()).map(str::to_string).ok_or_else(|| bad(expected));
         let seconds = |expected: &str| duration(value).filter(|s| *s > 0).ok_or_else(|| bad(expected));
         match key {
-            "client_config" => self.client_config = Some(base.join(text("a file")?)),
+            "client_config" => self.overrides.config_path = Some(base.join(text("a file")?)),
             "connector" => {
-                self.connector =
+                self.overrides.connector =
                     Some(value.as_str().and_then(ConnectorKind::parse).ok_or_else(|| bad("rabbitmq or activemq"))?)
             }
-            "pool" => self.pool = Some(pool(value).map_err(|what| bad(&what))?),
+            "pool" => self.overrides.pool = Some(pool(value).map_err(|what| bad(&what))?),
             "user" => self.user = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_string()),
             "password" => self.password = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_string()),
-            "vhost" => self.vhost = Some(text("a vhost")?),
-            "psk" => self.psk = Some(text("a pre-shared key")?),
-            "identity" => self.identity = Some(text("an identity")?),
-            "main_collective" => self.main_collective = Some(text("a collective")?),
+            "vhost" => self.overrides.vhost = Some(text("a vhost")?),
+            "psk" => self.overrides.psk = Some(text("a pre-shared key")?),
+            "identity" => self.overrides.identity = Some(text("an identity")?),
+            "main_collective" => self.overrides.main_collective = Some(text("a collective")?),
             "collectives" => {
                 let list: Vec<String> = match value {
                     Value::String(s) => s.split(',').map(str::trim).map(str::to_string).collect(),
@@ -193,16 +144,20 @@ impl McollectiveSettings {
                 if list.is_empty() || list.iter().any(String::is_empty) {
                     return Err(bad("a non-empty list of collectives"));
                 }
-                self.collectives = Some(list);
+                self.overrides.collectives = Some(list);
             }
-            "callerid" => self.callerid = Some(text("a callerid such as cert=puppet")?),
+            "callerid" => self.overrides.callerid = Some(text("a callerid such as cert=puppet")?),
             "ttl" => {
-                self.ttl = Some(
+                self.overrides.ttl = Some(
                     seconds("a duration (60)").and_then(|s| u32::try_from(s).map_err(|_| bad("a duration (60)")))?,
                 )
             }
-            "discovery_timeout" => self.discovery_timeout = Some(seconds("a duration (2)")?),
-            "connect_timeout" => self.connect_timeout = Some(seconds("a duration (10)")?),
+            "discovery_timeout" => {
+                self.overrides.discovery_timeout = Some(Duration::from_secs(seconds("a duration (2)")?))
+            }
+            "connect_timeout" => {
+                self.overrides.connect_timeout = Some(Duration::from_secs(seconds("a duration (10)")?))
+            }
             "timeout" => self.timeout = seconds("a duration (10)")?,
             "grace" => self.grace = duration(value).ok_or_else(|| bad("a duration (10m)"))?,
             _ => return Err(format!("unknown key 'mcollective.{key}'; known keys: {}", KNOWN_KEYS.join(", "))),
@@ -467,25 +422,26 @@ mod tests {
         let c = parse("source: mcollective\nmcollective:\n  client_config: mco/client.cfg\n  connector: activemq\n  pool:\n    - {host: mq1, port: 61614, user: u, password: p}\n    - mq2:6163\n    - mq3\n  password: secret\n  psk: k\n  collectives: mcollective, production\n  main_collective: mcollective\n  discovery_timeout: 3\n  connect_timeout: 4\n  ttl: 1m\n  timeout: 20s\n  grace: 15m\ncache:\n  retry_min: 2\n  retry_max: 1m\n").unwrap();
         assert_eq!(c.source, SourceKind::Mcollective);
         let m = &c.mcollective;
-        assert_eq!(m.client_config, Some(PathBuf::from("/etc/puppet/mco/client.cfg")));
-        assert_eq!(m.connector, Some(ConnectorKind::ActiveMq));
-        let pool = m.pool.as_ref().unwrap();
+        let o = &m.overrides;
+        assert_eq!(o.config_path, Some(PathBuf::from("/etc/puppet/mco/client.cfg")));
+        assert_eq!(o.connector, Some(ConnectorKind::ActiveMq));
+        let pool = o.pool.as_ref().unwrap();
         assert_eq!(pool.iter().map(BrokerHost::address).collect::<Vec<_>>(), ["mq1:61614", "mq2:6163", "mq3:61613"]);
         assert_eq!((pool[0].user.as_str(), pool[0].password.as_str()), ("u", "p"));
-        assert_eq!(m.collectives.as_deref(), Some(&["mcollective".to_string(), "production".to_string()][..]));
+        assert_eq!(o.collectives.as_deref(), Some(&["mcollective".to_string(), "production".to_string()][..]));
+        let secs = |s| Some(Duration::from_secs(s));
         assert_eq!(
-            (m.discovery_timeout, m.connect_timeout, m.ttl, m.timeout, m.grace),
-            (Some(3), Some(4), Some(60), 20, 900)
+            (o.discovery_timeout, o.connect_timeout, o.ttl, m.timeout, m.grace),
+            (secs(3), secs(4), Some(60), 20, 900)
         );
+        assert_eq!(m.password.as_deref(), Some("secret"));
         assert_eq!((c.retry_min, c.retry_max), (2, 60));
         let debug = format!("{c:?}");
         assert!(!debug.contains("secret") && !debug.contains("psk: Some"), "{debug}");
-        let o = m.overrides();
         assert_eq!(o.psk.as_deref(), Some("k"));
-        assert_eq!(o.discovery_timeout, Some(std::time::Duration::from_secs(3)));
         let d = Config::defaults(&settings());
         assert_eq!((d.mcollective.timeout, d.mcollective.grace, d.retry_min, d.retry_max), (10, 600, 5, 300));
-        assert_eq!(d.mcollective.client_config, None);
+        assert_eq!(d.mcollective.overrides.config_path, None);
     }
 
     #[test]

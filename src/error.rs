@@ -36,6 +36,17 @@ impl Error {
     }
 }
 
+/// What the bindings report for a panic they caught: the same words from both, so
+/// MRI and JRuby users see one message.
+pub fn internal_error_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    format!("puppet-kicker internal error: {what}")
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.message())

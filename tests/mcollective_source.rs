@@ -15,6 +15,7 @@ use puppet_kicker::mcollective::connector::Connector;
 use puppet_kicker::mcollective::marshal::{self, DecodeLimits, Value};
 use puppet_kicker::mcollective::message::{self, Reply, Request, RpcStatus};
 use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits, Version};
+use puppet_kicker::mcollective::Overrides;
 use puppet_kicker::mcollective::{Client, ConnectorKind};
 use puppet_kicker::snapshot;
 use puppet_kicker::{Kicker, PuppetSettings, RoleSelector, Selection};
@@ -272,11 +273,8 @@ impl Stack {
     }
 
     fn client(&self) -> Client {
-        let settings = puppet_kicker::config::McollectiveSettings {
-            client_config: Some(self.client_cfg.clone()),
-            ..Default::default()
-        };
-        Client::new(settings.client_config().unwrap())
+        let overrides = Overrides { config_path: Some(self.client_cfg.clone()), ..Default::default() };
+        Client::new(puppet_kicker::mcollective::Config::load(&overrides).unwrap())
     }
 
     fn script(&self, args: &[&str]) {
@@ -392,13 +390,12 @@ struct Rogue {
 
 impl Rogue {
     fn start(stack: &Stack, psk: &'static str, identities: &'static [(&'static str, &'static str)]) -> Rogue {
-        let config = puppet_kicker::config::McollectiveSettings {
-            client_config: Some(stack.client_cfg.clone()),
+        let overrides = Overrides {
+            config_path: Some(stack.client_cfg.clone()),
             identity: Some("rogue.example.com".into()),
             ..Default::default()
-        }
-        .client_config()
-        .unwrap();
+        };
+        let config = puppet_kicker::mcollective::Config::load(&overrides).unwrap();
         let broker = config.pool[0].clone();
         let stream = TcpStream::connect((broker.host.as_str(), broker.port)).unwrap();
         let mut reader = FrameReader::new(stream.try_clone().unwrap(), Limits::default());

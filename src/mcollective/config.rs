@@ -131,7 +131,7 @@ impl std::fmt::Debug for Config {
 }
 
 /// Caller-supplied values that win over the file.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default, PartialEq)]
 pub struct Overrides {
     /// Read this file instead of [`DEFAULT_PATHS`] (it must exist).
     pub config_path: Option<PathBuf>,
@@ -151,6 +151,21 @@ pub struct Overrides {
     pub stomp_versions: Option<Vec<Version>>,
     pub stomp_limits: Option<Limits>,
     pub marshal_limits: Option<DecodeLimits>,
+}
+
+impl std::fmt::Debug for Overrides {
+    // The psk stays out of logs (brokers' passwords are hidden by BrokerHost).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Overrides")
+            .field("config_path", &self.config_path)
+            .field("connector", &self.connector)
+            .field("pool", &self.pool)
+            .field("identity", &self.identity)
+            .field("main_collective", &self.main_collective)
+            .field("collectives", &self.collectives)
+            .field("callerid", &self.callerid)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `key = value` lines with the line number each came from.

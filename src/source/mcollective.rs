@@ -61,7 +61,7 @@ impl McollectiveSource {
     /// psk) is a configuration error naming the file and the key.
     pub fn open(settings: &McollectiveSettings) -> Result<McollectiveSource> {
         let config = settings.client_config().map_err(|e| {
-            let looked = match &settings.client_config {
+            let looked = match &settings.overrides.config_path {
                 None if !mco::config::DEFAULT_PATHS.iter().any(|p| std::path::Path::new(p).is_file()) => format!(
                     " (no client.cfg found at {}; set mcollective.client_config)",
                     mco::config::DEFAULT_PATHS.join(" or ")

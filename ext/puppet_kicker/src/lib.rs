@@ -35,12 +35,7 @@ fn guard<T>(ruby: &Ruby, body: impl FnOnce() -> Result<T, puppet_kicker::Error>)
             Err(Error::new(error_class(ruby, class), e.to_string()))
         }
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(Error::new(error_class(ruby, "Error"), format!("puppet-kicker internal error: {what}")))
+            Err(Error::new(error_class(ruby, "Error"), puppet_kicker::error::internal_error_message(&*panic)))
         }
     }
 }

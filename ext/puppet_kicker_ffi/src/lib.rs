@@ -337,12 +337,7 @@ fn reply(body: impl FnOnce(&mut Vec<u8>) -> Outcome) -> *mut c_char {
         Ok(Ok(json)) => json,
         Ok(Err(failure)) => error_json(&failure),
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            error_json(&Failure { kind: "internal", message: format!("puppet-kicker internal error: {what}") })
+            error_json(&Failure { kind: "internal", message: puppet_kicker::error::internal_error_message(&*panic) })
         }
     };
     // serde_json escapes every control character, so the JSON holds no NUL byte.
