@@ -12,7 +12,7 @@ describe 'the ffi backend under JRuby' do
   end
 
   it 'picks ffi, answers like the magnus extension under MRI, and holds under parallel calls' do
-    skip 'no jruby (installed with puppetserver: script/puppetserver install)' unless @jruby
+    raise 'no jruby: script/test-puppetserver installs it (with puppetserver) and runs this' unless @jruby
     master = ScratchMaster.create
     Dir.mktmpdir('puppet-kicker-jruby') do |dir|
       out = File.join(dir, 'answers.marshal')
