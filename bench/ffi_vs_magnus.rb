@@ -9,6 +9,7 @@
 # query + serialization + copy into a Ruby String) and JSON.parse. Standard library only.
 
 require 'benchmark'
+require_relative 'support'
 require 'fileutils'
 require 'json'
 require 'tmpdir'
@@ -35,20 +36,12 @@ PuppetKicker::LIBRARIES.each_value do |path|
   abort "bench/ffi_vs_magnus.rb: #{path} is missing; run `rake compile` first" unless File.exist?(path)
 end
 
-def measure
-  yield
-  GC.start
-  samples = []
-  started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  while samples.size < MIN_SAMPLES || Process.clock_gettime(Process::CLOCK_MONOTONIC) - started < MEASURE
-    samples << Benchmark.realtime { yield }
-  end
-  samples.sort!
-  samples[samples.size / 2]
+def measure(&block)
+  BenchSupport.measure(seconds: MEASURE, min_samples: MIN_SAMPLES, &block)[:median]
 end
 
 def human(seconds)
-  seconds < 1e-3 ? format('%.1f µs', seconds * 1e6) : format('%.2f ms', seconds * 1e3)
+  BenchSupport.human(seconds)
 end
 
 work = Dir.mktmpdir('puppet-kicker-bench-ffi')

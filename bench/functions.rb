@@ -7,6 +7,7 @@
 # by `pk-synthetic-facts` as puppetserver's JSON fact cache. Standard library only.
 
 require 'benchmark'
+require_relative 'support'
 require 'fileutils'
 require 'json'
 require 'time'
@@ -85,28 +86,12 @@ module PureRuby
   end
 end
 
-# Warm-up call, then one call per sample until MEASURE seconds (at least
-# MIN_SAMPLES); seconds per call, median and mean. Garbage collection is included:
-# it is part of what a compile pays.
-def measure
-  yield
-  GC.start
-  samples = []
-  started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  while samples.size < MIN_SAMPLES || Process.clock_gettime(Process::CLOCK_MONOTONIC) - started < MEASURE
-    samples << Benchmark.realtime { yield }
-  end
-  samples.sort!
-  middle = samples.size / 2
-  median = samples.size.odd? ? samples[middle] : (samples[middle - 1] + samples[middle]) / 2
-  { median: median, mean: samples.sum / samples.size, samples: samples.size }
+def measure(&block)
+  BenchSupport.measure(seconds: MEASURE, min_samples: MIN_SAMPLES, &block)
 end
 
 def human(seconds)
-  if seconds < 1e-3 then format('%.1f µs', seconds * 1e6)
-  elsif seconds < 1 then format('%.2f ms', seconds * 1e3)
-  else format('%.2f s', seconds)
-  end
+  BenchSupport.human(seconds)
 end
 
 def rss_mb

@@ -4,7 +4,7 @@
 # processor (which every master runs) on the same report: a real in-process catalog
 # apply of 200 resources, one run with nothing to kick and one with a kick (dry run,
 # so nothing leaves the machine). Run after `rake compile`: ruby bench/report.rb
-require 'benchmark'
+require_relative 'support'
 require 'fileutils'
 require 'tmpdir'
 require 'yaml'
@@ -35,21 +35,18 @@ def report(kick)
   catalog.apply.report.tap(&:finalize_report)
 end
 
-def per_call(n)
-  yield # warm up
-  times = Array.new(n) { Benchmark.realtime { yield } }.sort
-  times[n / 2] * 1e6
+def per_call
+  BenchSupport.measure(seconds: 2.0, min_samples: 20) { yield }[:median] * 1e6
 end
 
 quiet = report(false)
 kicking = report(true)
 store = Puppet::Reports.report(:store)
 kick = Puppet::Reports.report(:kick)
-n = 300
 rows = [
-  ['kick: nothing to kick (200 resources)', per_call(n) { quiet.dup.extend(kick).process }],
-  ['kick: one Notify[kick -> haproxy] (dry run)', per_call(n) { kicking.dup.extend(kick).process }],
-  ['store: the same report written as YAML (Puppet\'s own)', per_call(50) { quiet.dup.extend(store).process }],
+  ['kick: nothing to kick (200 resources)', per_call { quiet.dup.extend(kick).process }],
+  ['kick: one Notify[kick -> haproxy] (dry run)', per_call { kicking.dup.extend(kick).process }],
+  ['store: the same report written as YAML (Puppet\'s own)', per_call { quiet.dup.extend(store).process }],
 ]
 puts "#{RUBY_DESCRIPTION}; #{`nproc`.strip} CPUs: #{File.read('/proc/cpuinfo')[/model name\s*:\s*(.*)/, 1]}"
 puts
