@@ -89,8 +89,9 @@ module PuppetKicker
     end
 
     # Remembers where a node compiles, for servers whose facts name no environment.
+    # Called right after a query, whose call configured the core already.
     def note_environment(certname, environment)
-      call { native.note_environment(certname, environment) }
+      native.note_environment(certname, environment)
     end
 
     def status
@@ -167,9 +168,10 @@ module PuppetKicker
     end
 
     def compile(scope, function)
+      result = yield
       node = scope.compiler.node
       PuppetKicker.note_environment(node.name, environment_of(scope)) if node
-      yield
+      result
     rescue PuppetKicker::Error => e
       raise Puppet::ParseError, "#{function}: #{e.message}"
     end
