@@ -91,3 +91,102 @@ fn deep_flow_nesting_is_refused_not_a_stack_overflow() {
         }
     });
 }
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pk-hostile-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A msgpack string.
+fn mp_str(out: &mut Vec<u8>, s: &str) {
+    out.push(0xa0 | s.len() as u8);
+    out.extend_from_slice(s.as_bytes());
+}
+
+#[test]
+fn a_deeply_nested_snapshot_is_refused_not_a_stack_overflow() {
+    isolated("a_deeply_nested_snapshot_is_refused_not_a_stack_overflow", || {
+        let dir = tempdir("deep-snapshot");
+        let path = puppet_kicker::snapshot::path_in(&dir);
+        // [built_at, [[certname, environment, {"a": [[[[...100,000 levels]]]]}]], {}]
+        let mut payload = b"PKINDEX\0".to_vec();
+        payload.extend_from_slice(&puppet_kicker::snapshot::FORMAT_VERSION.to_le_bytes());
+        payload.extend_from_slice(&[0x93, 0x01, 0x91, 0x93]);
+        mp_str(&mut payload, "web1");
+        mp_str(&mut payload, "production");
+        payload.push(0x81);
+        mp_str(&mut payload, "a");
+        payload.extend(std::iter::repeat_n(0x91, 100_000));
+        payload.push(0xc0);
+        std::fs::write(&path, &payload).unwrap();
+        // A puppetserver thread's stack, not the main thread's 8 MiB.
+        let read = std::thread::Builder::new()
+            .stack_size(512 << 10)
+            .spawn(move || puppet_kicker::snapshot::read(&path))
+            .unwrap()
+            .join()
+            .unwrap();
+        let err = read.unwrap_err();
+        assert!(err.contains("ignoring corrupt snapshot") && err.contains("depth limit exceeded"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    });
+}
+
+#[test]
+fn a_deeply_nested_config_file_is_a_configuration_error() {
+    isolated("a_deeply_nested_config_file_is_a_configuration_error", || {
+        let dir = tempdir("deep-config");
+        let path = dir.join("puppet_kicker.yaml");
+        // 60 KB: `cache:` then `- - - ... x`, 30,000 block sequences on one line.
+        let text = format!("cache:\n{}x\n", "- ".repeat(30_000));
+        std::fs::write(&path, text).unwrap();
+        let settings = puppet_kicker::PuppetSettings { config_file: Some(path.clone()), ..Default::default() };
+        let err = puppet_kicker::Config::load(&settings).unwrap_err().to_string();
+        assert!(err.contains("puppet_kicker.yaml") && err.contains("nested deeper than 64"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    });
+}
+
+#[test]
+fn a_config_file_over_1_mib_is_a_configuration_error() {
+    let dir = tempdir("big-config");
+    let path = dir.join("puppet_kicker.yaml");
+    let settings = puppet_kicker::PuppetSettings { config_file: Some(path.clone()), ..Default::default() };
+    let line = "role_fact: pp_role\n";
+    let limit = puppet_kicker::config::MAX_FILE_SIZE as usize;
+    let at_limit = format!("{line}{}", "#".repeat(limit - line.len()));
+    std::fs::write(&path, &at_limit).unwrap();
+    assert_eq!(puppet_kicker::Config::load(&settings).unwrap().role_fact, "pp_role");
+    std::fs::write(&path, at_limit + "\n").unwrap();
+    let err = puppet_kicker::Config::load(&settings).unwrap_err().to_string();
+    assert!(err.contains(&path.display().to_string()) && err.contains("over the 1 MiB limit"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fact_files_over_16_mib_or_nested_too_deep_are_skipped_with_a_warning() {
+    use puppet_kicker::source::puppet_cache;
+    let dir = tempdir("big-facts");
+    let facts = |name: &str| format!(r#"{{"name":"{name}","values":{{"role":"web"}}}}"#);
+    let limit = puppet_cache::MAX_FILE_SIZE as usize;
+    let padded = |text: String, len: usize| text.clone() + &" ".repeat(len - text.len());
+    std::fs::write(dir.join("at.example.com.json"), padded(facts("at.example.com"), limit)).unwrap();
+    std::fs::write(dir.join("over.example.com.json"), padded(facts("over.example.com"), limit + 1)).unwrap();
+    let nested =
+        |depth: usize| format!(r#"{{"name":"n","values":{{"a":{}{}}}}}"#, "[".repeat(depth), "]".repeat(depth));
+    // The document and `values` are two levels: 62 more is 64 in all.
+    std::fs::write(dir.join("n62.json"), nested(62)).unwrap();
+    std::fs::write(dir.join("n63.json"), nested(63)).unwrap();
+    std::fs::write(dir.join("n500.json"), nested(500)).unwrap();
+    let harvest = puppet_cache::load(std::slice::from_ref(&dir)).unwrap();
+    let names: Vec<_> = harvest.observations.iter().map(|o| o.certname.as_str()).collect();
+    assert_eq!(names, ["at.example.com", "n"]);
+    assert_eq!(harvest.warnings.len(), 3, "{:?}", harvest.warnings);
+    assert!(harvest.warnings[0].contains("n500.json") && harvest.warnings[0].contains("recursion limit"));
+    assert!(harvest.warnings[1].contains("n63.json") && harvest.warnings[1].contains("nested deeper than 64 levels"));
+    let over = &harvest.warnings[2];
+    assert!(over.contains("over.example.com.json") && over.contains("over the 16 MiB limit"), "{over}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
