@@ -9,6 +9,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// A larger `puppet_kicker.yaml` is a configuration error: it is a few lines.
+pub const MAX_FILE_SIZE: u64 = 1 << 20;
+
 /// What Puppet tells us about its own layout; the bindings read these from
 /// `Puppet.settings` (never hard-coded: puppetserver and agents differ).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -259,11 +262,13 @@ impl Config {
             Some(path) => (path.clone(), true),
             None => (settings.confdir.join("puppet_kicker.yaml"), false),
         };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
+        let bytes = match crate::bounded_read::read(&path, MAX_FILE_SIZE) {
+            Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(Config::defaults(settings)),
             Err(e) => return Err(Error::Config(format!("cannot read {}: {e}", path.display()))),
         };
+        let text = String::from_utf8(bytes)
+            .map_err(|e| Error::Config(format!("cannot read {}: not UTF-8 ({e})", path.display())))?;
         Config::parse(&text, &path, settings)
     }
 

@@ -6,6 +6,8 @@
 //! C-ABI library for JRuby only convert values in and out of [`Kicker`].
 
 pub mod atomic_file;
+pub mod bounded_read;
+pub mod cache_dir;
 pub mod config;
 pub mod error;
 pub mod facts;

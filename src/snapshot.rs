@@ -5,13 +5,18 @@
 use crate::facts::Node;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"PKINDEX\0";
 /// Bump when `Snapshot` changes shape; older files are then ignored and rebuilt.
 pub const FORMAT_VERSION: u32 = 1;
 pub const FILE_NAME: &str = "index.msgpack";
+/// A larger snapshot is neither written nor read: ~100,000 servers of Facter 4 facts.
+pub const MAX_FILE_SIZE: u64 = 1 << 30;
+/// Facts are at most [`crate::yaml::MAX_DEPTH`] deep from any source; the snapshot
+/// adds four levels (snapshot, node list, node, facts) and a few to spare. rmp-serde
+/// recurses per level, so this bounds its stack.
+const MAX_NESTING: usize = crate::yaml::MAX_DEPTH + 8;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -35,13 +40,17 @@ pub fn path_in(cache_dir: &Path) -> PathBuf {
 }
 
 /// `Ok(None)` when there is no snapshot; `Err` (a warning to log) when there is one
-/// we cannot use.
+/// we cannot use: in a directory others can write (see [`crate::cache_dir`]), larger
+/// than [`MAX_FILE_SIZE`], nested too deep, corrupt or of another format version.
 pub fn read(path: &Path) -> Result<Option<Snapshot>, String> {
-    let bytes = match fs::read(path) {
+    let bytes = match crate::bounded_read::read(path, MAX_FILE_SIZE) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read snapshot {}: {e}", path.display())),
     };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        crate::cache_dir::ensure(dir).map_err(|e| format!("ignoring snapshot {}: {e}", path.display()))?;
+    }
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
         return Err(format!("ignoring snapshot {}: not a puppet-kicker index", path.display()));
     };
@@ -53,22 +62,35 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, String> {
             path.display()
         ));
     }
-    rmp_serde::from_slice(payload)
+    let mut decoder = rmp_serde::Deserializer::from_read_ref(payload);
+    decoder.set_max_depth(MAX_NESTING);
+    Snapshot::deserialize(&mut decoder)
         .map(Some)
         .map_err(|e| format!("ignoring corrupt snapshot {}: {e}; it will be rebuilt", path.display()))
 }
 
+/// Writes the snapshot atomically (see [`crate::atomic_file`]); on failure the
+/// previous snapshot is left as it was.
 pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), String> {
     let payload =
         rmp_serde::to_vec_named(snapshot).map_err(|e| format!("cannot encode snapshot {}: {e}", path.display()))?;
+    let size = (MAGIC.len() + 4 + payload.len()) as u64;
+    if size > MAX_FILE_SIZE {
+        return Err(format!(
+            "not writing snapshot {}: {size} bytes, over the {} limit; the previous snapshot is kept",
+            path.display(),
+            crate::bounded_read::size(MAX_FILE_SIZE)
+        ));
+    }
     crate::atomic_file::write(path, &[MAGIC, &FORMAT_VERSION.to_le_bytes(), &payload])
-        .map_err(|e| format!("cannot write snapshot {}: {e}", path.display()))
+        .map_err(|e| format!("cannot write snapshot {}: {e}; the previous snapshot is kept", path.display()))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
+    use std::fs;
 
     fn sample() -> Snapshot {
         let facts = json!({"role": "node", "os": {"release": {"full": "12.5"}}, "load": 0.5, "n": -3, "ok": true, "l": [1, "a", null]});

@@ -1,47 +1,215 @@
 //! YAML to JSON-like values, for `puppet_kicker.yaml` and Puppet's legacy YAML fact
 //! cache. Ruby tags (`!ruby/object:Puppet::Node::Facts`) are ignored: we only want
 //! the mapping underneath.
+//!
+//! The tree is built from the parser's events with an explicit stack, never by
+//! recursion, and within limits: a document nested deeper than [`MAX_DEPTH`], with
+//! more than [`MAX_ALIASES`] aliases, or expanding to more than [`MAX_VALUES`] values
+//! or [`MAX_TEXT`] bytes of text is refused before it is built. No value deeper than
+//! [`MAX_DEPTH`] is ever built, so dropping one cannot overflow the stack either.
 
 use serde_json::{Map, Number, Value};
-use yaml_rust2::{Yaml, YamlLoader};
+use std::collections::HashMap;
+use yaml_rust2::parser::{Event, Parser, Tag};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+use yaml_rust2::Yaml;
 
-/// Deeper nesting than this is refused: facts are a few levels deep, and conversion
-/// (and dropping the parsed tree) recurses.
+/// Most collections nested in one another: facts are a few levels deep.
 pub const MAX_DEPTH: usize = 64;
+/// Most aliases (`*name`) in a document. Psych writes one for each object a fact
+/// shares with another; a few dozen in a real fact file.
+pub const MAX_ALIASES: usize = 10_000;
+/// Most values (scalars, keys and collections, each alias counting the values it
+/// repeats) in a document. A real fact file has a few thousand.
+pub const MAX_VALUES: usize = 1_000_000;
+/// Most bytes of scalar text in a document, aliases counting what they repeat.
+pub const MAX_TEXT: usize = 64 << 20;
 
 /// Parses the first document of `text`; an empty document is `Null`.
+///
+/// The error says what is wrong and on which line.
 pub fn parse(text: &str) -> Result<Value, String> {
-    check_flow_depth(text)?;
-    let mut docs = YamlLoader::load_from_str(text).map_err(|e| e.to_string())?;
-    if docs.is_empty() {
-        return Ok(Value::Null);
+    let mut builder = Builder::default();
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| match e.info() {
+            // The scanner's own flow limit (255) can come first: it reads ahead.
+            "recursion limit exceeded" => {
+                format!("nested deeper than {MAX_DEPTH} levels at line {}", e.marker().line())
+            }
+            _ => e.to_string(),
+        })?;
+        match event {
+            Event::DocumentEnd | Event::StreamEnd => return Ok(builder.root.unwrap_or(Value::Null)),
+            event => builder.on_event(event, mark)?,
+        }
     }
-    convert(&docs.swap_remove(0), 0)
 }
 
-fn convert(yaml: &Yaml, depth: usize) -> Result<Value, String> {
-    if depth > MAX_DEPTH {
-        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+/// What a finished node cost, to charge again for each alias of it.
+#[derive(Clone, Copy, Default)]
+struct Cost {
+    values: usize,
+    text: usize,
+    /// Collections nested in it, itself included: 0 for a scalar.
+    height: usize,
+}
+
+enum Frame {
+    Sequence { items: Vec<Value>, anchor: usize, start: Cost, height: usize },
+    Mapping { map: Map<String, Value>, key: Option<String>, anchor: usize, start: Cost, height: usize },
+}
+
+#[derive(Default)]
+struct Builder {
+    stack: Vec<Frame>,
+    /// Values and text so far (`height` unused).
+    spent: Cost,
+    aliases: usize,
+    anchors: HashMap<usize, (Value, Cost)>,
+    root: Option<Value>,
+}
+
+impl Builder {
+    fn on_event(&mut self, event: Event, mark: Marker) -> Result<(), String> {
+        let at = |what: String| format!("{what} at line {}", mark.line());
+        match event {
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                if self.stack.len() >= MAX_DEPTH {
+                    return Err(at(format!("nested deeper than {MAX_DEPTH} levels")));
+                }
+                self.charge(Cost { values: 1, text: 0, height: 0 }).map_err(at)?;
+                let start = self.spent;
+                self.stack.push(match event {
+                    Event::SequenceStart(..) => Frame::Sequence { items: Vec::new(), anchor, start, height: 1 },
+                    _ => Frame::Mapping { map: Map::new(), key: None, anchor, start, height: 1 },
+                });
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                let (value, anchor, start, height) = match self.stack.pop() {
+                    Some(Frame::Sequence { items, anchor, start, height }) => {
+                        (Value::Array(items), anchor, start, height)
+                    }
+                    Some(Frame::Mapping { map, anchor, start, height, .. }) => {
+                        (Value::Object(map), anchor, start, height)
+                    }
+                    None => return Err(at("a collection ends that never started".into())),
+                };
+                let cost =
+                    Cost { values: self.spent.values - start.values + 1, text: self.spent.text - start.text, height };
+                self.finish(value, anchor, cost).map_err(at)?;
+            }
+            Event::Scalar(text, style, anchor, tag) => {
+                let cost = Cost { values: 1, text: text.len(), height: 0 };
+                self.charge(cost).map_err(at)?;
+                let value = match self.stack.last_mut() {
+                    // A scalar key keeps its text: `1.50:` is the key "1.50".
+                    Some(Frame::Mapping { key: key @ None, .. }) if anchor == 0 => {
+                        *key = Some(key_string(&resolve(text, style, tag)));
+                        return Ok(());
+                    }
+                    _ => scalar_value(resolve(text, style, tag)),
+                };
+                self.finish(value, anchor, cost).map_err(at)?;
+            }
+            Event::Alias(id) => {
+                self.aliases += 1;
+                if self.aliases > MAX_ALIASES {
+                    return Err(at(format!("more than {MAX_ALIASES} aliases")));
+                }
+                let Some(&(_, cost)) = self.anchors.get(&id) else {
+                    return Err(at("an alias refers to the collection that contains it".into()));
+                };
+                if self.stack.len() + cost.height > MAX_DEPTH {
+                    return Err(at(format!("nested deeper than {MAX_DEPTH} levels (through an alias)")));
+                }
+                // Charged before it is copied: a bomb is refused before it is built.
+                self.charge(cost).map_err(at)?;
+                let value = self.anchors[&id].0.clone();
+                self.finish(value, 0, cost).map_err(at)?;
+            }
+            Event::Nothing | Event::StreamStart | Event::DocumentStart | Event::DocumentEnd | Event::StreamEnd => {}
+        }
+        Ok(())
     }
-    Ok(match yaml {
-        Yaml::Null | Yaml::BadValue => Value::Null,
-        Yaml::Boolean(b) => Value::Bool(*b),
-        Yaml::Integer(i) => Value::Number((*i).into()),
+
+    /// Counts `cost` against the document's limits.
+    fn charge(&mut self, cost: Cost) -> Result<(), String> {
+        self.spent.values += cost.values;
+        self.spent.text += cost.text;
+        if self.spent.values > MAX_VALUES {
+            return Err(format!("more than {MAX_VALUES} values (counting what aliases repeat)"));
+        }
+        if self.spent.text > MAX_TEXT {
+            return Err(format!("more than {} MiB of text (counting what aliases repeat)", MAX_TEXT >> 20));
+        }
+        Ok(())
+    }
+
+    /// Puts a finished node into its parent (or makes it the document), and keeps a
+    /// copy of an anchored one for its aliases.
+    fn finish(&mut self, value: Value, anchor: usize, cost: Cost) -> Result<(), String> {
+        if anchor != 0 {
+            // The copy is memory too.
+            self.charge(cost)?;
+            self.anchors.insert(anchor, (value.clone(), cost));
+        }
+        match self.stack.last_mut() {
+            None => self.root = Some(value),
+            Some(Frame::Sequence { items, height, .. }) => {
+                *height = (*height).max(cost.height + 1);
+                items.push(value);
+            }
+            Some(Frame::Mapping { map, key, height, .. }) => {
+                *height = (*height).max(cost.height + 1);
+                match key.take() {
+                    Some(key) => {
+                        map.insert(key, value);
+                    }
+                    None => *key = Some(value_key_string(value)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A scalar's type, as yaml-rust2's loader decides it.
+fn resolve(text: String, style: TScalarStyle, tag: Option<Tag>) -> Yaml {
+    if style != TScalarStyle::Plain {
+        return Yaml::String(text);
+    }
+    match tag {
+        Some(Tag { handle, suffix }) if handle == "tag:yaml.org,2002:" => match suffix.as_str() {
+            "bool" => match text.as_str() {
+                "true" | "True" | "TRUE" => Yaml::Boolean(true),
+                "false" | "False" | "FALSE" => Yaml::Boolean(false),
+                _ => Yaml::BadValue,
+            },
+            "int" => text.parse().map(Yaml::Integer).unwrap_or(Yaml::BadValue),
+            "float" => Yaml::Real(text),
+            "null" => match text.as_str() {
+                "~" | "null" => Yaml::Null,
+                _ => Yaml::BadValue,
+            },
+            _ => Yaml::String(text),
+        },
+        Some(_) => Yaml::String(text),
+        None => Yaml::from_str(&text),
+    }
+}
+
+fn scalar_value(yaml: Yaml) -> Value {
+    match yaml {
+        Yaml::Boolean(b) => Value::Bool(b),
+        Yaml::Integer(i) => Value::Number(i.into()),
         Yaml::Real(text) => match text.parse::<f64>().ok().and_then(Number::from_f64) {
             Some(n) => Value::Number(n),
-            None => Value::String(text.clone()),
+            None => Value::String(text),
         },
-        Yaml::String(s) => Value::String(s.clone()),
-        Yaml::Array(items) => Value::Array(items.iter().map(|i| convert(i, depth + 1)).collect::<Result<_, _>>()?),
-        Yaml::Hash(hash) => {
-            let mut map = Map::new();
-            for (key, value) in hash {
-                map.insert(key_string(key), convert(value, depth + 1)?);
-            }
-            Value::Object(map)
-        }
-        Yaml::Alias(_) => return Err("YAML aliases are not supported".into()),
-    })
+        Yaml::String(s) => Value::String(s),
+        _ => Value::Null,
+    }
 }
 
 fn key_string(key: &Yaml) -> String {
@@ -49,30 +217,18 @@ fn key_string(key: &Yaml) -> String {
         Yaml::String(s) | Yaml::Real(s) => s.clone(),
         Yaml::Integer(i) => i.to_string(),
         Yaml::Boolean(b) => b.to_string(),
-        Yaml::Null => "~".to_string(),
-        other => format!("{other:?}"),
+        _ => "~".to_string(),
     }
 }
 
-/// The loader builds flow collections (`[[[[...`) without a depth limit; refuse
-/// absurd nesting before parsing. Brackets inside strings count too, which can only
-/// make this stricter than needed for text nobody writes.
-fn check_flow_depth(text: &str) -> Result<(), String> {
-    let mut depth = 0usize;
-    for b in text.bytes() {
-        match b {
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > MAX_DEPTH * 4 {
-                    return Err(format!("nested deeper than {MAX_DEPTH} levels"));
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            b'\n' => {}
-            _ => {}
-        }
+/// The key for an aliased or collection key: its text, or its JSON.
+fn value_key_string(key: Value) -> String {
+    match key {
+        Value::String(s) => s,
+        Value::Null => "~".to_string(),
+        // At most MAX_DEPTH deep: serde_json's recursion is bounded.
+        other => other.to_string(),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -92,8 +248,70 @@ mod tests {
     }
 
     #[test]
-    fn absurd_nesting_is_refused() {
-        let deep = format!("a: {}{}", "[".repeat(1000), "]".repeat(1000));
-        assert!(parse(&deep).unwrap_err().contains("nested deeper"));
+    fn scalars_keys_and_documents() {
+        let v = parse("a: ~\nb: 0x10\nc: '7'\nd: .inf\n1.50: x\n~: y\ne: !!str 3\nf: []\n").unwrap();
+        assert_eq!(v, json!({"a": null, "b": 16, "c": "7", "d": ".inf", "1.50": "x", "~": "y", "e": "3", "f": []}));
+        assert_eq!(parse("").unwrap(), Value::Null);
+        assert_eq!(parse("--- 1\n--- [unclosed\n").unwrap(), json!(1), "only the first document is read");
+        assert!(parse("a: [1\n").unwrap_err().contains("line"));
+    }
+
+    #[test]
+    fn aliases_repeat_their_anchor_as_psych_writes_them() {
+        let text = "ip: &1 10.0.0.5\nnetworking:\n  ip: *1\n  interfaces: &2\n    eth0: {ip: *1}\ncopy: *2\n*1 : key\n";
+        let v = parse(text).unwrap();
+        assert_eq!(v["networking"]["ip"], json!("10.0.0.5"));
+        assert_eq!(v["copy"], json!({"eth0": {"ip": "10.0.0.5"}}));
+        assert_eq!(v["10.0.0.5"], json!("key"));
+        assert!(parse("a: &a [*a]\n").unwrap_err().contains("contains it"));
+    }
+
+    /// `depth` sequences nested in one another, `[[...[x]...]]`, as block YAML.
+    fn nested(depth: usize) -> String {
+        (0..depth).map(|level| format!("{}-\n", " ".repeat(level))).collect::<String>()
+            + &format!("{}x\n", " ".repeat(depth))
+    }
+
+    #[test]
+    fn depth_limit_counts_block_flow_and_aliased_collections() {
+        let at_limit = parse(&nested(MAX_DEPTH)).unwrap();
+        let mut v = &at_limit;
+        for _ in 0..MAX_DEPTH {
+            v = &v[0];
+        }
+        assert_eq!(v, &json!("x"));
+        let err = parse(&nested(MAX_DEPTH + 1)).unwrap_err();
+        assert_eq!(err, format!("nested deeper than {MAX_DEPTH} levels at line {}", MAX_DEPTH + 1));
+
+        let flow = |depth| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(parse(&flow(MAX_DEPTH)).is_ok());
+        assert!(parse(&flow(MAX_DEPTH + 1)).unwrap_err().contains("nested deeper than 64 levels"));
+        assert!(parse("a: '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['\n").is_ok());
+
+        // 63 levels anchored in a list: 64; its alias one level further down is 65.
+        let anchored = format!("- &a {}\n- *a\n", flow(MAX_DEPTH - 1));
+        assert!(parse(&anchored).is_ok());
+        let anchored = format!("- &a {}\n- [*a]\n", flow(MAX_DEPTH - 1));
+        assert!(parse(&anchored).unwrap_err().contains("through an alias"));
+    }
+
+    #[test]
+    fn alias_count_limit() {
+        let aliases = |n: usize| format!("a: &a x\nb: [{}]\n", vec!["*a"; n].join(","));
+        assert!(parse(&aliases(MAX_ALIASES)).is_ok());
+        assert_eq!(parse(&aliases(MAX_ALIASES + 1)).unwrap_err(), format!("more than {MAX_ALIASES} aliases at line 2"));
+    }
+
+    #[test]
+    fn value_and_text_limits_count_what_aliases_repeat() {
+        // A list of n values is n + 1: the list and its items; with the mapping and its key, n + 3.
+        let list = |n: usize| format!("a: [{}]\n", vec!["1"; n].join(","));
+        assert!(parse(&list(MAX_VALUES - 3)).is_ok());
+        assert!(parse(&list(MAX_VALUES - 2)).unwrap_err().starts_with("more than 1000000 values"));
+
+        // One 1 MiB string, anchored (its copy counts) and repeated: 2 + (2 + repeats) MiB.
+        let text = |repeats: usize| format!("a: &a {}\nb: [{}]\n", "x".repeat(1 << 20), vec!["*a"; repeats].join(","));
+        assert!(parse(&text(61)).is_ok());
+        assert!(parse(&text(62)).unwrap_err().starts_with("more than 64 MiB of text"));
     }
 }

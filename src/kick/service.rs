@@ -76,7 +76,7 @@ impl KickService {
         let state_path = cache_dir.join(STATE_FILE);
         let mut warnings = Vec::new();
         // kicks.lock is opened before anything else writes to a new cache dir
-        if let Err(e) = std::fs::create_dir_all(cache_dir) {
+        if let Err(e) = crate::cache_dir::ensure(cache_dir) {
             warnings.push(format!("cannot create the cache directory {}: {e}", cache_dir.display()));
         }
         let state = read_state(&state_path).unwrap_or_else(|e| {

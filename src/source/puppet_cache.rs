@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-/// A node's cached facts are tens of kilobytes; anything far larger is not Puppet's.
+/// A node's cached facts are tens of kilobytes; a larger file is skipped with a warning.
 pub const MAX_FILE_SIZE: u64 = 16 << 20;
 
 /// Reads every `*.json` and `*.yaml` file in `dirs`. Fails only when no directory
@@ -63,20 +63,46 @@ impl Format {
 }
 
 fn read_file(path: &Path, format: Format) -> Result<Observation, String> {
-    let metadata = fs::metadata(path).map_err(|e| describe(&e))?;
-    if !metadata.is_file() {
-        return Err("not a regular file".into());
-    }
-    if metadata.len() > MAX_FILE_SIZE {
-        return Err(format!("{} bytes, larger than the {MAX_FILE_SIZE}-byte limit", metadata.len()));
-    }
-    let text = fs::read_to_string(path).map_err(|e| describe(&e))?;
+    let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE).map_err(|e| describe(&e))?;
     let document = match format {
-        Format::Json => serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))?,
-        Format::Yaml => crate::yaml::parse(&text).map_err(|e| format!("invalid YAML: {e}"))?,
+        // serde_json stops at 128 levels, before its recursion can hurt; facts from
+        // every format and source stop at the same depth as YAML's.
+        Format::Json => {
+            let value = serde_json::from_slice(&bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+            if deeper_than(&value, crate::yaml::MAX_DEPTH) {
+                return Err(format!("invalid JSON: nested deeper than {} levels", crate::yaml::MAX_DEPTH));
+            }
+            value
+        }
+        Format::Yaml => {
+            let text = std::str::from_utf8(&bytes).map_err(|e| format!("invalid YAML: not UTF-8 ({e})"))?;
+            crate::yaml::parse(text).map_err(|e| format!("invalid YAML: {e}"))?
+        }
     };
-    let mtime = metadata.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs() as i64);
+    let mtime = fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs() as i64);
     observation(document, path, mtime.unwrap_or(0))
+}
+
+/// Whether `value` has more than `max` collections nested in one another; without
+/// recursion.
+fn deeper_than(value: &Value, max: usize) -> bool {
+    let mut pending = vec![(value, 0)];
+    while let Some((value, depth)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth + 1 > max {
+            return true;
+        }
+        pending.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
 }
 
 /// `{name, values, timestamp, expiration}`, as `Puppet::Node::Facts` serializes.

@@ -1,0 +1,180 @@
+//! What puppet-kicker writes into `cache.dir`: who may write there, the modes of its
+//! files, and what a full disk or a planted symlink does.
+
+use puppet_kicker::facts::Node;
+use puppet_kicker::snapshot::{self, Snapshot, SnapshotRef};
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pk-cache-files-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn snapshot(nodes: usize, padding: usize) -> Snapshot {
+    let nodes = (0..nodes)
+        .map(|i| {
+            let facts = serde_json::json!({"role": "web", "padding": "x".repeat(padding)});
+            Node::new(format!("web{i}.example.com"), facts.as_object().cloned().unwrap(), 1000, None)
+        })
+        .collect();
+    Snapshot { built_at: 1000, nodes, seen_environments: BTreeMap::new() }
+}
+
+fn write(path: &Path, s: &Snapshot) -> Result<(), String> {
+    snapshot::write(
+        path,
+        &SnapshotRef { built_at: s.built_at, nodes: &s.nodes, seen_environments: &s.seen_environments },
+    )
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::symlink_metadata(path).unwrap().mode() & 0o7777
+}
+
+fn is_root() -> bool {
+    fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+#[test]
+fn files_are_private_and_a_new_cache_dir_is_0750() {
+    let root = tempdir("modes");
+    let dir = root.join("var/puppet_kicker");
+    let path = snapshot::path_in(&dir);
+    write(&path, &snapshot(2, 10)).unwrap();
+    assert_eq!(mode(&dir), 0o750);
+    assert_eq!(mode(&path), 0o600, "the snapshot holds the whole fleet's facts");
+    // Rewritten over a file someone made readable: the new one is private again.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    write(&path, &snapshot(3, 10)).unwrap();
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(snapshot::read(&path).unwrap().unwrap().nodes.len(), 3);
+    fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn a_planted_symlink_cannot_redirect_the_write() {
+    let dir = tempdir("symlink");
+    let victim = dir.join("victim");
+    fs::write(&victim, "precious").unwrap();
+    let cache = dir.join("cache");
+    fs::create_dir(&cache).unwrap();
+    // The names the temporary file used to have: pid and a counter from 0.
+    for counter in 0..64 {
+        let name = format!(".{}.{}.{counter}.tmp", snapshot::FILE_NAME, std::process::id());
+        std::os::unix::fs::symlink(&victim, cache.join(name)).unwrap();
+    }
+    // And the snapshot itself: the rename replaces the link, never its target.
+    let path = snapshot::path_in(&cache);
+    std::os::unix::fs::symlink(&victim, &path).unwrap();
+    write(&path, &snapshot(1, 10)).unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(!fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+    assert_eq!(snapshot::read(&path).unwrap().unwrap().nodes.len(), 1);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_cache_dir_others_can_write_is_refused_with_what_to_change() {
+    let root = tempdir("writable");
+    let dir = root.join("cache");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let path = snapshot::path_in(&dir);
+    let err = write(&path, &snapshot(1, 10)).unwrap_err();
+    assert!(err.contains(&dir.display().to_string()) && err.contains("writable by every user"), "{err}");
+    assert!(err.contains(&format!("chmod o-w {}", dir.display())), "{err}");
+    assert!(!path.exists());
+    // Reading from it is refused too: anyone could have put the snapshot there.
+    fs::write(&path, b"PKINDEX\0").unwrap();
+    let err = snapshot::read(&path).unwrap_err();
+    assert!(err.contains("writable by every user"), "{err}");
+
+    // Group-writable is fine when the directory is ours (a shared puppet group)...
+    fs::remove_file(&path).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o770)).unwrap();
+    write(&path, &snapshot(1, 10)).unwrap();
+    if !is_root() {
+        eprintln!("skipped the foreign-owner cases: they need root to chown");
+        return fs::remove_dir_all(&root).unwrap();
+    }
+    // ... but not when someone else owns it.
+    std::os::unix::fs::chown(&dir, Some(4242), None).unwrap();
+    let err = write(&path, &snapshot(1, 10)).unwrap_err();
+    assert!(err.contains("writable by its group") && err.contains("owned by uid 4242"), "{err}");
+    assert!(err.contains(&format!("chmod g-w {}", dir.display())), "{err}");
+    // Owned by someone else and not writable by others: fine (root's `puppet apply`
+    // in the directory of puppetserver's user), and the file stays theirs.
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o750)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(4242), Some(4343)).unwrap();
+    write(&path, &snapshot(2, 10)).unwrap();
+    let meta = fs::metadata(&path).unwrap();
+    assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777), (4242, 4343, 0o600));
+
+    // A symlink someone else owns is refused, wherever it points.
+    let link = root.join("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(4242), None).unwrap();
+    let err = write(&snapshot::path_in(&link), &snapshot(1, 10)).unwrap_err();
+    assert!(err.contains("symlink owned by uid 4242"), "{err}");
+    fs::remove_dir_all(&root).unwrap();
+}
+
+/// A tmpfs of `size` bytes mounted on `dir` until dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: usize) -> Option<Tmpfs> {
+        let c = |s: &str| std::ffi::CString::new(s).unwrap();
+        let target = c(dir.to_str().unwrap());
+        let options = c(&format!("size={size},mode=0750"));
+        let rc = unsafe {
+            libc::mount(c("tmpfs").as_ptr(), target.as_ptr(), c("tmpfs").as_ptr(), 0, options.as_ptr().cast())
+        };
+        if rc == 0 {
+            return Some(Tmpfs(dir.to_path_buf()));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EPERM) && !is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root ({err}); CI runs this test as root");
+            return None;
+        }
+        panic!("cannot mount a tmpfs on {}: {err}", dir.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn a_full_disk_keeps_the_old_snapshot_and_the_next_write_succeeds() {
+    let dir = tempdir("enospc");
+    let Some(tmpfs) = Tmpfs::mount(&dir, 256 << 10) else { return };
+    let path = snapshot::path_in(&dir);
+    let old = snapshot(10, 1000);
+    write(&path, &old).unwrap();
+
+    let filler = dir.join("filler");
+    let free = 256 * 1024 - fs::metadata(&path).unwrap().len() as usize;
+    let _ = fs::write(&filler, vec![0u8; free]);
+    let new = snapshot(40, 1000);
+    let err = write(&path, &new).unwrap_err();
+    assert!(err.contains("No space left on device") && err.contains("the previous snapshot is kept"), "{err}");
+    assert_eq!(snapshot::read(&path).unwrap().unwrap(), old, "the old snapshot is intact");
+    let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 2, "no temporary file left behind: {names:?}");
+
+    fs::remove_file(&filler).unwrap();
+    write(&path, &new).unwrap();
+    assert_eq!(snapshot::read(&path).unwrap().unwrap(), new);
+    drop(tmpfs);
+    fs::remove_dir_all(&dir).unwrap();
+}
