@@ -3,6 +3,7 @@
 //! a bad value is an error naming the key, so a typo never silently means "default".
 
 use crate::error::{Error, Result};
+use crate::mcollective::tls::TlsSettings;
 use crate::mcollective::{BrokerHost, ConnectorKind, Overrides};
 use crate::time::parse_duration;
 use serde_json::Value;
@@ -127,7 +128,7 @@ impl McollectiveSettings {
                 self.overrides.connector =
                     Some(value.as_str().and_then(ConnectorKind::parse).ok_or_else(|| bad("rabbitmq or activemq"))?)
             }
-            "pool" => self.overrides.pool = Some(pool(value).map_err(|what| bad(&what))?),
+            "pool" => self.overrides.pool = Some(pool(value, base).map_err(|what| bad(&what))?),
             "user" => self.user = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_string()),
             "password" => self.password = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_string()),
             "vhost" => self.overrides.vhost = Some(text("a vhost")?),
@@ -169,9 +170,11 @@ impl McollectiveSettings {
     }
 }
 
-/// `mcollective.pool`: a list of `{host, port, user, password}` or `host[:port]`.
-fn pool(value: &Value) -> Result<Vec<BrokerHost>, String> {
+/// `mcollective.pool`: a list of `{host, port, user, password, ssl, ssl_ca, ssl_cert, ssl_key}`
+/// or `host[:port]`; relative TLS file names are relative to `base`.
+fn pool(value: &Value, base: &Path) -> Result<Vec<BrokerHost>, String> {
     const EXPECTED: &str = "a list of brokers ({host, port, user, password} or host:port)";
+    const BROKER_KEYS: [&str; 8] = ["host", "port", "user", "password", "ssl", "ssl_ca", "ssl_cert", "ssl_key"];
     let items = value.as_array().filter(|items| !items.is_empty()).ok_or(EXPECTED)?;
     let port = |v: Option<&Value>| -> Option<u16> {
         match v {
@@ -182,9 +185,13 @@ fn pool(value: &Value) -> Result<Vec<BrokerHost>, String> {
         }
     };
     let host = |h: &str, port: Option<u16>, user: &str, password: &str| match port {
-        Some(port) if !h.is_empty() && port > 0 => {
-            Ok(BrokerHost { host: h.to_string(), port, user: user.to_string(), password: password.to_string() })
-        }
+        Some(port) if !h.is_empty() && port > 0 => Ok(BrokerHost {
+            host: h.to_string(),
+            port,
+            user: user.to_string(),
+            password: password.to_string(),
+            tls: None,
+        }),
         _ => Err(format!("{EXPECTED}; '{h}' has no valid host and port")),
     };
     items
@@ -196,15 +203,49 @@ fn pool(value: &Value) -> Result<Vec<BrokerHost>, String> {
             },
             Value::Object(map) => {
                 let field = |k: &str| map.get(k).and_then(Value::as_str).unwrap_or_default();
-                if let Some(unknown) = map.keys().find(|k| !["host", "port", "user", "password"].contains(&k.as_str()))
-                {
+                if let Some(unknown) = map.keys().find(|k| !BROKER_KEYS.contains(&k.as_str())) {
                     return Err(format!("{EXPECTED}; unknown broker key '{unknown}'"));
                 }
-                host(field("host"), port(map.get("port")), field("user"), field("password"))
+                let mut broker = host(field("host"), port(map.get("port")), field("user"), field("password"))?;
+                broker.tls = broker_tls(map, base).map_err(|why| format!("{EXPECTED}; '{}' {why}", broker.host))?;
+                Ok(broker)
             }
             _ => Err(EXPECTED.to_string()),
         })
         .collect()
+}
+
+/// A pool entry's `ssl: true` and its `ssl_ca` (a file or a list), `ssl_cert`, `ssl_key`.
+/// The files are checked when the client config is resolved.
+fn broker_tls(map: &serde_json::Map<String, Value>, base: &Path) -> Result<Option<TlsSettings>, String> {
+    let on = match map.get("ssl") {
+        None | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(other) => return Err(format!("has ssl: {other}, expected true or false")),
+    };
+    let file = |k: &str| -> Result<Option<PathBuf>, String> {
+        match map.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(base.join(s))),
+            Some(other) => Err(format!("has {k}: {other}, expected a file name")),
+        }
+    };
+    let ca = match map.get("ssl_ca") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().filter(|s| !s.is_empty()).map(|s| base.join(s)))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("has an ssl_ca list with an entry that is not a file name")?,
+        _ => file("ssl_ca")?.into_iter().collect(),
+    };
+    let (cert, key) = (file("ssl_cert")?, file("ssl_key")?);
+    if !on {
+        if let Some(k) = ["ssl_ca", "ssl_cert", "ssl_key"].into_iter().find(|k| map.contains_key(*k)) {
+            return Err(format!("has {k} but not ssl: true"));
+        }
+        return Ok(None);
+    }
+    Ok(Some(TlsSettings { ca, cert, key }))
 }
 
 const KNOWN_KEYS: &[&str] = &[
@@ -450,6 +491,21 @@ mod tests {
     }
 
     #[test]
+    fn pool_entries_take_tls_files_relative_to_the_file() {
+        let c = parse("mcollective:\n  pool:\n    - {host: mq1, port: 61614, ssl: true, ssl_ca: ca.pem, ssl_cert: /pki/m.pem, ssl_key: /pki/m.key}\n    - {host: mq2, ssl: true, ssl_ca: [a.pem, b.pem]}\n    - {host: mq3, ssl: false}\n").unwrap();
+        let pool = c.mcollective.overrides.pool.unwrap();
+        let base = Path::new("/etc/puppet");
+        let tls = pool[0].tls.as_ref().unwrap();
+        assert_eq!(tls.ca, [base.join("ca.pem")]);
+        assert_eq!(
+            (tls.cert.as_deref(), tls.key.as_deref()),
+            (Some(Path::new("/pki/m.pem")), Some(Path::new("/pki/m.key")))
+        );
+        assert_eq!(pool[1].tls.as_ref().unwrap().ca, [base.join("a.pem"), base.join("b.pem")]);
+        assert_eq!(pool[2].tls, None);
+    }
+
+    #[test]
     fn bad_mcollective_values_name_the_key() {
         for (yaml, expected) in [
             ("mcollective:\n  conector: rabbitmq\n", "unknown key 'mcollective.conector'"),
@@ -458,6 +514,9 @@ mod tests {
             ("mcollective:\n  pool: {host: a}\n", "'mcollective.pool' must be a list of brokers"),
             ("mcollective:\n  pool: [{host: a, port: 99999}]\n", "'a' has no valid host and port"),
             ("mcollective:\n  pool: [{hots: a}]\n", "unknown broker key 'hots'"),
+            ("mcollective:\n  pool: [{host: a, ssl_ca: ca.pem}]\n", "'a' has ssl_ca but not ssl: true"),
+            ("mcollective:\n  pool: [{host: a, ssl: 1}]\n", "'a' has ssl: 1, expected true or false"),
+            ("mcollective:\n  pool: [{host: a, ssl: true, ssl_ca: [ca.pem, 3]}]\n", "'a' has an ssl_ca list"),
             ("mcollective:\n  collectives: []\n", "'mcollective.collectives' must be a non-empty list"),
             ("mcollective:\n  grace: soon\n", "'mcollective.grace' must be a duration"),
             ("mcollective:\n  timeout: 0\n", "'mcollective.timeout' must be a duration"),

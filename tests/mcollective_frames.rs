@@ -319,8 +319,13 @@ fn captured_connector(broker: &str) -> Connector {
 #[test]
 fn client_frames_we_build_match_captured_c2s_frames() {
     let mut checked = 0;
-    let broker_login =
-        BrokerHost { host: "127.0.0.1".into(), port: 61613, user: "mcollective".into(), password: "marionette".into() };
+    let broker_login = BrokerHost {
+        host: "127.0.0.1".into(),
+        port: 61613,
+        user: "mcollective".into(),
+        password: "marionette".into(),
+        tls: None,
+    };
     for c in all_frames() {
         if c.dir != "c2s" {
             continue;

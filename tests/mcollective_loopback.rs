@@ -85,6 +85,7 @@ impl Broker {
             port: self.addr.port(),
             user: "mcollective".into(),
             password: "marionette".into(),
+            tls: None,
         }
     }
 
@@ -107,7 +108,7 @@ fn dead_host() -> BrokerHost {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     drop(l);
-    BrokerHost { host: "127.0.0.1".into(), port, user: String::new(), password: String::new() }
+    BrokerHost { host: "127.0.0.1".into(), port, user: String::new(), password: String::new(), tls: None }
 }
 
 fn fact_filter_matches(req: &Request, node: &Node) -> bool {

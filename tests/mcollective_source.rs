@@ -7,7 +7,8 @@
 //! Against the real stack (`script/mco-stack`: Debian's mcollectived daemons behind
 //! RabbitMQ or ActiveMQ on 127.0.0.1): the `stack_` tests, ignored by a plain
 //! `cargo test` and run by `script/test-mcollective`, which starts the stack and
-//! sets `PK_STACK_CLIENT_CFG` to its client.cfg. These tests stop and start
+//! sets `PK_STACK_CLIENT_CFG` to its client.cfg (`PK_STACK_TLS_CLIENT_CFG`: the same over
+//! TLS, with the CA the script made). These tests stop and start
 //! the broker and one daemon through `script/mco-stack down|up`, so they take turns.
 
 use puppet_kicker::facts::Node;
@@ -610,4 +611,58 @@ fn stack_killing_the_broker_leaves_the_last_snapshot_serving_until_it_is_back() 
     assert_eq!(kicker.status().last_error, None);
     assert_eq!(kicker.status().servers, 4);
     assert_ne!(std::fs::read(master.snapshot_path()).unwrap(), snapshot_before);
+}
+
+#[test]
+#[ignore = "needs the real mcollective stack: script/test-mcollective runs it"]
+fn stack_discovery_and_inventory_over_verified_tls() {
+    let Some((stack, _guard)) = stack() else { return };
+    let tls_cfg = std::env::var_os("PK_STACK_TLS_CLIENT_CFG")
+        .map(PathBuf::from)
+        .expect("PK_STACK_TLS_CLIENT_CFG is not set: run script/test-mcollective");
+    let load = |path: &Path| {
+        let overrides = Overrides { config_path: Some(path.to_path_buf()), ..Default::default() };
+        puppet_kicker::mcollective::Config::load(&overrides)
+    };
+    let config = load(&tls_cfg).unwrap();
+    assert!(config.pool[0].tls.is_some(), "{}: pool.1.ssl is not on", tls_cfg.display());
+
+    let client = Client::new(config);
+    assert_eq!(client.discover("mcollective", &rpcutil(), Duration::from_secs(1), None).unwrap(), ALL);
+
+    let master = Master::new(
+        &format!("tls-{}", stack.broker),
+        &format!(
+            "source: mcollective\nmcollective:\n  client_config: {}\n  discovery_timeout: 1\n  timeout: 5\n",
+            tls_cfg.display()
+        ),
+    );
+    let kicker = master.start();
+    let took = refresh(&kicker);
+    eprintln!("{}: cold refresh over TLS in {took:?}", stack.broker);
+    assert_eq!(kicker.status().servers, 4);
+    assert_eq!(role(&kicker, "node", "production"), ["node1.example.com", "node2.example.com"]);
+    assert_eq!(node(&kicker, "node1.example.com").facts.get("ipaddress"), Some(&json!("127.0.0.11")));
+
+    // The broker's certificate checked against another CA is refused, and the broker
+    // refuses a client without a certificate: each failure names the broker.
+    let text = std::fs::read_to_string(&tls_cfg).unwrap();
+    let tls_dir = tls_cfg.parent().unwrap().join("tls");
+    let variant = |name: &str, edit: &dyn Fn(&str) -> Option<String>| -> String {
+        let path = master.root.join(name);
+        std::fs::write(&path, text.lines().filter_map(edit).collect::<Vec<_>>().join("\n")).unwrap();
+        let client = Client::new(load(&path).unwrap());
+        client.discover("mcollective", &rpcutil(), Duration::from_secs(1), None).unwrap_err().to_string()
+    };
+    let other_ca = tls_dir.join("other-ca.pem").display().to_string();
+    let e = variant("other-ca.cfg", &|l| {
+        Some(if l.contains(".ssl.ca =") {
+            format!("{} = {other_ca}", l.split(" = ").next().unwrap())
+        } else {
+            l.into()
+        })
+    });
+    assert!(e.contains("127.0.0.1:") && e.contains("not signed by a CA of ssl.ca"), "{e}");
+    let e = variant("no-client-cert.cfg", &|l| (!l.contains(".ssl.cert") && !l.contains(".ssl.key")).then(|| l.into()));
+    assert!(e.contains("127.0.0.1:") && e.contains("TLS"), "{e}");
 }

@@ -18,6 +18,7 @@ use super::error::{Error, Result};
 use super::marshal::Value;
 use super::message::{self, Filter, Reply, Request, RpcStatus};
 use super::stomp::{negotiated_version, Frame, FrameReader, FrameWriter, Version};
+use super::tls::BrokerStream;
 
 /// Counters of what the client received, since it was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -393,6 +394,8 @@ impl Client {
         };
         let io_err = |what: &str, e| Error::io(format!("{what} {host}"), e);
         stream.set_nodelay(true).map_err(|e| io_err("configuring", e))?;
+        // The TLS handshake, when configured, is part of the connect timeout.
+        let stream = BrokerStream::connect(stream, broker.tls.as_ref(), &broker.host, &host, deadline)?;
         stream.set_write_timeout(Some(self.config.connect_timeout)).map_err(|e| io_err("configuring", e))?;
         let write_half = stream.try_clone().map_err(|e| io_err("configuring", e))?;
         let mut session = Session {
@@ -457,8 +460,8 @@ fn check_identity(node: &str) -> Result<()> {
 
 /// One STOMP connection.
 struct Session {
-    reader: FrameReader<TcpStream>,
-    writer: FrameWriter<TcpStream>,
+    reader: FrameReader<BrokerStream>,
+    writer: FrameWriter<BrokerStream>,
     version: Version,
     host: String,
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::error::{Error, Result};
 use super::marshal::DecodeLimits;
 use super::stomp::{Limits, Version};
+use super::tls::TlsSettings;
 
 /// Where mco looks for its client config, in order.
 pub const DEFAULT_PATHS: [&str; 2] = ["/etc/mcollective/client.cfg", "/etc/puppetlabs/mcollective/client.cfg"];
@@ -58,6 +59,8 @@ pub struct BrokerHost {
     pub port: u16,
     pub user: String,
     pub password: String,
+    /// TLS to this broker (`pool.N.ssl = 1`), always verified.
+    pub tls: Option<TlsSettings>,
 }
 
 impl BrokerHost {
@@ -78,6 +81,7 @@ impl std::fmt::Debug for BrokerHost {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("user", &self.user)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -221,10 +225,6 @@ impl Raw {
     }
 }
 
-fn truthy(v: &str) -> bool {
-    matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "y")
-}
-
 fn list(v: &str) -> Vec<String> {
     v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
@@ -286,7 +286,7 @@ impl Config {
         let prefix = format!("plugin.{}", connector.name());
 
         let pool = match &overrides.pool {
-            Some(p) => p.clone(),
+            Some(p) => check_override_tls(p)?,
             None => read_pool(&raw, &prefix)?,
         };
         if pool.is_empty() {
@@ -397,17 +397,79 @@ fn read_pool(raw: &Raw, prefix: &str) -> Result<Vec<BrokerHost>> {
             .ok_or_else(|| raw.err(&key("host"), format!("missing, but pool.size is {size}")))?
             .to_string();
         let port = raw.number::<u16>(&key("port"))?.unwrap_or(61613);
-        if raw.get(&key("ssl")).is_some_and(truthy) {
-            return Err(raw.err(&key("ssl"), "TLS to the broker is not supported"));
-        }
+        let tls = read_tls(raw, &key, &host)?;
         pool.push(BrokerHost {
             host,
             port,
             user: raw.get(&key("user")).unwrap_or_default().to_string(),
             password: raw.get(&key("password")).unwrap_or_default().to_string(),
+            tls,
         });
     }
     Ok(pool)
+}
+
+/// `pool.N.ssl` and, when it is on, `pool.N.ssl.{ca,cert,key,fallback}`, as
+/// mcollective 2.12's connectors read them. The files are read here so that a
+/// wrong path is reported with its line, not at the first refresh.
+fn read_tls(raw: &Raw, key: &dyn Fn(&str) -> String, host: &str) -> Result<Option<TlsSettings>> {
+    let on = match raw.get(&key("ssl")) {
+        None => false,
+        Some(v) => {
+            boolean(v).ok_or_else(|| raw.err(&key("ssl"), format!("{v:?} is not a boolean (1/0, true/false)")))?
+        }
+    };
+    if !on {
+        return Ok(None);
+    }
+    if let Some(v) = raw.get(&key("ssl.fallback")) {
+        // mco falls back to an unverified connection when the files are missing or
+        // wrong; a man in the middle could then read the PSK-signed requests.
+        if boolean(v) != Some(false) {
+            return Err(raw.err(
+                &key("ssl.fallback"),
+                format!("{v:?}: falling back to unverified TLS is not supported (the broker's certificate is always verified); remove the key or set it to 0"),
+            ));
+        }
+    }
+    let path = |field: &str| raw.get(&key(field)).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let settings = TlsSettings {
+        ca: raw.get(&key("ssl.ca")).map(list).unwrap_or_default().into_iter().map(PathBuf::from).collect(),
+        cert: path("ssl.cert"),
+        key: path("ssl.key"),
+    };
+    settings.client_config().map_err(|e| {
+        let field = e.setting.cfg_key();
+        let what = if raw.get(&key(field)).is_some() { e.reason } else { format!("{} (ssl is on)", e.reason) };
+        raw.err(&key(field), what)
+    })?;
+    super::tls::server_name(host).map_err(|e| raw.err(&key("host"), format!("{e}, and ssl is on")))?;
+    Ok(Some(settings))
+}
+
+/// The caller's pool, its TLS files read now like client.cfg's.
+fn check_override_tls(pool: &[BrokerHost]) -> Result<Vec<BrokerHost>> {
+    for (i, broker) in pool.iter().enumerate() {
+        let Some(tls) = &broker.tls else { continue };
+        let fail = |key: &str, reason: String| Error::Config {
+            file: None,
+            line: None,
+            key: Some(format!("pool entry {} ({}) {key}", i + 1, broker.address())),
+            reason,
+        };
+        tls.client_config().map_err(|e| fail(&e.setting.cfg_key().replace('.', "_"), e.reason))?;
+        super::tls::server_name(&broker.host).map_err(|e| fail("host", e))?;
+    }
+    Ok(pool.to_vec())
+}
+
+/// mcollective's `Util.str_to_bool`.
+fn boolean(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "y" => Some(true),
+        "0" | "false" | "no" | "n" => Some(false),
+        _ => None,
+    }
 }
 
 /// Like Ruby's `Socket.gethostname`, mco's default identity.
@@ -480,7 +542,13 @@ this line has no equals sign
             psk: Some("other".into()),
             identity: Some("master".into()),
             connector: Some(ConnectorKind::ActiveMq),
-            pool: Some(vec![BrokerHost { host: "h".into(), port: 1, user: String::new(), password: String::new() }]),
+            pool: Some(vec![BrokerHost {
+                host: "h".into(),
+                port: 1,
+                user: String::new(),
+                password: String::new(),
+                tls: None,
+            }]),
             ttl: Some(30),
             callerid: Some("cert=master".into()),
             ..Overrides::default()

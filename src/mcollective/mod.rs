@@ -4,7 +4,8 @@
 //!
 //! Layers, bottom up: [`stomp`] frames, [`marshal`] values, [`psk`]
 //! signatures, [`message`] bodies, [`config`] file, [`connector`]
-//! destinations/headers, [`client`] I/O. Wire facts: `mcollective-wire.md`.
+//! destinations/headers, [`tls`] broker connections, [`client`] I/O. Wire facts:
+//! `mcollective-wire.md`.
 
 pub mod client;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod marshal;
 pub mod message;
 pub mod psk;
 pub mod stomp;
+pub mod tls;
 
 pub use client::{Client, ClientStats, RpcOutcome, RpcReply};
 pub use config::{BrokerHost, Config, ConnectorKind, Overrides};

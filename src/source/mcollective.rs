@@ -464,6 +464,7 @@ mod tests {
                 port: 1,
                 user: String::new(),
                 password: String::new(),
+                tls: None,
             }]),
             psk: Some("k".into()),
             identity: Some("master".into()),
