@@ -184,3 +184,84 @@ fn a_second_process_does_not_resend_a_kick_the_first_is_sending() {
     first.flush(Duration::from_secs(5));
     assert_eq!(*slow.0 .0.lock().unwrap(), ["lb1"], "sent exactly once");
 }
+
+/// A fleet of `roles` roles, one server each (`r0`..), and a report from `host`
+/// kicking every role (`/./`), as any node may send by changing its own role fact.
+fn complete_graph_report(service: &KickService, host: &str, roles: usize) -> Vec<String> {
+    let fleet: Vec<(String, String)> = (0..roles).map(|i| (format!("r{i}"), format!("role{i:02}"))).collect();
+    let report = ReportKicks {
+        host: host.into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        kicks: vec![KickSpec {
+            resource: "Notify[kick -> /./]".into(),
+            selector: Selector::Roles(vec!["/./".into()]),
+            environment: None,
+        }],
+    };
+    let resolve = |_: &Selector, _: &str| {
+        fleet.iter().map(|(n, r)| Target { certname: n.clone(), role: Some(r.clone()) }).collect::<Vec<_>>()
+    };
+    let role_of = |host: &str| fleet.iter().find(|(n, _)| n == host).map(|(_, r)| r.clone());
+    service.report(&report, resolve, role_of).into_iter().map(|l| l.message).collect()
+}
+
+#[test]
+fn a_complete_role_graph_is_reported_in_bounded_time_and_size() {
+    const ROLES: usize = 14;
+    let dir = cache_dir("complete-graph");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let mut all_lines = Vec::new();
+    for i in 0..ROLES {
+        let started = std::time::Instant::now();
+        let lines = complete_graph_report(&service, &format!("r{i}"), ROLES);
+        let took = started.elapsed();
+        // Correctness first: the kicks are queued or coalesced, each other server once.
+        assert!(lines.iter().any(|l| l.contains("kick queued for") || l.contains("joins the one already queued")));
+        assert!(lines.len() <= puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT + 1, "{} lines", lines.len());
+        assert!(took < Duration::from_secs(5), "report {i} took {took:?}");
+        all_lines.extend(lines);
+    }
+    assert!(all_lines.iter().any(|l| l.starts_with("kick cycle between roles: role00 -> role01 -> role00")));
+    let status_bytes = std::fs::read(dir.join(STATUS_FILE)).unwrap();
+    assert!(status_bytes.len() < 1 << 20, "status file is {} bytes", status_bytes.len());
+    let status: serde_json::Value = serde_json::from_slice(&status_bytes).unwrap();
+    let cycles = status["role_cycles"].as_array().unwrap();
+    assert_eq!(cycles.len(), puppet_kicker::kick::MAX_ROLE_CYCLES_LISTED);
+    assert!(status["role_cycles_left_out"].as_u64().unwrap() > 0);
+    assert!(cycles.iter().all(|c| c.as_array().unwrap().len() <= KickConfig::default().max_hops + 2));
+    assert_eq!(status["role_edges"].as_array().unwrap().len(), ROLES * ROLES - ROLES);
+}
+
+#[test]
+fn a_report_logs_at_most_the_cap_and_counts_the_rest() {
+    let dir = cache_dir("log-cap");
+    let service = process(&dir, &Recorder::default());
+    let cap = puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT;
+    let report_kicking = |servers: usize| {
+        let report = ReportKicks {
+            host: "node1".into(),
+            environment: "production".into(),
+            run_started: puppet_kicker::kick::now_ms(),
+            noop: false,
+            kicks: vec![KickSpec {
+                resource: "Kick[web]".into(),
+                selector: Selector::Roles(vec!["web".into()]),
+                environment: None,
+            }],
+        };
+        let resolve = |_: &Selector, _: &str| {
+            (0..servers).map(|i| Target { certname: format!("web{i}"), role: Some("web".into()) }).collect()
+        };
+        service.report(&report, resolve, |_: &str| Some("node".to_string()))
+    };
+    // One line per target: exactly the cap is logged whole.
+    let lines = report_kicking(cap);
+    assert_eq!(lines.len(), cap, "{:?}", lines.last());
+    assert!(!lines.iter().any(|l| l.message.contains("left out")));
+    let lines = report_kicking(cap + 7);
+    assert_eq!(lines.len(), cap + 1);
+    assert!(lines[cap].message.starts_with("7 more kick log lines about this report left out"), "{:?}", lines[cap]);
+}

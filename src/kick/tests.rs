@@ -290,3 +290,144 @@ fn a_kick_matching_nobody_is_logged() {
     sim.report("node1", &["nosuchrole"]);
     assert!(sim.logged("Notify[kick -> nosuchrole] from node1 matches no server in environment production"));
 }
+
+fn kick_of(resource: &str, selector: Selector, environment: Option<&str>) -> KickSpec {
+    KickSpec { resource: resource.into(), selector, environment: environment.map(str::to_string) }
+}
+
+fn report_of(host: &str, now: Millis, kicks: Vec<KickSpec>) -> ReportKicks {
+    ReportKicks { host: host.into(), environment: "production".into(), run_started: now, noop: false, kicks }
+}
+
+#[test]
+fn a_report_over_its_budget_is_cut_where_it_exceeds_and_says_so() {
+    let budget = ReportBudget { kicks: 2, clauses: 3, targets: 2 };
+    let config = KickConfig { budget, ..KickConfig::default() };
+    let roles = |n: usize| Selector::Roles(vec!["haproxy".to_string(); n]);
+    let resolved_calls = std::cell::Cell::new(0);
+    let mut resolve = |_: &Selector, _: &str| {
+        resolved_calls.set(resolved_calls.get() + 1);
+        vec![Target { certname: "lb1".into(), role: Some("haproxy".into()) }]
+    };
+    // kicks: the third is over; clauses: 2 + 2 > 3.
+    let report = report_of(
+        "node1",
+        0,
+        vec![kick_of("K[a]", roles(2), None), kick_of("K[b]", roles(2), None), kick_of("K[c]", roles(1), None)],
+    );
+    let resolved = Planner::resolve(&config, &report, &mut resolve, |_| Some("node".into()));
+    let refused = |what: &str| ResolvedKick::Refused(Suppression::OverBudget { what: what.into() });
+    assert_eq!(resolved.kicks[1].1, refused("more than 3 roles and clauses (kick.budget.clauses)"));
+    assert_eq!(resolved.kicks[2].1, refused("more than 2 kicks (kick.budget.kicks)"));
+    assert_eq!(resolved_calls.get(), 1, "kicks over the budget are not resolved");
+    // targets: at the limit passes, one over is refused.
+    let report = report_of("node1", 0, vec![kick_of("K[a]", roles(1), None), kick_of("K[b]", roles(1), None)]);
+    let resolved = Planner::resolve(&config, &report, &mut resolve, |_| None);
+    assert!(resolved.kicks.iter().all(|(_, k)| matches!(k, ResolvedKick::Targets(_))));
+    let config = KickConfig { budget: ReportBudget { targets: 1, ..budget }, ..config };
+    let mut planner = Planner::new(config.clone(), PlannerState::default());
+    let resolved = Planner::resolve(&config, &report, &mut resolve, |_| None);
+    let events = planner.on_resolved(&report, resolved, 0);
+    let lines: Vec<String> = events.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "kick queued for lb1 (chain node1 -> lb1)",
+            "kick of all targets by node1 (K[b]) suppressed: the report exceeds its budget: more than 1 targets (kick.budget.targets)"
+        ]
+    );
+}
+
+#[test]
+fn a_kick_of_another_environment_needs_kick_environments_to_allow_it() {
+    let environments = Policy::from_rules(BTreeMap::from([("production".to_string(), vec!["staging".to_string()])]));
+    let mut sim = Sim::new(KickConfig { environments, ..KickConfig::default() });
+    let any = |_: &Selector, env: &str| vec![Target { certname: format!("lb-{env}"), role: None }];
+    let report = report_of(
+        "node1",
+        0,
+        vec![
+            kick_of("K[same]", Selector::Roles(vec!["x".into()]), Some("production")),
+            kick_of("K[staging]", Selector::Roles(vec!["x".into()]), Some("staging")),
+            kick_of("K[dev]", Selector::Roles(vec!["x".into()]), Some("dev")),
+        ],
+    );
+    let events = sim.planner.on_report(&report, sim.now, any, |_| None);
+    let lines: Vec<String> = events.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "kick queued for lb-production (chain node1 -> lb-production)",
+            "kick queued for lb-staging (chain node1 -> lb-staging)",
+            "kick of all targets by node1 (K[dev]) suppressed: kick.environments does not let a server in environment production kick environment dev"
+        ]
+    );
+}
+
+#[test]
+fn only_kicks_the_policy_allows_shape_the_role_graph() {
+    let rules = BTreeMap::from([("node".to_string(), vec!["haproxy".to_string()])]);
+    let mut sim = Sim::new(KickConfig { policy: Policy::from_rules(rules), ..KickConfig::default() });
+    sim.report("node1", &["haproxy", "db"]);
+    sim.report("db1", &["node"]);
+    let edges: Vec<(&str, &str)> = sim.planner.state().graph.edges().collect();
+    assert_eq!(edges, [("node", "haproxy")]);
+}
+
+#[test]
+fn role_edges_age_out_after_the_ttl() {
+    let mut sim = Sim::new(KickConfig { role_graph_ttl_ms: 3600 * SECOND, ..KickConfig::default() });
+    sim.report("node1", &["haproxy"]);
+    sim.advance(3600 * SECOND);
+    sim.report("db1", &["haproxy"]);
+    assert_eq!(sim.planner.state().graph.edge_count(), 2, "at the ttl: kept");
+    sim.advance(SECOND);
+    sim.report("db1", &["haproxy"]);
+    assert_eq!(sim.planner.state().graph.edges().collect::<Vec<_>>(), [("db", "haproxy")]);
+}
+
+#[test]
+fn a_kicked_run_is_matched_by_the_agents_clock_whatever_the_skew() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    // lb1's clock is 5 minutes behind: its reply and its report say so alike.
+    let agent_now = sim.now - 300 * SECOND;
+    let (dispatches, _) = sim.planner.due(sim.now);
+    assert_eq!(dispatches.len(), 1);
+    sim.planner.on_outcome("lb1", Outcome::StartedAt(agent_now), sim.now);
+    sim.report_started_at("lb1", agent_now - 2 * SECOND, false, &[]);
+    assert!(!sim.logged("kicked run of lb1 reported"), "a run started before the kick is not the kicked one");
+    sim.report_started_at("lb1", agent_now - SECOND + 1, false, &[]);
+    assert!(sim.logged("kicked run of lb1 reported"), "whole seconds: one second of slack");
+}
+
+#[test]
+fn without_the_agents_clock_the_configured_skew_is_tolerated() {
+    let mut sim = Sim::new(KickConfig { clock_skew_ms: 30 * SECOND, ..KickConfig::default() });
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    let kicked = sim.now;
+    sim.report_started_at("lb1", kicked - 30 * SECOND - 1, false, &[]);
+    assert!(!sim.logged("kicked run of lb1 reported"), "one over the skew");
+    sim.report_started_at("lb1", kicked - 30 * SECOND, false, &[]);
+    assert!(sim.logged("kicked run of lb1 reported"), "at the skew");
+}
+
+#[test]
+fn a_claim_renews_the_in_flight_time_and_fails_once_another_took_over() {
+    let config = KickConfig { in_flight_timeout_ms: 60 * SECOND, ..KickConfig::default() };
+    let mut sim = Sim::new(config);
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    let (dispatches, _) = sim.planner.due(sim.now);
+    sim.advance(50 * SECOND);
+    assert!(sim.planner.claim(&dispatches[0], sim.now));
+    sim.advance(50 * SECOND);
+    assert!(sim.planner.due(sim.now).0.is_empty(), "the timeout counts from the claim");
+    sim.advance(10 * SECOND);
+    let (again, _) = sim.planner.due(sim.now);
+    assert_eq!(again.len(), 1, "then it is stale and sent again");
+    assert!(!sim.planner.claim(&dispatches[0], sim.now), "the first dispatch is no longer the kick's");
+}
