@@ -502,6 +502,8 @@ impl Planner {
             .filter_map(|t| match (&t.running, &t.pending) {
                 (Some(running), _) => Some(running.started + self.config.run_timeout_ms),
                 (None, Some(p)) if !p.in_flight => Some(p.due),
+                // Its sender may have died: look again when it turns stale.
+                (None, Some(p)) => Some(p.dispatched_at.saturating_add(self.config.in_flight_timeout_ms)),
                 _ => None,
             })
             .min()

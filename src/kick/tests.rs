@@ -431,3 +431,14 @@ fn a_claim_renews_the_in_flight_time_and_fails_once_another_took_over() {
     assert_eq!(again.len(), 1, "then it is stale and sent again");
     assert!(!sim.planner.claim(&dispatches[0], sim.now), "the first dispatch is no longer the kick's");
 }
+
+#[test]
+fn a_kick_left_in_flight_wakes_the_dispatcher_when_it_turns_stale() {
+    let config = KickConfig { in_flight_timeout_ms: 60 * SECOND, ..KickConfig::default() };
+    let mut sim = Sim::new(config.clone());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.planner.due(sim.now).0.len(), 1, "in flight when its process dies");
+    let restarted = Planner::new(config, sim.planner.state().clone());
+    assert_eq!(restarted.next_wakeup(), Some(sim.now + 60 * SECOND));
+}
