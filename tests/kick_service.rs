@@ -265,3 +265,91 @@ fn a_report_logs_at_most_the_cap_and_counts_the_rest() {
     assert_eq!(lines.len(), cap + 1);
     assert!(lines[cap].message.starts_with("7 more kick log lines about this report left out"), "{:?}", lines[cap]);
 }
+
+fn quiet_report(service: &KickService, host: &str) -> Vec<String> {
+    let report = ReportKicks {
+        host: host.into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        kicks: vec![KickSpec {
+            resource: "Kick[nobody]".into(),
+            selector: Selector::Roles(vec!["nobody".into()]),
+            environment: None,
+        }],
+    };
+    service.report(&report, |_: &Selector, _: &str| Vec::new(), |_: &str| None).into_iter().map(|l| l.message).collect()
+}
+
+fn pending_targets(service: &KickService) -> Vec<String> {
+    let status = service.status();
+    status["pending"].as_array().unwrap().iter().map(|p| p["target"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn another_process_write_is_seen_even_with_the_same_length_and_mtime() {
+    // A coarse-mtime file system: another process's write keeps length and mtime.
+    let dir = cache_dir("generation");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let first = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    report(&first, "node1", "haproxy");
+    let path = dir.join(puppet_kicker::kick::STATE_FILE);
+    let bytes = std::fs::read(&path).unwrap();
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let mut theirs: puppet_kicker::kick::PlannerState = rmp_serde::from_slice(&bytes).unwrap();
+    let lb1 = theirs.targets.remove("lb1").unwrap();
+    theirs.targets.insert("lb2".into(), lb1);
+    theirs.generation += 1;
+    let written = rmp_serde::to_vec_named(&theirs).unwrap();
+    assert_eq!(written.len(), bytes.len());
+    std::fs::write(&path, &written).unwrap();
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+
+    quiet_report(&first, "db1");
+    assert_eq!(pending_targets(&first), ["lb2"], "the other process's state was read");
+}
+
+#[test]
+fn a_failed_save_keeps_the_change_merges_the_others_and_retries() {
+    let dir = cache_dir("full-disk");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let start =
+        || KickService::start(config.clone(), &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let first = start();
+    // Saving fails (a directory where the file goes, as a full disk would fail it).
+    let path = dir.join(puppet_kicker::kick::STATE_FILE);
+    std::fs::create_dir_all(&path).unwrap();
+    let lines = report(&first, "node1", "haproxy");
+    assert!(lines.iter().any(|l| l.starts_with("cannot save kick state") && l.contains("kept in memory")), "{lines:?}");
+    std::fs::remove_dir(&path).unwrap();
+
+    // Meanwhile another process saves its own kicks.
+    let second = start();
+    report(&second, "lb1", "node");
+    assert_eq!(pending_targets(&second), ["node1", "node2"]);
+
+    // The first one's next step merges, and saves both.
+    let lines = quiet_report(&first, "db1");
+    assert!(lines.iter().any(|l| l.contains("again, after 1 failed attempt(s)")), "{lines:?}");
+    assert_eq!(pending_targets(&first), ["lb1", "node1", "node2"]);
+    let third = start();
+    assert_eq!(pending_targets(&third), ["lb1", "node1", "node2"], "on disk");
+}
+
+#[test]
+fn a_failed_save_is_retried_by_the_dispatcher_without_a_new_report() {
+    let dir = cache_dir("retry-save");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let path = dir.join(puppet_kicker::kick::STATE_FILE);
+    std::fs::create_dir_all(&path).unwrap();
+    report(&service, "node1", "haproxy");
+    std::fs::remove_dir(&path).unwrap();
+    let waited = std::time::Instant::now();
+    while !path.is_file() {
+        assert!(waited.elapsed() < Duration::from_secs(20), "never saved again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let saved: puppet_kicker::kick::PlannerState = rmp_serde::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(saved.targets.contains_key("lb1"));
+}
