@@ -353,3 +353,54 @@ fn a_failed_save_is_retried_by_the_dispatcher_without_a_new_report() {
     let saved: puppet_kicker::kick::PlannerState = rmp_serde::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert!(saved.targets.contains_key("lb1"));
 }
+
+#[test]
+fn a_hostile_report_over_a_large_fleet_is_cut_to_its_budget_quickly() {
+    // 2,000 servers; a report with 256 kicks of 64 regex roles each (3.1 s under the
+    // kick lock before the budget).
+    let root = cache_dir("hostile-fleet");
+    let facts = root.join("var/server_data/facts");
+    std::fs::create_dir_all(&facts).unwrap();
+    for i in 0..2000 {
+        let name = format!("n{i}.example.com");
+        let doc = serde_json::json!({"name": name, "values": {"role": format!("role{}", i % 40), "environment": "production"}});
+        std::fs::write(facts.join(format!("{name}.json")), doc.to_string()).unwrap();
+    }
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/puppet_kicker.yaml"), "kick:\n  dry_run: true\n").unwrap();
+    let settings =
+        puppet_kicker::PuppetSettings { confdir: root.join("etc"), vardir: root.join("var"), ..Default::default() };
+    let kicker = puppet_kicker::Kicker::start(settings).unwrap();
+    let roles: Vec<String> = (0..64).map(|i| format!("/^(role{}|r.*o.*l.*e.*x)$/", i % 16)).collect();
+    let kicks: Vec<serde_json::Value> =
+        (0..256).map(|k| serde_json::json!({"resource": format!("Kick[k{k}]"), "roles": roles})).collect();
+    let report = serde_json::json!({"host": "n1.example.com", "environment": "production",
+                                    "time": puppet_kicker::kick::now_ms(), "kicks": kicks});
+    let report = puppet_kicker::kick::parse_report(report.to_string().as_bytes()).unwrap();
+    kicker.kick_report(&ReportKicks { kicks: Vec::new(), ..report.clone() }).unwrap(); // warm the index
+
+    let started = std::time::Instant::now();
+    let lines: Vec<String> = kicker.kick_report(&report).unwrap().into_iter().map(|l| l.message).collect();
+    let took = started.elapsed();
+    // Each kick selects roles 0..15: 800 servers. The first is resolved; the second
+    // would make 1,600 targets; the third would make 192 roles and clauses.
+    let status = kicker.kick_status().unwrap();
+    assert_eq!(status["dry_run"], true);
+    let cap = puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT;
+    assert_eq!(lines.len(), cap + 1);
+    let expected = |l: &String| {
+        l.starts_with("dry run: would kick n")
+            || l.starts_with(
+                "kick of n1.example.com by n1.example.com (Kick[k0]) suppressed: a server does not kick itself",
+            )
+            || l.starts_with("kick cycle between roles: role1 -> role1")
+    };
+    assert!(lines[..cap].iter().all(expected), "{lines:?}");
+    // 799 would-kick lines, the self-kick, the role1 -> role1 cycle, k1 (targets),
+    // k2..k31 (clauses), k32..k255 (kicks).
+    let events = 799 + 1 + 1 + 1 + 30 + 224;
+    let left_out = format!("{} more kick log lines about this report left out", events - cap);
+    assert!(lines[cap].starts_with(&left_out), "{}", lines[cap]);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    eprintln!("hostile report over 2,000 servers: {took:?}");
+}
