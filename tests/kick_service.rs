@@ -238,7 +238,9 @@ fn a_complete_role_graph_is_reported_in_bounded_time_and_size() {
 #[test]
 fn a_report_logs_at_most_the_cap_and_counts_the_rest() {
     let dir = cache_dir("log-cap");
-    let service = process(&dir, &Recorder::default());
+    // Not due during the test: only the report's own lines are logged.
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
     let cap = puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT;
     let report_kicking = |servers: usize| {
         let report = ReportKicks {
@@ -326,11 +328,12 @@ fn a_failed_save_keeps_the_change_merges_the_others_and_retries() {
     // Meanwhile another process saves its own kicks.
     let second = start();
     report(&second, "lb1", "node");
-    assert_eq!(pending_targets(&second), ["node1", "node2"]);
+    // (The first one's dispatcher may have saved already: then lb1 is here too.)
+    assert!(pending_targets(&second).ends_with(&["node1".to_string(), "node2".into()]));
 
     // The first one's next step merges, and saves both.
     let lines = quiet_report(&first, "db1");
-    assert!(lines.iter().any(|l| l.contains("again, after 1 failed attempt(s)")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("again, after") && l.contains("failed attempt(s)")), "{lines:?}");
     assert_eq!(pending_targets(&first), ["lb1", "node1", "node2"]);
     let third = start();
     assert_eq!(pending_targets(&third), ["lb1", "node1", "node2"], "on disk");
