@@ -407,3 +407,24 @@ fn a_hostile_report_over_a_large_fleet_is_cut_to_its_budget_quickly() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
     eprintln!("hostile report over 2,000 servers: {took:?}");
 }
+
+#[test]
+fn index_warnings_beyond_the_pending_limit_are_counted_in_one_line() {
+    // 300 unreadable fact files: one warning each, more than the 256 kept.
+    let root = cache_dir("warnings");
+    let facts = root.join("var/server_data/facts");
+    std::fs::create_dir_all(&facts).unwrap();
+    std::fs::write(facts.join("good.example.com.json"), r#"{"name":"good.example.com","values":{"role":"x"}}"#)
+        .unwrap();
+    for i in 0..300 {
+        std::fs::write(facts.join(format!("bad{i}.example.com.json")), "{not json").unwrap();
+    }
+    let settings =
+        puppet_kicker::PuppetSettings { confdir: root.join("etc"), vardir: root.join("var"), ..Default::default() };
+    let kicker = puppet_kicker::Kicker::start(settings).unwrap();
+    assert!(kicker.refresh_and_wait(Duration::from_secs(30)));
+    let warnings = kicker.take_warnings();
+    assert_eq!(warnings.len(), 256 + 1, "{:?}", warnings.last());
+    assert!(warnings[256].starts_with("44 more puppet-kicker warnings left out"), "{}", warnings[256]);
+    assert!(kicker.take_warnings().is_empty(), "counted once");
+}
