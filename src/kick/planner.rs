@@ -312,8 +312,31 @@ impl Planner {
             return events;
         }
         let source_role = resolved.source_role;
+        // Kicks cut by the same limit in a row make one line: `K[a] and 223 more kicks`.
+        let mut cut: Option<(usize, String, usize)> = None;
         for (kick, (environment, outcome)) in report.kicks.iter().zip(resolved.kicks) {
             let targets = match outcome {
+                ResolvedKick::Refused(reason @ Suppression::OverBudget { .. }) => {
+                    let last = events.len().checked_sub(1);
+                    match (&mut cut, events.last_mut()) {
+                        (Some((at, first, more)), Some(Event::Suppressed { reason: same, resource, .. }))
+                            if Some(*at) == last && *same == reason =>
+                        {
+                            *more += 1;
+                            *resource = format!("{first} and {more} more kicks");
+                        }
+                        _ => {
+                            events.push(Event::Suppressed {
+                                source: report.host.clone(),
+                                target: None,
+                                resource: kick.resource.clone(),
+                                reason,
+                            });
+                            cut = Some((events.len() - 1, kick.resource.clone(), 0));
+                        }
+                    }
+                    continue;
+                }
                 ResolvedKick::Targets(targets) => targets,
                 ResolvedKick::Refused(reason) => {
                     events.push(Event::Suppressed {

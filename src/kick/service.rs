@@ -147,7 +147,7 @@ impl KickService {
         {
             let _ = self.wake.send(());
         }
-        let mut lines: Vec<LogLine> = events.iter().take(MAX_LOG_LINES_PER_REPORT).map(log_line).collect();
+        let mut lines = most_severe_first(events.iter().map(log_line).collect(), MAX_LOG_LINES_PER_REPORT);
         if events.len() > MAX_LOG_LINES_PER_REPORT {
             let left_out = events.len() - MAX_LOG_LINES_PER_REPORT;
             lines.push(LogLine {
@@ -421,6 +421,25 @@ fn read_state(path: &Path) -> Result<PlannerState, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PlannerState::default()),
         Err(e) => Err(format!("cannot read kick state {}: {e}", path.display())),
     }
+}
+
+/// At most `cap` of `lines`, the most severe ones (a budget cut, a suppression) before
+/// the routine ones (queued, would kick), each kept in its place.
+fn most_severe_first(lines: Vec<LogLine>, cap: usize) -> Vec<LogLine> {
+    if lines.len() <= cap {
+        return lines;
+    }
+    let rank = |level: Level| match level {
+        Level::Err => 0,
+        Level::Warning => 1,
+        Level::Notice => 2,
+        Level::Info => 3,
+    };
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|i| rank(lines[*i].level));
+    let mut keep = vec![false; lines.len()];
+    order.into_iter().take(cap).for_each(|i| keep[i] = true);
+    lines.into_iter().zip(keep).filter(|(_, keep)| *keep).map(|(line, _)| line).collect()
 }
 
 fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, String> {
