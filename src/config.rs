@@ -327,6 +327,7 @@ impl Config {
         for (key, value) in entries {
             config.set(&key, value, path.parent().unwrap_or(&settings.confdir)).map_err(fail)?;
         }
+        config.kick.validate().map_err(fail)?;
         Ok(config)
     }
 

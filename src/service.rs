@@ -29,7 +29,7 @@ use std::time::Duration;
 const CLAUSE_CACHE_SIZE: usize = 1024;
 /// An empty index is not refreshed again on every compile: at most this often.
 const EMPTY_RETRY_SECONDS: i64 = 5;
-/// Warnings kept for the bindings to log; older ones are dropped, counted.
+/// Warnings kept for the bindings to log; newer ones are dropped, counted.
 const MAX_PENDING_WARNINGS: usize = 256;
 
 pub struct Kicker {
@@ -49,7 +49,7 @@ struct Shared {
     /// Unix seconds when the last refresh finished, well or not.
     last_finished: AtomicI64,
     last_error: Mutex<Option<String>>,
-    warnings: Mutex<Vec<String>>,
+    warnings: Mutex<Warnings>,
     seen_environments: Mutex<BTreeMap<String, String>>,
     /// Refreshes failed in a row, and the Unix second before which a compile does not
     /// start another (0: no backoff).
@@ -57,6 +57,13 @@ struct Shared {
     retry_at: AtomicI64,
     /// `source: mcollective`: the client, from the operator's client.cfg.
     mcollective: Option<McollectiveSource>,
+}
+
+/// Warnings waiting for the bindings, and how many did not fit.
+#[derive(Default)]
+struct Warnings {
+    pending: Vec<String>,
+    left_out: u64,
 }
 
 /// Wakes the refresh thread; what to do is in `RefreshState`.
@@ -149,7 +156,7 @@ impl Kicker {
             refresh_state: Mutex::new(RefreshState::default()),
             last_finished: AtomicI64::new(0),
             last_error: Mutex::new(None),
-            warnings: Mutex::new(Vec::new()),
+            warnings: Mutex::new(Warnings::default()),
             seen_environments: Mutex::new(BTreeMap::new()),
             failures: AtomicU32::new(0),
             retry_at: AtomicI64::new(0),
@@ -223,7 +230,16 @@ impl Kicker {
 
     /// Warnings from refreshes and snapshot reads since the last call, for logging.
     pub fn take_warnings(&self) -> Vec<String> {
-        std::mem::take(&mut *lock(&self.shared.warnings))
+        let mut warnings = lock(&self.shared.warnings);
+        let mut pending = std::mem::take(&mut warnings.pending);
+        if warnings.left_out > 0 {
+            pending.push(format!(
+                "{} more puppet-kicker warnings left out (at most {MAX_PENDING_WARNINGS} wait to be logged)",
+                warnings.left_out
+            ));
+            warnings.left_out = 0;
+        }
+        pending
     }
 
     pub fn status(&self) -> Status {
@@ -425,8 +441,10 @@ impl Selection {
 impl Shared {
     fn warn(&self, warning: String) {
         let mut warnings = lock(&self.warnings);
-        if warnings.len() < MAX_PENDING_WARNINGS {
-            warnings.push(warning);
+        if warnings.pending.len() < MAX_PENDING_WARNINGS {
+            warnings.pending.push(warning);
+        } else {
+            warnings.left_out = warnings.left_out.saturating_add(1);
         }
     }
 

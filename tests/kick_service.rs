@@ -184,3 +184,248 @@ fn a_second_process_does_not_resend_a_kick_the_first_is_sending() {
     first.flush(Duration::from_secs(5));
     assert_eq!(*slow.0 .0.lock().unwrap(), ["lb1"], "sent exactly once");
 }
+
+/// A fleet of `roles` roles, one server each (`r0`..), and a report from `host`
+/// kicking every role (`/./`), as any node may send by changing its own role fact.
+fn complete_graph_report(service: &KickService, host: &str, roles: usize) -> Vec<String> {
+    let fleet: Vec<(String, String)> = (0..roles).map(|i| (format!("r{i}"), format!("role{i:02}"))).collect();
+    let report = ReportKicks {
+        host: host.into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        kicks: vec![KickSpec {
+            resource: "Notify[kick -> /./]".into(),
+            selector: Selector::Roles(vec!["/./".into()]),
+            environment: None,
+        }],
+    };
+    let resolve = |_: &Selector, _: &str| {
+        fleet.iter().map(|(n, r)| Target { certname: n.clone(), role: Some(r.clone()) }).collect::<Vec<_>>()
+    };
+    let role_of = |host: &str| fleet.iter().find(|(n, _)| n == host).map(|(_, r)| r.clone());
+    service.report(&report, resolve, role_of).into_iter().map(|l| l.message).collect()
+}
+
+#[test]
+fn a_complete_role_graph_is_reported_in_bounded_time_and_size() {
+    const ROLES: usize = 14;
+    let dir = cache_dir("complete-graph");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let mut all_lines = Vec::new();
+    for i in 0..ROLES {
+        let started = std::time::Instant::now();
+        let lines = complete_graph_report(&service, &format!("r{i}"), ROLES);
+        let took = started.elapsed();
+        // Correctness first: the kicks are queued or coalesced, each other server once.
+        assert!(lines.iter().any(|l| l.contains("kick queued for") || l.contains("joins the one already queued")));
+        assert!(lines.len() <= puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT + 1, "{} lines", lines.len());
+        assert!(took < Duration::from_secs(5), "report {i} took {took:?}");
+        all_lines.extend(lines);
+    }
+    assert!(all_lines.iter().any(|l| l.starts_with("kick cycle between roles: role00 -> role01 -> role00")));
+    let status_bytes = std::fs::read(dir.join(STATUS_FILE)).unwrap();
+    assert!(status_bytes.len() < 1 << 20, "status file is {} bytes", status_bytes.len());
+    let status: serde_json::Value = serde_json::from_slice(&status_bytes).unwrap();
+    let cycles = status["role_cycles"].as_array().unwrap();
+    assert_eq!(cycles.len(), puppet_kicker::kick::MAX_ROLE_CYCLES_LISTED);
+    assert!(status["role_cycles_left_out"].as_u64().unwrap() > 0);
+    assert!(cycles.iter().all(|c| c.as_array().unwrap().len() <= KickConfig::default().max_hops + 2));
+    assert_eq!(status["role_edges"].as_array().unwrap().len(), ROLES * ROLES - ROLES);
+}
+
+#[test]
+fn a_report_logs_at_most_the_cap_and_counts_the_rest() {
+    let dir = cache_dir("log-cap");
+    // Not due during the test: only the report's own lines are logged.
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let cap = puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT;
+    let report_kicking = |servers: usize| {
+        let report = ReportKicks {
+            host: "node1".into(),
+            environment: "production".into(),
+            run_started: puppet_kicker::kick::now_ms(),
+            noop: false,
+            kicks: vec![KickSpec {
+                resource: "Kick[web]".into(),
+                selector: Selector::Roles(vec!["web".into()]),
+                environment: None,
+            }],
+        };
+        let resolve = |_: &Selector, _: &str| {
+            (0..servers).map(|i| Target { certname: format!("web{i}"), role: Some("web".into()) }).collect()
+        };
+        service.report(&report, resolve, |_: &str| Some("node".to_string()))
+    };
+    // One line per target: exactly the cap is logged whole.
+    let lines = report_kicking(cap);
+    assert_eq!(lines.len(), cap, "{:?}", lines.last());
+    assert!(!lines.iter().any(|l| l.message.contains("left out")));
+    let lines = report_kicking(cap + 7);
+    assert_eq!(lines.len(), cap + 1);
+    assert!(lines[cap].message.starts_with("7 more kick log lines about this report left out"), "{:?}", lines[cap]);
+}
+
+fn quiet_report(service: &KickService, host: &str) -> Vec<String> {
+    let report = ReportKicks {
+        host: host.into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        kicks: vec![KickSpec {
+            resource: "Kick[nobody]".into(),
+            selector: Selector::Roles(vec!["nobody".into()]),
+            environment: None,
+        }],
+    };
+    service.report(&report, |_: &Selector, _: &str| Vec::new(), |_: &str| None).into_iter().map(|l| l.message).collect()
+}
+
+fn pending_targets(service: &KickService) -> Vec<String> {
+    let status = service.status();
+    status["pending"].as_array().unwrap().iter().map(|p| p["target"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn another_process_write_is_seen_even_with_the_same_length_and_mtime() {
+    // A coarse-mtime file system: another process's write keeps length and mtime.
+    let dir = cache_dir("generation");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let first = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    report(&first, "node1", "haproxy");
+    let path = dir.join(puppet_kicker::kick::STATE_FILE);
+    let bytes = std::fs::read(&path).unwrap();
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let mut theirs: puppet_kicker::kick::PlannerState = rmp_serde::from_slice(&bytes).unwrap();
+    let lb1 = theirs.targets.remove("lb1").unwrap();
+    theirs.targets.insert("lb2".into(), lb1);
+    theirs.generation += 1;
+    let written = rmp_serde::to_vec_named(&theirs).unwrap();
+    assert_eq!(written.len(), bytes.len());
+    std::fs::write(&path, &written).unwrap();
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+
+    quiet_report(&first, "db1");
+    assert_eq!(pending_targets(&first), ["lb2"], "the other process's state was read");
+}
+
+#[test]
+fn a_failed_save_keeps_the_change_merges_the_others_and_retries() {
+    let dir = cache_dir("full-disk");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let start =
+        || KickService::start(config.clone(), &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let first = start();
+    // Saving fails (a directory where the file goes, as a full disk would fail it).
+    let path = dir.join(puppet_kicker::kick::STATE_FILE);
+    std::fs::create_dir_all(&path).unwrap();
+    let lines = report(&first, "node1", "haproxy");
+    assert!(lines.iter().any(|l| l.starts_with("cannot save kick state") && l.contains("kept in memory")), "{lines:?}");
+    std::fs::remove_dir(&path).unwrap();
+
+    // Meanwhile another process saves its own kicks.
+    let second = start();
+    report(&second, "lb1", "node");
+    // (The first one's dispatcher may have saved already: then lb1 is here too.)
+    assert!(pending_targets(&second).ends_with(&["node1".to_string(), "node2".into()]));
+
+    // The first one's next step merges, and saves both.
+    let lines = quiet_report(&first, "db1");
+    assert!(lines.iter().any(|l| l.contains("again, after") && l.contains("failed attempt(s)")), "{lines:?}");
+    assert_eq!(pending_targets(&first), ["lb1", "node1", "node2"]);
+    let third = start();
+    assert_eq!(pending_targets(&third), ["lb1", "node1", "node2"], "on disk");
+}
+
+#[test]
+fn a_failed_save_is_retried_by_the_dispatcher_without_a_new_report() {
+    let dir = cache_dir("retry-save");
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let path = dir.join(puppet_kicker::kick::STATE_FILE);
+    std::fs::create_dir_all(&path).unwrap();
+    report(&service, "node1", "haproxy");
+    std::fs::remove_dir(&path).unwrap();
+    let waited = std::time::Instant::now();
+    while !path.is_file() {
+        assert!(waited.elapsed() < Duration::from_secs(20), "never saved again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let saved: puppet_kicker::kick::PlannerState = rmp_serde::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(saved.targets.contains_key("lb1"));
+}
+
+#[test]
+fn a_hostile_report_over_a_large_fleet_is_cut_to_its_budget_quickly() {
+    // 2,000 servers; a report with 256 kicks of 64 regex roles each (3.1 s under the
+    // kick lock before the budget).
+    let root = cache_dir("hostile-fleet");
+    let facts = root.join("var/server_data/facts");
+    std::fs::create_dir_all(&facts).unwrap();
+    for i in 0..2000 {
+        let name = format!("n{i}.example.com");
+        let doc = serde_json::json!({"name": name, "values": {"role": format!("role{}", i % 40), "environment": "production"}});
+        std::fs::write(facts.join(format!("{name}.json")), doc.to_string()).unwrap();
+    }
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/puppet_kicker.yaml"), "kick:\n  dry_run: true\n").unwrap();
+    let settings =
+        puppet_kicker::PuppetSettings { confdir: root.join("etc"), vardir: root.join("var"), ..Default::default() };
+    let kicker = puppet_kicker::Kicker::start(settings).unwrap();
+    let roles: Vec<String> = (0..64).map(|i| format!("/^(role{}|r.*o.*l.*e.*x)$/", i % 16)).collect();
+    let kicks: Vec<serde_json::Value> =
+        (0..256).map(|k| serde_json::json!({"resource": format!("Kick[k{k}]"), "roles": roles})).collect();
+    let report = serde_json::json!({"host": "n1.example.com", "environment": "production",
+                                    "time": puppet_kicker::kick::now_ms(), "kicks": kicks});
+    let report = puppet_kicker::kick::parse_report(report.to_string().as_bytes()).unwrap();
+    kicker.kick_report(&ReportKicks { kicks: Vec::new(), ..report.clone() }).unwrap(); // warm the index
+
+    let started = std::time::Instant::now();
+    let lines: Vec<String> = kicker.kick_report(&report).unwrap().into_iter().map(|l| l.message).collect();
+    let took = started.elapsed();
+    // Each kick selects roles 0..15: 800 servers. The first is resolved; the second
+    // would make 1,600 targets; the third would make 192 roles and clauses.
+    let status = kicker.kick_status().unwrap();
+    assert_eq!(status["dry_run"], true);
+    let cap = puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT;
+    assert_eq!(lines.len(), cap + 1);
+    // The budget cuts come first (warnings before routine lines), one line per limit.
+    let over = |kick: &str, what: &str| {
+        format!("kick of all targets by n1.example.com ({kick}) suppressed: the report exceeds its budget: {what}")
+    };
+    assert!(lines.contains(&over("Kick[k1]", "more than 1000 targets (kick.budget.targets)")), "{lines:?}");
+    assert!(
+        lines.contains(&over("Kick[k2] and 29 more kicks", "more than 128 roles and clauses (kick.budget.clauses)"))
+    );
+    assert!(lines.contains(&over("Kick[k32] and 223 more kicks", "more than 32 kicks (kick.budget.kicks)")));
+    assert!(lines.iter().any(|l| l.starts_with("kick cycle between roles: role1 -> role1")));
+    assert!(lines.iter().filter(|l| l.starts_with("dry run: would kick n")).count() > 90);
+    // 799 would-kick lines, the self-kick, the role1 -> role1 cycle and the 3 cuts.
+    let left_out = format!("{} more kick log lines about this report left out", 799 + 1 + 1 + 3 - cap);
+    assert!(lines[cap].starts_with(&left_out), "{}", lines[cap]);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    eprintln!("hostile report over 2,000 servers: {took:?}");
+}
+
+#[test]
+fn index_warnings_beyond_the_pending_limit_are_counted_in_one_line() {
+    // 300 unreadable fact files: one warning each, more than the 256 kept.
+    let root = cache_dir("warnings");
+    let facts = root.join("var/server_data/facts");
+    std::fs::create_dir_all(&facts).unwrap();
+    std::fs::write(facts.join("good.example.com.json"), r#"{"name":"good.example.com","values":{"role":"x"}}"#)
+        .unwrap();
+    for i in 0..300 {
+        std::fs::write(facts.join(format!("bad{i}.example.com.json")), "{not json").unwrap();
+    }
+    let settings =
+        puppet_kicker::PuppetSettings { confdir: root.join("etc"), vardir: root.join("var"), ..Default::default() };
+    let kicker = puppet_kicker::Kicker::start(settings).unwrap();
+    assert!(kicker.refresh_and_wait(Duration::from_secs(30)));
+    let warnings = kicker.take_warnings();
+    assert_eq!(warnings.len(), 256 + 1, "{:?}", warnings.last());
+    assert!(warnings[256].starts_with("44 more puppet-kicker warnings left out"), "{}", warnings[256]);
+    assert!(kicker.take_warnings().is_empty(), "counted once");
+}

@@ -20,6 +20,13 @@ pub const KEYS: &[&str] = &[
     "kick.run_timeout",
     "kick.max_hops",
     "kick.policy",
+    "kick.environments",
+    "kick.budget.kicks",
+    "kick.budget.clauses",
+    "kick.budget.targets",
+    "kick.in_flight_timeout",
+    "kick.clock_skew",
+    "kick.role_graph_ttl",
     "kick.rate_limit.max",
     "kick.rate_limit.window",
     "kick.dry_run",
@@ -88,7 +95,39 @@ impl KickSettings {
             "kick.policy" => {
                 p.policy = policy(value).ok_or_else(|| bad("a mapping of source role to a list of target roles"))?
             }
+            "kick.environments" => {
+                p.environments = policy(value)
+                    .ok_or_else(|| bad("a mapping of source environment to a list of target environments"))?
+            }
+            "kick.budget.kicks" => p.budget.kicks = count()? as usize,
+            "kick.budget.clauses" => p.budget.clauses = count()? as usize,
+            "kick.budget.targets" => p.budget.targets = count()? as usize,
+            "kick.in_flight_timeout" => {
+                p.in_flight_timeout_ms =
+                    millis().and_then(|ms| Some(ms).filter(|ms| *ms > 0).ok_or_else(|| bad("a positive duration")))?
+            }
+            "kick.clock_skew" => p.clock_skew_ms = millis()?,
+            "kick.role_graph_ttl" => p.role_graph_ttl_ms = millis()?,
             _ => return Err(format!("unknown key '{key}'")),
+        }
+        Ok(())
+    }
+}
+
+impl KickSettings {
+    /// Checks what no single key can: a `runonce` must be answered (or given up)
+    /// well within the time after which another process sends it again, or two
+    /// processes send the same kick.
+    pub fn validate(&self) -> Result<(), String> {
+        let in_flight = self.planner.in_flight_timeout_ms;
+        let reply = self.reply_timeout.as_millis() as i64;
+        if reply.saturating_mul(2) > in_flight {
+            return Err(format!(
+                "'kick.reply_timeout' ({}s) must be at most half of 'kick.in_flight_timeout' ({}s): \
+                 a kick unanswered for kick.in_flight_timeout is sent again by another process",
+                reply / 1000,
+                in_flight / 1000
+            ));
         }
         Ok(())
     }
@@ -149,5 +188,36 @@ mod tests {
         k.set("kick.agent", &json!("puppetd")).unwrap();
         assert!(k.set("kick.force", &json!(true)).unwrap_err().contains("not puppetd"));
         assert!(k.set("kick.policy", &json!(["x"])).unwrap_err().contains("mapping of source role"));
+    }
+
+    #[test]
+    fn new_keys_are_read_and_reply_timeout_must_fit_the_in_flight_timeout() {
+        let mut k = KickSettings::default();
+        for (key, value) in [
+            ("kick.environments", json!({"production": ["staging"], "*": []})),
+            ("kick.budget.kicks", json!(8)),
+            ("kick.budget.clauses", json!(16)),
+            ("kick.budget.targets", json!(500)),
+            ("kick.clock_skew", json!("1m")),
+            ("kick.role_graph_ttl", json!("1d")),
+            ("kick.in_flight_timeout", json!("4m")),
+            ("kick.reply_timeout", json!("2m")),
+        ] {
+            k.set(key, &value).unwrap();
+        }
+        assert_eq!(k.planner.budget, crate::kick::ReportBudget { kicks: 8, clauses: 16, targets: 500 });
+        assert_eq!((k.planner.clock_skew_ms, k.planner.role_graph_ttl_ms), (60_000, 86_400_000));
+        assert!(k.planner.environments.allows(Some("production"), Some("staging")));
+        assert!(!k.planner.environments.allows(Some("dev"), Some("production")));
+        assert_eq!(k.validate(), Ok(()), "reply_timeout at half the in-flight timeout");
+        k.set("kick.reply_timeout", &json!(121)).unwrap();
+        let e = k.validate().unwrap_err();
+        assert!(
+            e.contains("'kick.reply_timeout' (121s) must be at most half of 'kick.in_flight_timeout' (240s)"),
+            "{e}"
+        );
+        assert!(KickSettings::default().validate().is_ok());
+        assert!(k.set("kick.in_flight_timeout", &json!(0)).unwrap_err().contains("a positive duration"));
+        assert!(k.set("kick.budget.kicks", &json!(0)).unwrap_err().contains("a positive whole number"));
     }
 }

@@ -16,10 +16,10 @@ mod wire;
 
 pub use chain::Chain;
 pub use config::{KickSettings, KEYS as CONFIG_KEYS};
-pub use graph::RoleGraph;
-pub use planner::{Dispatch, Event, Outcome, Planner, PlannerState, Suppression, Target};
+pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
+pub use planner::{Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target};
 pub use policy::{Policy, RateLedger, RateLimit};
-pub use service::{now_ms, KickService, Level, LogLine, STATE_FILE, STATUS_FILE};
+pub use service::{now_ms, KickService, Level, LogLine, MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE};
 pub use transport::{classify, Agent, McoTransport, Transport};
 pub use wire::parse_report;
 
@@ -73,7 +73,21 @@ pub struct KickConfig {
     pub run_timeout_ms: Millis,
     /// Longest causal chain; a kick beyond it is suppressed.
     pub max_hops: usize,
+    /// Which roles may kick which.
     pub policy: Policy,
+    /// Which environments a report's kick may name besides the report's own.
+    pub environments: Policy,
+    /// What one report may cost: kicks, roles and clauses, targets.
+    pub budget: ReportBudget,
+    /// A dispatch unanswered for this long was lost with the process that sent it
+    /// (a master restarted, a `puppet apply` killed) and is sent again. Never
+    /// sooner: another live process may be waiting for its reply right now.
+    pub in_flight_timeout_ms: Millis,
+    /// Without the agent's clock in the `runonce` reply, a report whose run started
+    /// up to this long before the kick was sent still counts as the kicked run.
+    pub clock_skew_ms: Millis,
+    /// A role-to-role edge not seen for this long is forgotten, with its cycles.
+    pub role_graph_ttl_ms: Millis,
     pub rate_limit: RateLimit,
     /// Log what would be kicked, kick nothing.
     pub dry_run: bool,
@@ -91,10 +105,33 @@ impl Default for KickConfig {
             run_timeout_ms: 3_600_000,
             max_hops: 5,
             policy: Policy::allow_all(),
+            environments: Policy::allow_all(),
+            budget: ReportBudget::default(),
+            in_flight_timeout_ms: 120_000,
+            clock_skew_ms: 10_000,
+            role_graph_ttl_ms: 7 * 24 * 3_600_000,
             rate_limit: RateLimit { max: 30, window_ms: 3_600_000 },
             dry_run: false,
             keep_outcomes: 200,
         }
+    }
+}
+
+/// What one report may make the master do; past a limit, the rest of the report's
+/// kicks are suppressed and logged as over budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReportBudget {
+    /// Kicks processed per report.
+    pub kicks: usize,
+    /// Roles and fact clauses (each may be a regex matched over the fleet).
+    pub clauses: usize,
+    /// Servers all the report's kicks resolve to.
+    pub targets: usize,
+}
+
+impl Default for ReportBudget {
+    fn default() -> ReportBudget {
+        ReportBudget { kicks: 32, clauses: 128, targets: 1000 }
     }
 }
 

@@ -6,7 +6,7 @@
 use super::chain::Chain;
 use super::graph::RoleGraph;
 use super::policy::RateLedger;
-use super::{KickConfig, Millis, ReportKicks};
+use super::{KickConfig, KickSpec, Millis, ReportKicks, Selector};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -16,6 +16,20 @@ use std::fmt;
 pub struct Target {
     pub certname: String,
     pub role: Option<String>,
+}
+
+/// A report's kicks with their targets found, by [`Planner::resolve`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub source_role: Option<String>,
+    /// Per kick of the report, in order: its environment, and its targets or why not.
+    pub kicks: Vec<(String, ResolvedKick)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolvedKick {
+    Targets(Vec<Target>),
+    Refused(Suppression),
 }
 
 /// A `runonce` to send now.
@@ -31,6 +45,10 @@ pub struct Dispatch {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Started,
+    /// Started, and the reply says when on the agent's clock (mcollective's `msgtime`,
+    /// whole seconds): the kicked run's report is then told from an earlier run
+    /// whatever the skew between the clocks.
+    StartedAt(Millis),
     /// "Puppet is currently applying a catalog": a run that began before the kick.
     Busy(String),
     Disabled(String),
@@ -43,9 +61,21 @@ pub enum Suppression {
     SelfKick,
     Cycle(Chain),
     HopLimit(Chain),
-    Policy { source_role: Option<String>, target_role: Option<String> },
+    Policy {
+        source_role: Option<String>,
+        target_role: Option<String>,
+    },
     RateLimited,
     Noop,
+    /// The kick names another environment than the report's, which `kick.environments` does not allow.
+    Environment {
+        from: String,
+        to: String,
+    },
+    /// Over the report's budget (`what` names the limit and its key).
+    OverBudget {
+        what: String,
+    },
 }
 
 /// Something the operator should see in the log.
@@ -89,6 +119,10 @@ impl fmt::Display for Event {
                     ),
                     Suppression::RateLimited => format!("{source} exceeded its kick rate limit"),
                     Suppression::Noop => "the run was --noop".to_string(),
+                    Suppression::Environment { from, to } => {
+                        format!("kick.environments does not let a server in environment {from} kick environment {to}")
+                    }
+                    Suppression::OverBudget { what } => format!("the report exceeds its budget: {what}"),
                 };
                 write!(f, "kick of {target} by {source} ({resource}) suppressed: {why}")
             }
@@ -119,6 +153,10 @@ impl fmt::Display for Event {
 /// What is persisted: everything the planner knows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlannerState {
+    /// Bumped by every save, so a process notices another's write whatever the
+    /// file system's timestamps (coarse mtimes, equal lengths).
+    #[serde(default)]
+    pub generation: u64,
     pub targets: BTreeMap<String, TargetState>,
     pub outcomes: VecDeque<OutcomeRecord>,
     pub rate: RateLedger,
@@ -151,6 +189,9 @@ pub struct Pending {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Running {
     pub started: Millis,
+    /// When the run started on the agent's clock, if its reply said.
+    #[serde(default)]
+    pub agent_started: Option<Millis>,
     pub chain: Chain,
 }
 
@@ -181,14 +222,72 @@ impl Planner {
     }
 
     /// Takes a report in. `resolve` finds the servers a kick targets; `role_of`
-    /// the role of a certname (for policy and the role graph).
+    /// the role of a certname (for policy and the role graph). The same as
+    /// [`Planner::resolve`] then [`Planner::on_resolved`].
     pub fn on_report(
         &mut self,
         report: &ReportKicks,
         now: Millis,
-        mut resolve: impl FnMut(&super::Selector, &str) -> Vec<Target>,
+        resolve: impl FnMut(&Selector, &str) -> Vec<Target>,
         role_of: impl Fn(&str) -> Option<String>,
     ) -> Vec<Event> {
+        let resolved = Planner::resolve(&self.config, report, resolve, role_of);
+        self.on_resolved(report, resolved, now)
+    }
+
+    /// Finds a report's targets within its budget, without the planner's state (so
+    /// a service does it outside its lock: resolving regexes over a fleet is the
+    /// expensive part of a report). Kicks past a limit are not resolved.
+    pub fn resolve(
+        config: &KickConfig,
+        report: &ReportKicks,
+        mut resolve: impl FnMut(&Selector, &str) -> Vec<Target>,
+        role_of: impl Fn(&str) -> Option<String>,
+    ) -> Resolved {
+        let mut resolved = Resolved { source_role: None, kicks: Vec::new() };
+        if report.noop || report.kicks.is_empty() {
+            return resolved;
+        }
+        resolved.source_role = role_of(&report.host);
+        let budget = config.budget;
+        let (mut clauses, mut targets) = (0usize, 0usize);
+        for (n, kick) in report.kicks.iter().enumerate() {
+            let environment = kick.environment.clone().unwrap_or_else(|| report.environment.clone());
+            let over = |what: String| ResolvedKick::Refused(Suppression::OverBudget { what });
+            let outcome = if n >= budget.kicks {
+                over(format!("more than {} kicks (kick.budget.kicks)", budget.kicks))
+            } else if environment != report.environment
+                && !config.environments.allows(Some(&report.environment), Some(&environment))
+            {
+                ResolvedKick::Refused(Suppression::Environment {
+                    from: report.environment.clone(),
+                    to: environment.clone(),
+                })
+            } else {
+                clauses += match &kick.selector {
+                    Selector::Roles(items) | Selector::Facts(items) => items.len(),
+                };
+                if clauses > budget.clauses {
+                    over(format!("more than {} roles and clauses (kick.budget.clauses)", budget.clauses))
+                } else if targets >= budget.targets {
+                    over(format!("more than {} targets (kick.budget.targets)", budget.targets))
+                } else {
+                    let found = resolve(&kick.selector, &environment);
+                    targets += found.len();
+                    if targets > budget.targets {
+                        over(format!("more than {} targets (kick.budget.targets)", budget.targets))
+                    } else {
+                        ResolvedKick::Targets(found)
+                    }
+                }
+            };
+            resolved.kicks.push((environment, outcome));
+        }
+        resolved
+    }
+
+    /// Takes a report in, with its targets found by [`Planner::resolve`].
+    pub fn on_resolved(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis) -> Vec<Event> {
         let mut events = Vec::new();
         let chain = self.finish_run(&report.host, report.run_started, &mut events);
         if report.kicks.is_empty() {
@@ -212,57 +311,113 @@ impl Planner {
             suppress_all(Suppression::RateLimited, &mut events);
             return events;
         }
-        let source_role = role_of(&report.host);
-        for kick in &report.kicks {
-            let environment = kick.environment.as_deref().unwrap_or(&report.environment);
-            let targets = resolve(&kick.selector, environment);
+        let source_role = resolved.source_role;
+        // Kicks cut by the same limit in a row make one line: `K[a] and 223 more kicks`.
+        let mut cut: Option<(usize, String, usize)> = None;
+        for (kick, (environment, outcome)) in report.kicks.iter().zip(resolved.kicks) {
+            let targets = match outcome {
+                ResolvedKick::Refused(reason @ Suppression::OverBudget { .. }) => {
+                    let last = events.len().checked_sub(1);
+                    match (&mut cut, events.last_mut()) {
+                        (Some((at, first, more)), Some(Event::Suppressed { reason: same, resource, .. }))
+                            if Some(*at) == last && *same == reason =>
+                        {
+                            *more += 1;
+                            *resource = format!("{first} and {more} more kicks");
+                        }
+                        _ => {
+                            events.push(Event::Suppressed {
+                                source: report.host.clone(),
+                                target: None,
+                                resource: kick.resource.clone(),
+                                reason,
+                            });
+                            cut = Some((events.len() - 1, kick.resource.clone(), 0));
+                        }
+                    }
+                    continue;
+                }
+                ResolvedKick::Targets(targets) => targets,
+                ResolvedKick::Refused(reason) => {
+                    events.push(Event::Suppressed {
+                        source: report.host.clone(),
+                        target: None,
+                        resource: kick.resource.clone(),
+                        reason,
+                    });
+                    continue;
+                }
+            };
             if targets.is_empty() {
                 events.push(Event::NoTargets {
                     source: report.host.clone(),
                     resource: kick.resource.clone(),
-                    environment: environment.to_string(),
+                    environment: environment.clone(),
                 });
             }
             for target in targets {
-                let suppressed = |reason| Event::Suppressed {
-                    source: report.host.clone(),
-                    target: Some(target.certname.clone()),
-                    resource: kick.resource.clone(),
-                    reason,
-                };
-                if target.certname == report.host {
-                    events.push(suppressed(Suppression::SelfKick));
-                    continue;
-                }
-                if let (Some(from), Some(to)) = (&source_role, &target.role) {
-                    if self.state.graph.add(from, to) {
-                        events.extend(self.new_cycles_through(from, to));
-                    }
-                }
-                if !self.config.policy.allows(source_role.as_deref(), target.role.as_deref()) {
-                    let reason =
-                        Suppression::Policy { source_role: source_role.clone(), target_role: target.role.clone() };
-                    events.push(suppressed(reason));
-                    continue;
-                }
-                let extended = chain.then(&target.certname);
-                if chain.contains(&target.certname) {
-                    events.push(suppressed(Suppression::Cycle(extended)));
-                    continue;
-                }
-                if extended.hops() > self.config.max_hops {
-                    events.push(suppressed(Suppression::HopLimit(extended)));
-                    continue;
-                }
-                if self.config.dry_run {
-                    events.push(Event::WouldKick { target: target.certname, chain: extended });
-                    continue;
-                }
-                events.push(self.enqueue(&target.certname, environment, extended, now));
+                self.kick_one(report, kick, &source_role, &chain, target, &environment, now, &mut events);
             }
         }
         self.state.rate.prune(self.config.rate_limit, now);
+        let max_len = self.max_cycle_len();
+        self.state.graph.age_out(now.saturating_sub(self.config.role_graph_ttl_ms), max_len);
         events
+    }
+
+    /// Decides one target of one kick.
+    #[allow(clippy::too_many_arguments)]
+    fn kick_one(
+        &mut self,
+        report: &ReportKicks,
+        kick: &KickSpec,
+        source_role: &Option<String>,
+        chain: &Chain,
+        target: Target,
+        environment: &str,
+        now: Millis,
+        events: &mut Vec<Event>,
+    ) {
+        let suppressed = |reason| Event::Suppressed {
+            source: report.host.clone(),
+            target: Some(target.certname.clone()),
+            resource: kick.resource.clone(),
+            reason,
+        };
+        if target.certname == report.host {
+            events.push(suppressed(Suppression::SelfKick));
+            return;
+        }
+        if !self.config.policy.allows(source_role.as_deref(), target.role.as_deref()) {
+            let reason = Suppression::Policy { source_role: source_role.clone(), target_role: target.role.clone() };
+            events.push(suppressed(reason));
+            return;
+        }
+        // Only kicks the policy allows shape the graph: a node cannot grow it at will.
+        if let (Some(from), Some(to)) = (source_role, &target.role) {
+            let max_len = self.max_cycle_len();
+            let cycles = self.state.graph.add(from, to, now, max_len);
+            events.extend(cycles.into_iter().map(|cycle| Event::NewRoleCycle { cycle }));
+        }
+        let extended = chain.then(&target.certname);
+        if chain.contains(&target.certname) {
+            events.push(suppressed(Suppression::Cycle(extended)));
+            return;
+        }
+        if extended.hops() > self.config.max_hops {
+            events.push(suppressed(Suppression::HopLimit(extended)));
+            return;
+        }
+        if self.config.dry_run {
+            events.push(Event::WouldKick { target: target.certname, chain: extended });
+            return;
+        }
+        events.push(self.enqueue(&target.certname, environment, extended, now));
+    }
+
+    /// Role cycles longer than this cannot happen: `max_hops` stops the chain first.
+    fn max_cycle_len(&self) -> usize {
+        self.config.max_hops.saturating_add(1)
     }
 
     /// Kicks whose time has come; they are in flight until `on_outcome`.
@@ -280,8 +435,8 @@ impl Planner {
             if target.running.is_some() {
                 continue;
             }
-            let ready =
-                |p: &&mut Pending| (!p.in_flight || now - p.dispatched_at >= STALE_IN_FLIGHT_MS) && p.due <= now;
+            let stale_after = self.config.in_flight_timeout_ms;
+            let ready = |p: &&mut Pending| (!p.in_flight || now - p.dispatched_at >= stale_after) && p.due <= now;
             if let Some(pending) = target.pending.as_mut().filter(ready) {
                 pending.in_flight = true;
                 pending.dispatched_at = now;
@@ -305,13 +460,17 @@ impl Planner {
         let Some(mut pending) = target.pending.take() else { return Vec::new() };
         pending.in_flight = false;
         let why = match outcome {
-            Outcome::Started => {
+            Outcome::Started | Outcome::StartedAt(_) => {
+                let agent_started = match outcome {
+                    Outcome::StartedAt(at) => Some(at),
+                    _ => None,
+                };
                 let event = Event::Started {
                     target: target_name.into(),
                     chain: pending.chain.clone(),
                     attempt: pending.attempts,
                 };
-                target.running = Some(Running { started: now, chain: pending.chain.clone() });
+                target.running = Some(Running { started: now, agent_started, chain: pending.chain.clone() });
                 self.record(now, target_name, "started".into(), &pending.chain);
                 return vec![event];
             }
@@ -343,6 +502,21 @@ impl Planner {
         vec![event]
     }
 
+    /// Renews a dispatch just before it is sent, so the in-flight timeout counts from
+    /// the send, not from when a batch was handed out (a batch is sent one by one,
+    /// each waiting up to `reply_timeout`). False when the kick is no longer this
+    /// dispatch's: another process took it over or it was answered meanwhile.
+    pub fn claim(&mut self, dispatch: &Dispatch, now: Millis) -> bool {
+        let pending = self.state.targets.get_mut(&dispatch.target).and_then(|t| t.pending.as_mut());
+        match pending {
+            Some(p) if p.in_flight && p.attempts == dispatch.attempt => {
+                p.dispatched_at = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// When the dispatcher should look again.
     pub fn next_wakeup(&self) -> Option<Millis> {
         self.state
@@ -351,6 +525,8 @@ impl Planner {
             .filter_map(|t| match (&t.running, &t.pending) {
                 (Some(running), _) => Some(running.started + self.config.run_timeout_ms),
                 (None, Some(p)) if !p.in_flight => Some(p.due),
+                // Its sender may have died: look again when it turns stale.
+                (None, Some(p)) => Some(p.dispatched_at.saturating_add(self.config.in_flight_timeout_ms)),
                 _ => None,
             })
             .min()
@@ -366,12 +542,40 @@ impl Planner {
         self.state = state;
     }
 
+    /// Takes what another process wrote while this one holds changes it could not
+    /// save (a full disk): its kicks of servers this one knows nothing about, and its
+    /// outcomes; this process's own view wins where both know a server. Nothing of
+    /// either is lost; at worst a kick is sent twice, never not at all.
+    pub fn merge_unsaved(&mut self, theirs: PlannerState) {
+        let ours = &mut self.state;
+        ours.generation = ours.generation.max(theirs.generation);
+        for (name, target) in theirs.targets {
+            ours.targets.entry(name).or_insert(target);
+        }
+        let mut outcomes: Vec<OutcomeRecord> = ours.outcomes.drain(..).chain(theirs.outcomes).collect();
+        outcomes.sort_by(|a, b| (a.at, &a.target, &a.result).cmp(&(b.at, &b.target, &b.result)));
+        outcomes.dedup();
+        let keep = outcomes.len().saturating_sub(self.config.keep_outcomes);
+        ours.outcomes = outcomes.into_iter().skip(keep).collect();
+    }
+
+    /// The generation the next save writes.
+    pub fn next_generation(&self) -> u64 {
+        self.state.generation.wrapping_add(1)
+    }
+
+    /// Records that the state was saved as `generation`.
+    pub fn saved_as(&mut self, generation: u64) {
+        self.state.generation = generation;
+    }
+
     /// Ends `host`'s kicked run if this report is from it, and returns the chain the
     /// report carries: the kick's, or a new one starting at `host`.
     fn finish_run(&mut self, host: &str, run_started: Millis, events: &mut Vec<Event>) -> Chain {
+        let skew = self.config.clock_skew_ms;
         let Some(target) = self.state.targets.get_mut(host) else { return Chain::origin(host) };
         match &target.running {
-            Some(running) if run_started >= running.started - CLOCK_SKEW_MS => {
+            Some(running) if is_kicked_run(running, run_started, skew) => {
                 let chain = running.chain.clone();
                 events.push(Event::RunFinished { target: host.into(), chain: chain.clone() });
                 target.running = None;
@@ -419,11 +623,6 @@ impl Planner {
         }
     }
 
-    fn new_cycles_through(&self, from: &str, to: &str) -> Vec<Event> {
-        let through = |cycle: &Vec<String>| cycle.windows(2).any(|w| w[0] == from && w[1] == to);
-        self.state.graph.cycles().into_iter().filter(through).map(|cycle| Event::NewRoleCycle { cycle }).collect()
-    }
-
     fn record(&mut self, at: Millis, target: &str, result: String, chain: &Chain) {
         self.state.outcomes.push_back(OutcomeRecord { at, target: target.into(), result, chain: chain.to_string() });
         while self.state.outcomes.len() > self.config.keep_outcomes {
@@ -436,11 +635,12 @@ impl Planner {
     }
 }
 
-/// A dispatch unanswered for this long was lost with the process that sent it (a
-/// master restarted, a `puppet apply` killed); it is then sent again. Never sooner:
-/// another live process may be sending it right now.
-pub(crate) const STALE_IN_FLIGHT_MS: Millis = 120_000;
-
-/// A report's start time may precede our dispatch by this much and still be the
-/// kicked run (clocks of master and agent differ a little).
-const CLOCK_SKEW_MS: Millis = 2_000;
+/// Whether a run that started at `run_started` (the agent's clock) is the kicked
+/// one: by the agent's own clock when its reply gave it (whole seconds, so one
+/// second of slack), else within `clock_skew` of the master's.
+fn is_kicked_run(running: &Running, run_started: Millis, clock_skew_ms: Millis) -> bool {
+    match running.agent_started {
+        Some(agent_started) => run_started >= agent_started - 1_000,
+        None => run_started >= running.started - clock_skew_ms,
+    }
+}

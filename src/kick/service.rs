@@ -9,6 +9,7 @@ use super::planner::{Event, Planner, PlannerState, Target};
 use super::transport::Transport;
 use super::{KickConfig, Millis, ReportKicks, Selector};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,6 +21,11 @@ pub const STATE_FILE: &str = "kicks.msgpack";
 pub const STATUS_FILE: &str = "kick-status.json";
 /// Lines kept for the bindings to log; a flood beyond this is counted, not kept.
 const MAX_LOG_LINES: usize = 1000;
+/// Lines one report logs; the rest are counted in one more line (the status file
+/// has the whole picture).
+pub const MAX_LOG_LINES_PER_REPORT: usize = 100;
+/// How soon a save that failed (a full disk) is tried again.
+const SAVE_RETRY: Duration = Duration::from_secs(5);
 /// How long the dispatcher sleeps when nothing is scheduled.
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
 
@@ -45,6 +51,11 @@ pub struct KickService {
 
 struct Inner {
     planner: Mutex<Planner>,
+    /// The planner's configuration, for work done outside its lock.
+    config: KickConfig,
+    /// A change this process could not save yet: kept, merged with what other
+    /// processes write meanwhile, and saved again (see `transact`).
+    unsaved: Mutex<Option<Unsaved>>,
     /// What this process last wrote or read of the state file, to notice when
     /// another process (a concurrent `puppet apply`) changed it.
     seen: Mutex<Option<FileStamp>>,
@@ -54,7 +65,7 @@ struct Inner {
     transport_error: Option<String>,
     state_path: PathBuf,
     status_path: PathBuf,
-    log: Mutex<Vec<LogLine>>,
+    log: Mutex<Log>,
     /// Hosts whose reports this process took in. In a `puppet apply` that host's run
     /// (this process) holds its agent's lock, so a kick of it cannot start before this
     /// process exits: `flush` does not wait for one.
@@ -83,20 +94,25 @@ impl KickService {
             warnings.push(e);
             PlannerState::default()
         });
-        let planner = Planner::new(config, state);
+        let planner = Planner::new(config.clone(), state);
         let (transport, transport_error) = match transport {
             Ok(t) => (Some(t), None),
             Err(e) => (None, Some(e)),
         };
         let inner = Arc::new(Inner {
             planner: Mutex::new(planner),
+            config,
+            unsaved: Mutex::new(None),
             seen: Mutex::new(FileStamp::of(&state_path)),
             transport,
             before_dispatch,
             transport_error,
             status_path: cache_dir.join(STATUS_FILE),
             state_path,
-            log: Mutex::new(warnings.into_iter().map(|m| LogLine { level: Level::Warning, message: m }).collect()),
+            log: Mutex::new(Log {
+                lines: warnings.into_iter().map(|m| LogLine { level: Level::Warning, message: m }).collect(),
+                left_out: 0,
+            }),
             reporters: Mutex::new(BTreeSet::new()),
         });
         let (wake, wakeups) = crossbeam_channel::unbounded();
@@ -109,17 +125,20 @@ impl KickService {
         Ok(KickService { inner, wake })
     }
 
-    /// Records a report's kicks and wakes the dispatcher; returns what to log now.
+    /// Records a report's kicks and wakes the dispatcher; returns what to log now,
+    /// at most [`MAX_LOG_LINES_PER_REPORT`] lines about the report and one counting
+    /// the rest. Targets are resolved (within the report's budget) before the
+    /// planner's lock is taken: that is the expensive part.
     pub fn report(
         &self,
         report: &ReportKicks,
         resolve: impl FnMut(&Selector, &str) -> Vec<Target>,
         role_of: impl Fn(&str) -> Option<String>,
     ) -> Vec<LogLine> {
-        let now = now_ms();
         lock(&self.inner.reporters).insert(report.host.clone());
+        let resolved = Planner::resolve(&self.inner.config, report, resolve, role_of);
         let events = self.inner.transact(|planner| {
-            let events = planner.on_report(report, now, resolve, role_of);
+            let events = planner.on_resolved(report, resolved, now_ms());
             // Nothing happened (no kick, no kicked run ended): nothing to write.
             let changed = !events.is_empty() || !report.kicks.is_empty();
             (events, changed)
@@ -128,14 +147,37 @@ impl KickService {
         {
             let _ = self.wake.send(());
         }
-        let mut lines: Vec<LogLine> = events.iter().map(log_line).collect();
+        let mut lines = most_severe_first(events.iter().map(log_line).collect(), MAX_LOG_LINES_PER_REPORT);
+        if events.len() > MAX_LOG_LINES_PER_REPORT {
+            let left_out = events.len() - MAX_LOG_LINES_PER_REPORT;
+            lines.push(LogLine {
+                level: Level::Warning,
+                message: format!(
+                    "{left_out} more kick log lines about this report left out (at most {MAX_LOG_LINES_PER_REPORT} per report; {} lists pending kicks and role cycles)",
+                    self.inner.status_path.display()
+                ),
+            });
+        }
         lines.extend(self.take_log());
         lines
     }
 
-    /// Lines the dispatcher logged since the last call.
+    /// Lines the dispatcher logged since the last call, and one counting those
+    /// left out when more than the log holds were waiting.
     pub fn take_log(&self) -> Vec<LogLine> {
-        std::mem::take(&mut *lock(&self.inner.log))
+        let mut log = lock(&self.inner.log);
+        let mut lines = std::mem::take(&mut log.lines);
+        if log.left_out > 0 {
+            lines.push(LogLine {
+                level: Level::Warning,
+                message: format!(
+                    "{} more kick log lines left out (at most {MAX_LOG_LINES} wait to be logged)",
+                    log.left_out
+                ),
+            });
+            log.left_out = 0;
+        }
+        lines
     }
 
     /// Waits up to `timeout` for every kick due by then to be sent: a short-lived
@@ -153,7 +195,8 @@ impl KickService {
                 let planner = lock(&self.inner.planner);
                 let busy = planner.state().targets.iter().any(|(name, t)| {
                     t.pending.as_ref().is_some_and(|p| {
-                        let sending = p.in_flight && now_ms() - p.dispatched_at < super::planner::STALE_IN_FLIGHT_MS;
+                        let stale_after = planner.config().in_flight_timeout_ms;
+                        let sending = p.in_flight && now_ms() - p.dispatched_at < stale_after;
                         sending || (t.running.is_none() && p.due <= deadline && !reporters.contains(name))
                     })
                 });
@@ -176,7 +219,13 @@ impl Inner {
     /// Changes the planner's state as one step across processes: under an exclusive
     /// lock on `kicks.lock`, re-reads the state file if another process wrote it,
     /// applies `change`, and writes the state back if `change` says it changed it
-    /// (most reports change nothing, and a write is an fsync).
+    /// (most reports change nothing, and a write is an fsync) or an earlier change
+    /// is still unsaved.
+    ///
+    /// Another process's write is noticed by the generation inside the file (and,
+    /// for files of earlier versions, by length and mtime). A change that could not
+    /// be saved is kept: what another process wrote meanwhile is merged into it
+    /// rather than replacing it, and the save is tried again.
     fn transact<R>(&self, change: impl FnOnce(&mut Planner) -> (R, bool)) -> R {
         let lock_file = self.state_path.with_extension("lock");
         let file_lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_file);
@@ -191,17 +240,31 @@ impl Inner {
             });
         }
         let mut planner = lock(&self.planner);
+        let unsaved = lock(&self.unsaved).is_some();
         let on_disk = FileStamp::of(&self.state_path);
-        if on_disk.is_some() && on_disk != *lock(&self.seen) {
-            match read_state(&self.state_path) {
-                Ok(state) => planner.replace_state(state),
-                Err(e) => self.log(LogLine { level: Level::Warning, message: e }),
+        if on_disk.is_some() {
+            match std::fs::read(&self.state_path) {
+                Ok(bytes) => {
+                    let generation = rmp_serde::from_slice::<Generation>(&bytes).map(|g| g.generation).ok();
+                    let moved = generation != Some(planner.state().generation) || on_disk != *lock(&self.seen);
+                    if moved {
+                        match decode_state(&self.state_path, &bytes) {
+                            Ok(theirs) if unsaved => planner.merge_unsaved(theirs),
+                            Ok(theirs) => planner.replace_state(theirs),
+                            Err(e) => self.log(LogLine { level: Level::Warning, message: e }),
+                        }
+                        *lock(&self.seen) = on_disk;
+                    }
+                }
+                Err(e) => self.log(LogLine {
+                    level: Level::Warning,
+                    message: format!("cannot read kick state {}: {e}", self.state_path.display()),
+                }),
             }
-            *lock(&self.seen) = on_disk;
         }
         let (result, changed) = change(&mut planner);
-        if changed {
-            self.persist(&planner, now_ms());
+        if changed || unsaved {
+            self.persist(&mut planner, now_ms());
             *lock(&self.seen) = FileStamp::of(&self.state_path);
         }
         drop(planner);
@@ -211,33 +274,88 @@ impl Inner {
 
     fn log(&self, line: LogLine) {
         let mut log = lock(&self.log);
-        if log.len() < MAX_LOG_LINES {
-            log.push(line);
+        if log.lines.len() < MAX_LOG_LINES {
+            log.lines.push(line);
+        } else {
+            log.left_out = log.left_out.saturating_add(1);
         }
     }
 
-    fn persist(&self, planner: &Planner, now: Millis) {
-        let state = match rmp_serde::to_vec_named(planner.state()) {
+    /// Saves the state as the next generation, and the status file. A failure is
+    /// logged once, and remembered so the next transaction (at the latest after
+    /// `SAVE_RETRY`) tries again.
+    fn persist(&self, planner: &mut Planner, now: Millis) {
+        let previous = planner.state().generation;
+        planner.saved_as(planner.next_generation());
+        let saved = match rmp_serde::to_vec_named(planner.state()) {
             Ok(bytes) => crate::atomic_file::write(&self.state_path, &[&bytes]).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        if let Err(e) = state {
-            self.log(LogLine {
-                level: Level::Err,
-                message: format!("cannot save kick state to {}: {e}", self.state_path.display()),
-            });
+        let mut unsaved = lock(&self.unsaved);
+        match (saved, unsaved.as_mut()) {
+            (Ok(()), None) => {}
+            (Ok(()), Some(failed)) => {
+                self.log(LogLine {
+                    level: Level::Notice,
+                    message: format!(
+                        "kick state saved to {} again, after {} failed attempt(s)",
+                        self.state_path.display(),
+                        failed.attempts
+                    ),
+                });
+                *unsaved = None;
+            }
+            (Err(e), failed) => {
+                planner.saved_as(previous);
+                match failed {
+                    Some(failed) => failed.attempts = failed.attempts.saturating_add(1),
+                    None => {
+                        self.log(LogLine {
+                            level: Level::Err,
+                            message: format!(
+                                "cannot save kick state to {}: {e}; kept in memory, retrying every {}s",
+                                self.state_path.display(),
+                                SAVE_RETRY.as_secs()
+                            ),
+                        });
+                        *unsaved = Some(Unsaved { attempts: 1 });
+                    }
+                }
+            }
         }
+        drop(unsaved);
         let status = serde_json::to_vec_pretty(&status_json(planner, now)).unwrap_or_default();
         let _ = crate::atomic_file::write(&self.status_path, &[&status, b"\n"]);
     }
 }
 
+/// Lines waiting for the bindings, and how many did not fit.
+struct Log {
+    lines: Vec<LogLine>,
+    left_out: u64,
+}
+
+/// A change not yet saved, and how often saving it failed.
+struct Unsaved {
+    attempts: u64,
+}
+
+/// Just the generation of a state file; the rest is skipped unread.
+#[derive(Deserialize)]
+struct Generation {
+    #[serde(default)]
+    generation: u64,
+}
+
 fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
     loop {
         let now = now_ms();
-        let wait = lock(&inner.planner).next_wakeup().map_or(IDLE_WAKEUP, |at| {
+        let mut wait = lock(&inner.planner).next_wakeup().map_or(IDLE_WAKEUP, |at| {
             Duration::from_millis((at - now).clamp(0, IDLE_WAKEUP.as_millis() as i64) as u64)
         });
+        if lock(&inner.unsaved).is_some() {
+            wait = wait.min(SAVE_RETRY);
+        }
         match wakeups.recv_timeout(wait) {
             Ok(()) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -263,6 +381,14 @@ fn dispatch_due(inner: &Inner) {
         (inner.before_dispatch)();
     }
     for dispatch in dispatches {
+        // Renewed (and saved) just before sending, so another process waits a whole
+        // in-flight timeout from here, whatever came before in this batch.
+        if !inner.transact(|planner| {
+            let mine = planner.claim(&dispatch, now_ms());
+            (mine, mine)
+        }) {
+            continue;
+        }
         let outcome = match &inner.transport {
             Some(transport) => catch_unwind(AssertUnwindSafe(|| transport.runonce(&dispatch)))
                 .unwrap_or_else(|_| super::Outcome::Failed("internal error: the transport panicked".into())),
@@ -291,12 +417,33 @@ impl FileStamp {
 
 fn read_state(path: &Path) -> Result<PlannerState, String> {
     match std::fs::read(path) {
-        Ok(bytes) => {
-            rmp_serde::from_slice(&bytes).map_err(|e| format!("ignoring unreadable kick state {}: {e}", path.display()))
-        }
+        Ok(bytes) => decode_state(path, &bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PlannerState::default()),
         Err(e) => Err(format!("cannot read kick state {}: {e}", path.display())),
     }
+}
+
+/// At most `cap` of `lines`, the most severe ones (a budget cut, a suppression) before
+/// the routine ones (queued, would kick), each kept in its place.
+fn most_severe_first(lines: Vec<LogLine>, cap: usize) -> Vec<LogLine> {
+    if lines.len() <= cap {
+        return lines;
+    }
+    let rank = |level: Level| match level {
+        Level::Err => 0,
+        Level::Warning => 1,
+        Level::Notice => 2,
+        Level::Info => 3,
+    };
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|i| rank(lines[*i].level));
+    let mut keep = vec![false; lines.len()];
+    order.into_iter().take(cap).for_each(|i| keep[i] = true);
+    lines.into_iter().zip(keep).filter(|(_, keep)| *keep).map(|(line, _)| line).collect()
+}
+
+fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, String> {
+    rmp_serde::from_slice(bytes).map_err(|e| format!("ignoring unreadable kick state {}: {e}", path.display()))
 }
 
 fn log_line(event: &Event) -> LogLine {
@@ -344,7 +491,9 @@ fn status_json(planner: &Planner, now: Millis) -> serde_json::Value {
         "running": running,
         "recent_outcomes": state.outcomes,
         "role_edges": state.graph.edges().map(|(from, to)| [from, to]).collect::<Vec<_>>(),
-        "role_cycles": state.graph.cycles(),
+        "role_cycles": state.graph.cycles().collect::<Vec<_>>(),
+        "role_cycles_left_out": state.graph.cycles_left_out(),
+        "generation": state.generation,
     })
 }
 

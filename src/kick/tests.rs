@@ -290,3 +290,303 @@ fn a_kick_matching_nobody_is_logged() {
     sim.report("node1", &["nosuchrole"]);
     assert!(sim.logged("Notify[kick -> nosuchrole] from node1 matches no server in environment production"));
 }
+
+fn kick_of(resource: &str, selector: Selector, environment: Option<&str>) -> KickSpec {
+    KickSpec { resource: resource.into(), selector, environment: environment.map(str::to_string) }
+}
+
+fn report_of(host: &str, now: Millis, kicks: Vec<KickSpec>) -> ReportKicks {
+    ReportKicks { host: host.into(), environment: "production".into(), run_started: now, noop: false, kicks }
+}
+
+#[test]
+fn a_report_over_its_budget_is_cut_where_it_exceeds_and_says_so() {
+    let budget = ReportBudget { kicks: 2, clauses: 3, targets: 2 };
+    let config = KickConfig { budget, ..KickConfig::default() };
+    let roles = |n: usize| Selector::Roles(vec!["haproxy".to_string(); n]);
+    let resolved_calls = std::cell::Cell::new(0);
+    let mut resolve = |_: &Selector, _: &str| {
+        resolved_calls.set(resolved_calls.get() + 1);
+        vec![Target { certname: "lb1".into(), role: Some("haproxy".into()) }]
+    };
+    // kicks: the third is over; clauses: 2 + 2 > 3.
+    let report = report_of(
+        "node1",
+        0,
+        vec![kick_of("K[a]", roles(2), None), kick_of("K[b]", roles(2), None), kick_of("K[c]", roles(1), None)],
+    );
+    let resolved = Planner::resolve(&config, &report, &mut resolve, |_| Some("node".into()));
+    let refused = |what: &str| ResolvedKick::Refused(Suppression::OverBudget { what: what.into() });
+    assert_eq!(resolved.kicks[1].1, refused("more than 3 roles and clauses (kick.budget.clauses)"));
+    assert_eq!(resolved.kicks[2].1, refused("more than 2 kicks (kick.budget.kicks)"));
+    assert_eq!(resolved_calls.get(), 1, "kicks over the budget are not resolved");
+    // targets: at the limit passes, one over is refused.
+    let report = report_of("node1", 0, vec![kick_of("K[a]", roles(1), None), kick_of("K[b]", roles(1), None)]);
+    let resolved = Planner::resolve(&config, &report, &mut resolve, |_| None);
+    assert!(resolved.kicks.iter().all(|(_, k)| matches!(k, ResolvedKick::Targets(_))));
+    let config = KickConfig { budget: ReportBudget { targets: 1, ..budget }, ..config };
+    let mut planner = Planner::new(config.clone(), PlannerState::default());
+    let resolved = Planner::resolve(&config, &report, &mut resolve, |_| None);
+    let events = planner.on_resolved(&report, resolved, 0);
+    let lines: Vec<String> = events.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "kick queued for lb1 (chain node1 -> lb1)",
+            "kick of all targets by node1 (K[b]) suppressed: the report exceeds its budget: more than 1 targets (kick.budget.targets)"
+        ]
+    );
+}
+
+#[test]
+fn a_kick_of_another_environment_needs_kick_environments_to_allow_it() {
+    let environments = Policy::from_rules(BTreeMap::from([("production".to_string(), vec!["staging".to_string()])]));
+    let mut sim = Sim::new(KickConfig { environments, ..KickConfig::default() });
+    let any = |_: &Selector, env: &str| vec![Target { certname: format!("lb-{env}"), role: None }];
+    let report = report_of(
+        "node1",
+        0,
+        vec![
+            kick_of("K[same]", Selector::Roles(vec!["x".into()]), Some("production")),
+            kick_of("K[staging]", Selector::Roles(vec!["x".into()]), Some("staging")),
+            kick_of("K[dev]", Selector::Roles(vec!["x".into()]), Some("dev")),
+        ],
+    );
+    let events = sim.planner.on_report(&report, sim.now, any, |_| None);
+    let lines: Vec<String> = events.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "kick queued for lb-production (chain node1 -> lb-production)",
+            "kick queued for lb-staging (chain node1 -> lb-staging)",
+            "kick of all targets by node1 (K[dev]) suppressed: kick.environments does not let a server in environment production kick environment dev"
+        ]
+    );
+}
+
+#[test]
+fn only_kicks_the_policy_allows_shape_the_role_graph() {
+    let rules = BTreeMap::from([("node".to_string(), vec!["haproxy".to_string()])]);
+    let mut sim = Sim::new(KickConfig { policy: Policy::from_rules(rules), ..KickConfig::default() });
+    sim.report("node1", &["haproxy", "db"]);
+    sim.report("db1", &["node"]);
+    let edges: Vec<(&str, &str)> = sim.planner.state().graph.edges().collect();
+    assert_eq!(edges, [("node", "haproxy")]);
+}
+
+#[test]
+fn role_edges_age_out_after_the_ttl() {
+    let mut sim = Sim::new(KickConfig { role_graph_ttl_ms: 3600 * SECOND, ..KickConfig::default() });
+    sim.report("node1", &["haproxy"]);
+    sim.advance(3600 * SECOND);
+    sim.report("db1", &["haproxy"]);
+    assert_eq!(sim.planner.state().graph.edge_count(), 2, "at the ttl: kept");
+    sim.advance(SECOND);
+    sim.report("db1", &["haproxy"]);
+    assert_eq!(sim.planner.state().graph.edges().collect::<Vec<_>>(), [("db", "haproxy")]);
+}
+
+#[test]
+fn a_kicked_run_is_matched_by_the_agents_clock_whatever_the_skew() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    // lb1's clock is 5 minutes behind: its reply and its report say so alike.
+    let agent_now = sim.now - 300 * SECOND;
+    let (dispatches, _) = sim.planner.due(sim.now);
+    assert_eq!(dispatches.len(), 1);
+    sim.planner.on_outcome("lb1", Outcome::StartedAt(agent_now), sim.now);
+    sim.report_started_at("lb1", agent_now - 2 * SECOND, false, &[]);
+    assert!(!sim.logged("kicked run of lb1 reported"), "a run started before the kick is not the kicked one");
+    sim.report_started_at("lb1", agent_now - SECOND + 1, false, &[]);
+    assert!(sim.logged("kicked run of lb1 reported"), "whole seconds: one second of slack");
+}
+
+#[test]
+fn without_the_agents_clock_the_configured_skew_is_tolerated() {
+    let mut sim = Sim::new(KickConfig { clock_skew_ms: 30 * SECOND, ..KickConfig::default() });
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    let kicked = sim.now;
+    sim.report_started_at("lb1", kicked - 30 * SECOND - 1, false, &[]);
+    assert!(!sim.logged("kicked run of lb1 reported"), "one over the skew");
+    sim.report_started_at("lb1", kicked - 30 * SECOND, false, &[]);
+    assert!(sim.logged("kicked run of lb1 reported"), "at the skew");
+}
+
+#[test]
+fn a_claim_renews_the_in_flight_time_and_fails_once_another_took_over() {
+    let config = KickConfig { in_flight_timeout_ms: 60 * SECOND, ..KickConfig::default() };
+    let mut sim = Sim::new(config);
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    let (dispatches, _) = sim.planner.due(sim.now);
+    sim.advance(50 * SECOND);
+    assert!(sim.planner.claim(&dispatches[0], sim.now));
+    sim.advance(50 * SECOND);
+    assert!(sim.planner.due(sim.now).0.is_empty(), "the timeout counts from the claim");
+    sim.advance(10 * SECOND);
+    let (again, _) = sim.planner.due(sim.now);
+    assert_eq!(again.len(), 1, "then it is stale and sent again");
+    assert!(!sim.planner.claim(&dispatches[0], sim.now), "the first dispatch is no longer the kick's");
+}
+
+#[test]
+fn a_kick_left_in_flight_wakes_the_dispatcher_when_it_turns_stale() {
+    let config = KickConfig { in_flight_timeout_ms: 60 * SECOND, ..KickConfig::default() };
+    let mut sim = Sim::new(config.clone());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.planner.due(sim.now).0.len(), 1, "in flight when its process dies");
+    let restarted = Planner::new(config, sim.planner.state().clone());
+    assert_eq!(restarted.next_wakeup(), Some(sim.now + 60 * SECOND));
+}
+
+/// A small deterministic generator (xorshift64*), so a failing seed replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One random history: reports (kicks by role, noop, nodes changing their role),
+/// runonce outcomes (including answers lost with their process), clock steps both
+/// ways, and restarts through the serialized state; then time runs on until every
+/// kick is settled.
+fn random_history(seed: u64) {
+    const SERVERS: usize = 12;
+    const ROLES: u64 = 6;
+    let config = KickConfig {
+        coalesce_ms: 5 * SECOND,
+        retry_base_ms: 10 * SECOND,
+        retry_max_ms: 60 * SECOND,
+        max_attempts: 3,
+        run_timeout_ms: 300 * SECOND,
+        in_flight_timeout_ms: 30 * SECOND,
+        rate_limit: RateLimit { max: 50, window_ms: 600 * SECOND },
+        ..KickConfig::default()
+    };
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut roles: Vec<String> = (0..SERVERS).map(|i| format!("r{}", i as u64 % ROLES)).collect();
+    let mut planner = Planner::new(config.clone(), PlannerState::default());
+    let mut now: Millis = 1_000_000;
+    let mut log: Vec<Event> = Vec::new();
+    // Dispatches sent and not answered: target -> when sent.
+    let mut unanswered: BTreeMap<String, Millis> = BTreeMap::new();
+    let mut answer = |planner: &mut Planner, rng: &mut Rng, now: Millis, log: &mut Vec<Event>, lose: bool| {
+        let (dispatches, events) = planner.due(now);
+        log.extend(events);
+        for d in dispatches {
+            if let Some(sent) = unanswered.get(&d.target) {
+                assert!(now - sent >= config.in_flight_timeout_ms, "seed {seed}: {} sent twice at once", d.target);
+            }
+            let outcome = match rng.below(if lose { 7 } else { 5 }) {
+                0 | 1 => Outcome::Started,
+                2 => Outcome::StartedAt(now - 90 * SECOND),
+                3 => Outcome::Busy("Puppet is currently applying a catalog".into()),
+                4 => Outcome::NoReply,
+                _ => {
+                    unanswered.insert(d.target.clone(), now);
+                    continue;
+                }
+            };
+            unanswered.remove(&d.target);
+            log.extend(planner.on_outcome(&d.target, outcome, now));
+        }
+    };
+    for _ in 0..200 {
+        match rng.below(10) {
+            0..=3 => {
+                let host = rng.below(SERVERS as u64) as usize;
+                if rng.below(8) == 0 {
+                    roles[host] = format!("r{}", rng.below(ROLES + 2));
+                }
+                let kicks = (0..rng.below(4))
+                    .map(|k| {
+                        let role = if rng.below(5) == 0 { "/./".to_string() } else { format!("r{}", rng.below(ROLES)) };
+                        kick_of(&format!("Kick[{k}]"), Selector::Roles(vec![role]), None)
+                    })
+                    .collect();
+                let skew = rng.below(20 * SECOND as u64) as Millis - 10 * SECOND;
+                let mut report = report_of(&format!("s{host}"), now + skew, kicks);
+                report.noop = rng.below(10) == 0;
+                let fleet = roles.clone();
+                let resolve = |selector: &Selector, _: &str| {
+                    let Selector::Roles(wanted) = selector else { return Vec::new() };
+                    let hit = |role: &String| wanted.iter().any(|w| w == "/./" || w == role);
+                    let servers = fleet.iter().enumerate().filter(|(_, role)| hit(role));
+                    servers.map(|(i, role)| Target { certname: format!("s{i}"), role: Some(role.clone()) }).collect()
+                };
+                let role_of = |host: &str| host[1..].parse::<usize>().ok().map(|i| fleet[i].clone());
+                let events = planner.on_report(&report, now, resolve, role_of);
+                // Every kick is decided: queued, joined, suppressed (with why) or found no target.
+                for kick in &report.kicks {
+                    let decided = events.iter().any(|e| match e {
+                        Event::Suppressed { resource, .. } | Event::NoTargets { resource, .. } => {
+                            resource == &kick.resource
+                        }
+                        _ => false,
+                    }) || events
+                        .iter()
+                        .any(|e| matches!(e, Event::Queued { .. } | Event::Coalesced { .. } | Event::FollowUp { .. }));
+                    assert!(decided, "seed {seed}: {} left undecided: {events:?}", kick.resource);
+                }
+                log.extend(events);
+            }
+            4..=6 => {
+                let lose = true;
+                answer(&mut planner, &mut rng, now, &mut log, lose);
+            }
+            7 => {
+                // A restart: only what was serialized survives.
+                let bytes = rmp_serde::to_vec_named(planner.state()).unwrap();
+                planner = Planner::new(config.clone(), rmp_serde::from_slice(&bytes).unwrap());
+            }
+            8 => now -= rng.below(5 * SECOND as u64) as Millis, // the clock steps back
+            _ => now += rng.below(120 * SECOND as u64) as Millis,
+        }
+        now += rng.below(3 * SECOND as u64) as Millis;
+        let graph = &planner.state().graph;
+        assert!(graph.cycles().count() <= MAX_ROLE_CYCLES_LISTED, "seed {seed}");
+        assert!(graph.cycles().all(|c| c.len() <= config.max_hops + 2), "seed {seed}");
+    }
+    // Time runs on with no answer lost: everything settles.
+    for _ in 0..200 {
+        if planner.undelivered() == 0 && planner.state().targets.values().all(|t| t.running.is_none()) {
+            break;
+        }
+        now += config.run_timeout_ms;
+        answer(&mut planner, &mut rng, now, &mut log, false);
+    }
+    assert_eq!(planner.undelivered(), 0, "seed {seed}: kicks never settled: {:?}", planner.state().targets);
+    // Every kick taken in ends started or failed-and-logged, after it was taken in.
+    let mut ended_later = std::collections::BTreeSet::new();
+    for event in log.iter().rev() {
+        match event {
+            Event::Started { target, .. } | Event::GaveUp { target, .. } => {
+                ended_later.insert(target.clone());
+            }
+            Event::Queued { target, .. } | Event::Coalesced { target, .. } | Event::FollowUp { target, .. } => {
+                assert!(ended_later.contains(target), "seed {seed}: a kick of {target} never ended");
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn random_histories_keep_the_planners_promises() {
+    for seed in 0..100 {
+        random_history(seed);
+    }
+}

@@ -78,7 +78,12 @@ impl Transport for McoTransport {
             self.timeout,
         ) {
             Ok(outcome) => match outcome.replies.into_iter().find(|r| r.sender == dispatch.target) {
-                Some(reply) => classify(reply.statuscode, &reply.statusmsg),
+                // The reply's msgtime is the agent's clock: the kicked run's report
+                // is then matched whatever the skew between master and agent.
+                Some(reply) => match classify(reply.statuscode, &reply.statusmsg) {
+                    Outcome::Started if reply.msgtime > 0 => Outcome::StartedAt(reply.msgtime.saturating_mul(1000)),
+                    outcome => outcome,
+                },
                 None => Outcome::NoReply,
             },
             Err(e) => Outcome::Failed(format!("mcollective: {e}")),
