@@ -19,6 +19,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const STATE_FILE: &str = "kicks.msgpack";
 pub const STATUS_FILE: &str = "kick-status.json";
+/// `kicks.msgpack` holds one entry per kicked server plus bounded history: far below
+/// this even for 100,000 servers. A larger file is not ours to trust.
+pub const MAX_STATE_FILE_SIZE: u64 = 64 << 20;
+/// The state is a few levels deep; rmp's default (1024) would let a hostile file
+/// recurse far enough to overflow a small thread stack.
+const MAX_STATE_NESTING: usize = 16;
 /// Lines kept for the bindings to log; a flood beyond this is counted, not kept.
 const MAX_LOG_LINES: usize = 1000;
 /// Lines one report logs; the rest are counted in one more line (the status file
@@ -88,7 +94,7 @@ impl KickService {
         let mut warnings = Vec::new();
         // kicks.lock is opened before anything else writes to a new cache dir
         if let Err(e) = crate::cache_dir::ensure(cache_dir) {
-            warnings.push(format!("cannot create the cache directory {}: {e}", cache_dir.display()));
+            warnings.push(format!("kick state cannot be kept: {e}"));
         }
         let state = read_state(&state_path).unwrap_or_else(|e| {
             warnings.push(e);
@@ -416,7 +422,7 @@ impl FileStamp {
 }
 
 fn read_state(path: &Path) -> Result<PlannerState, String> {
-    match std::fs::read(path) {
+    match crate::bounded_read::read(path, MAX_STATE_FILE_SIZE) {
         Ok(bytes) => decode_state(path, &bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PlannerState::default()),
         Err(e) => Err(format!("cannot read kick state {}: {e}", path.display())),
@@ -443,7 +449,10 @@ fn most_severe_first(lines: Vec<LogLine>, cap: usize) -> Vec<LogLine> {
 }
 
 fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, String> {
-    rmp_serde::from_slice(bytes).map_err(|e| format!("ignoring unreadable kick state {}: {e}", path.display()))
+    let mut decoder = rmp_serde::Deserializer::from_read_ref(bytes);
+    decoder.set_max_depth(MAX_STATE_NESTING);
+    PlannerState::deserialize(&mut decoder)
+        .map_err(|e| format!("ignoring unreadable kick state {}: {e}", path.display()))
 }
 
 fn log_line(event: &Event) -> LogLine {
@@ -499,4 +508,45 @@ fn status_json(planner: &Planner, now: Millis) -> serde_json::Value {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::tests::tempdir;
+
+    #[test]
+    fn a_state_file_at_the_size_limit_is_read_and_one_byte_over_is_refused() {
+        let dir = tempdir("kick-state-size");
+        let path = dir.join(STATE_FILE);
+        let state = rmp_serde::to_vec_named(&PlannerState::default()).unwrap();
+        // Trailing bytes after the state are ignored by the decoder, so padding the
+        // file to the limit keeps it readable: only the size decides.
+        let mut bytes = state.clone();
+        bytes.resize(MAX_STATE_FILE_SIZE as usize, 0);
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_state(&path).unwrap(), PlannerState::default());
+        bytes.push(0);
+        std::fs::write(&path, &bytes).unwrap();
+        let error = read_state(&path).unwrap_err();
+        assert!(error.contains(&path.display().to_string()) && error.contains("over the 64 MiB limit"), "{error}");
+    }
+
+    #[test]
+    fn a_deeply_nested_state_file_is_refused_not_a_stack_overflow() {
+        let dir = tempdir("kick-state-depth");
+        let path = dir.join(STATE_FILE);
+        // 100,000 nested one-element arrays, then nil: decoding recursed once per level.
+        let mut bytes = vec![0x91u8; 100_000];
+        bytes.push(0xc0);
+        std::fs::write(&path, &bytes).unwrap();
+        let error = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || read_state(&path))
+            .unwrap()
+            .join()
+            .expect("decoding overflowed the stack")
+            .unwrap_err();
+        assert!(error.contains("ignoring unreadable kick state"), "{error}");
+    }
 }
