@@ -37,6 +37,11 @@ struct Scenario {
     error_on_send: bool,
     /// Answer a SEND with a MESSAGE declaring a huge body.
     huge_message: bool,
+    /// Answer CONNECT (or, after CONNECTED, a SEND) with a newline every 100 ms, forever.
+    trickle_handshake: bool,
+    trickle: bool,
+    /// Answer a SEND with half a MESSAGE, then close the connection.
+    close_mid_frame: bool,
 }
 
 impl Default for Scenario {
@@ -52,6 +57,9 @@ impl Default for Scenario {
             junk: false,
             error_on_send: false,
             huge_message: false,
+            trickle_handshake: false,
+            trickle: false,
+            close_mid_frame: false,
         }
     }
 }
@@ -128,6 +136,9 @@ fn serve(stream: TcpStream, sc: &Scenario, log: &Mutex<Vec<Frame>>) -> Result<()
                     thread::sleep(Duration::from_secs(5));
                     return Ok(());
                 }
+                if sc.trickle_handshake {
+                    return trickle(&mut raw);
+                }
                 if sc.reject_login {
                     writer.write_frame(
                         &Frame::new("ERROR")
@@ -163,7 +174,27 @@ fn message_frame(req_frame: &Frame, body: Vec<u8>) -> Frame {
         .body(body)
 }
 
+/// A heart-beat newline every 100 ms until the client hangs up (at most 30 s).
+fn trickle(raw: &mut TcpStream) -> Result<(), Error> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if raw.write_all(b"\n").is_err() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mut TcpStream) -> Result<(), Error> {
+    if sc.trickle {
+        return trickle(raw);
+    }
+    if sc.close_mid_frame {
+        raw.write_all(b"MESSAGE\ncontent-length:100\n\nhalf a bo").map_err(|e| Error::InvalidInput(e.to_string()))?;
+        raw.shutdown(std::net::Shutdown::Both).map_err(|e| Error::InvalidInput(e.to_string()))?;
+        return Err(Error::InvalidInput("closed mid-frame".into()));
+    }
     if sc.error_on_send {
         return w.write_frame(&Frame::new("ERROR").header("message", "queue full"));
     }
@@ -474,4 +505,90 @@ fn bad_arguments_are_refused_before_connecting() {
     ));
     let bad = Filter { fact: vec![FactFilter::new("role", "~=", "x")], ..Filter::default() };
     assert!(matches!(client.discover("mcollective", &bad, t, None), Err(Error::InvalidInput(_))));
+}
+
+/// Runs `f` on a thread and fails the test if it has not returned within `limit`
+/// (a hang must fail the test, not stall the suite).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> (T, Duration) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => (v, start.elapsed()),
+        Err(_) => panic!("still running after {limit:?}: the deadline is not enforced"),
+    }
+}
+
+#[test]
+fn a_trickling_broker_cannot_stretch_discovery_inventory_or_runonce_past_their_deadline() {
+    let broker = Broker::start(Scenario { trickle: true, ..Scenario::default() });
+    let client = Arc::new(Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None)));
+    let timeout = Duration::from_secs(1);
+
+    let c = client.clone();
+    let (nodes, took) =
+        within(Duration::from_secs(6), move || c.discover("mcollective", &Filter::default(), timeout, None));
+    assert_eq!(nodes.unwrap(), Vec::<String>::new());
+    assert!(took < timeout + Duration::from_secs(1), "discovery took {took:?}");
+
+    let c = client.clone();
+    let (outcome, took) = within(Duration::from_secs(6), move || {
+        c.rpc_broadcast("mcollective", "rpcutil", "inventory", &[], &Filter::default(), Some(3), timeout)
+    });
+    assert!(outcome.unwrap().replies.is_empty());
+    assert!(took < timeout + Duration::from_secs(1), "inventory took {took:?}");
+
+    let c = client.clone();
+    let (outcome, took) = within(Duration::from_secs(6), move || {
+        c.rpc_directed("mcollective", "puppet", "runonce", &[], &["node1.example.com".into()], timeout)
+    });
+    assert_eq!(outcome.unwrap().missing, ["node1.example.com"]);
+    assert!(took < timeout + Duration::from_secs(1), "runonce took {took:?}");
+}
+
+#[test]
+fn a_broker_trickling_instead_of_connected_is_bounded_by_the_connect_timeout() {
+    let broker = Broker::start(Scenario { trickle_handshake: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::ActiveMq, vec![broker.host()], None));
+    let connect_timeout = client.config().connect_timeout;
+    let (err, took) = within(Duration::from_secs(6), move || {
+        client.discover("mcollective", &Filter::default(), Duration::from_millis(100), None)
+    });
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("no CONNECTED frame within the connect timeout"), "{err}");
+    assert!(took < connect_timeout + Duration::from_secs(1), "handshake took {took:?}");
+}
+
+#[test]
+fn a_listener_that_never_answers_connect_is_bounded_by_the_connect_timeout() {
+    // Accepts (the kernel does, from the backlog) and never reads or writes.
+    let blackhole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = BrokerHost {
+        host: "127.0.0.1".into(),
+        port: blackhole.local_addr().unwrap().port(),
+        user: String::new(),
+        password: String::new(),
+    };
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![host], None));
+    let connect_timeout = client.config().connect_timeout;
+    let (err, took) = within(Duration::from_secs(6), move || {
+        client.discover("mcollective", &Filter::default(), Duration::from_secs(1), None)
+    });
+    assert!(matches!(err, Err(Error::NoBroker(_))), "{err:?}");
+    assert!(took < connect_timeout + Duration::from_secs(1), "handshake took {took:?}");
+    drop(blackhole);
+}
+
+#[test]
+fn a_broker_closing_mid_frame_is_a_clean_error_within_the_deadline() {
+    let broker = Broker::start(Scenario { close_mid_frame: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None));
+    let (err, took) = within(Duration::from_secs(6), move || {
+        client.discover("mcollective", &Filter::default(), Duration::from_secs(2), None)
+    });
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("closed in the middle of a frame"), "{err}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
 }
