@@ -7,7 +7,9 @@
 //! dropped is counted in [`ClientStats`] so operators can see tampering or
 //! crossed wires.
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::BuildHasher;
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,6 +49,11 @@ pub struct ClientStats {
     pub unexpected_sender: u64,
     /// Frames other than MESSAGE (e.g. RECEIPT) ignored while collecting.
     pub other_frames: u64,
+    /// Dropped: `:msgtime` (unsigned) more than the ttl before the request or
+    /// after its reception: a replay, or a clock far off.
+    pub bad_msgtime: u64,
+    /// Dropped: over the call's [`ReplyLimits`] (count or bytes).
+    pub over_limit: u64,
 }
 
 #[derive(Default)]
@@ -58,6 +65,8 @@ struct Counters {
     duplicate: AtomicU64,
     unexpected_sender: AtomicU64,
     other_frames: AtomicU64,
+    bad_msgtime: AtomicU64,
+    over_limit: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -86,6 +95,18 @@ pub struct RpcOutcome {
     pub replies: Vec<RpcReply>,
     /// Directed calls: nodes that did not answer in time (sorted).
     pub missing: Vec<String>,
+    /// Senders whose exact signed body also came from another sender in this
+    /// call (sorted). The psk signs only the body, so it cannot tell which of
+    /// them sent it: callers whose replies must differ per server (inventory)
+    /// drop these; replies alike by nature (runonce) keep them.
+    pub ambiguous: Vec<String>,
+}
+
+/// Verified replies of one call, by sender.
+struct Collected {
+    replies: BTreeMap<String, Reply>,
+    /// Senders whose body another sender sent too.
+    ambiguous: BTreeSet<String>,
 }
 
 /// A blocking mcollective client.
@@ -99,6 +120,11 @@ pub struct Client {
 struct Expect<'a> {
     requestid: &'a str,
     agent: &'a str,
+    /// The request's `:msgtime` and ttl: a reply's `:msgtime` must lie within
+    /// `sent - ttl ..= now + ttl` (clocks may differ by up to the ttl, as
+    /// daemons allow for requests).
+    sent: i64,
+    ttl: i64,
     /// Stop once this many distinct senders answered.
     count: Option<usize>,
     /// Directed: only these senders are accepted.
@@ -127,6 +153,8 @@ impl Client {
             duplicate: l(&c.duplicate),
             unexpected_sender: l(&c.unexpected_sender),
             other_frames: l(&c.other_frames),
+            bad_msgtime: l(&c.bad_msgtime),
+            over_limit: l(&c.over_limit),
         }
     }
 
@@ -151,7 +179,8 @@ impl Client {
             && filter.compound.is_empty();
         filter.collective = if unfiltered { None } else { Some(collective.to_string()) };
         let body = message::discovery_body()?;
-        let replies = self.call(collective, "discovery", &filter, body, None, expected, timeout)?;
+        // Every "pong" is alike: `ambiguous` means nothing here.
+        let replies = self.call(collective, "discovery", &filter, body, None, expected, timeout)?.replies;
         let mut nodes = Vec::new();
         for reply in replies.into_values() {
             match reply.inner(self.config.marshal_limits) {
@@ -214,9 +243,9 @@ impl Client {
         Ok(self.rpc_outcome(replies, Some(&nodes)))
     }
 
-    fn rpc_outcome(&self, replies: BTreeMap<String, Reply>, nodes: Option<&[String]>) -> RpcOutcome {
-        let mut out = RpcOutcome::default();
-        for reply in replies.into_values() {
+    fn rpc_outcome(&self, collected: Collected, nodes: Option<&[String]>) -> RpcOutcome {
+        let mut out = RpcOutcome { ambiguous: collected.ambiguous.into_iter().collect(), ..RpcOutcome::default() };
+        for reply in collected.replies.into_values() {
             let status = reply.inner(self.config.marshal_limits).and_then(|v| RpcStatus::from_value(&v));
             match status {
                 Ok(s) => out.replies.push(RpcReply {
@@ -264,7 +293,7 @@ impl Client {
         nodes: Option<&[String]>,
         expected: Option<usize>,
         timeout: Duration,
-    ) -> Result<BTreeMap<String, Reply>> {
+    ) -> Result<Collected> {
         let now = message::now_epoch();
         let request = Request {
             senderid: self.config.identity.clone(),
@@ -302,7 +331,15 @@ impl Client {
                 };
                 session.send(&self.connector.request(&route, payload.clone()), deadline)?;
             }
-            let expect = Expect { requestid: &request.requestid, agent, count: expected, only: nodes, deadline };
+            let expect = Expect {
+                requestid: &request.requestid,
+                agent,
+                sent: now,
+                ttl: request.ttl,
+                count: expected,
+                only: nodes,
+                deadline,
+            };
             self.collect(&mut session, &expect)
         })();
         let goodbye = deadline_after(GOODBYE_TIME.min(self.config.connect_timeout));
@@ -316,10 +353,16 @@ impl Client {
         result
     }
 
-    fn collect(&self, session: &mut Session, expect: &Expect<'_>) -> Result<BTreeMap<String, Reply>> {
+    fn collect(&self, session: &mut Session, expect: &Expect<'_>) -> Result<Collected> {
         let mut replies = BTreeMap::new();
+        let mut ambiguous = BTreeSet::new();
+        // Body digest -> first sender; keyed per process, so nobody can aim collisions.
+        let digest = RandomState::new();
+        let mut bodies: HashMap<u64, String> = HashMap::new();
+        let limits = self.config.reply_limits;
+        let mut kept_bytes = 0usize;
         if expect.count == Some(0) {
-            return Ok(replies);
+            return Ok(Collected { replies, ambiguous });
         }
         while let Some(frame) = session.next_frame(expect.deadline)? {
             match frame.command.as_str() {
@@ -349,6 +392,12 @@ impl Client {
                 bump(&self.counters.malformed);
                 continue;
             }
+            let oldest = expect.sent.saturating_sub(expect.ttl);
+            let newest = message::now_epoch().max(expect.sent).saturating_add(expect.ttl);
+            if !(oldest..=newest).contains(&reply.msgtime) {
+                bump(&self.counters.bad_msgtime);
+                continue;
+            }
             if let Some(only) = expect.only {
                 if !only.contains(&reply.senderid) {
                     bump(&self.counters.unexpected_sender);
@@ -359,12 +408,27 @@ impl Client {
                 bump(&self.counters.duplicate);
                 continue;
             }
+            let size = frame.body.len();
+            if replies.len() >= limits.max_replies || kept_bytes.saturating_add(size) > limits.max_bytes {
+                bump(&self.counters.over_limit);
+                continue;
+            }
+            kept_bytes += size;
+            match bodies.entry(digest.hash_one(&reply.body)) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(reply.senderid.clone());
+                }
+                std::collections::hash_map::Entry::Occupied(first) => {
+                    ambiguous.insert(first.get().clone());
+                    ambiguous.insert(reply.senderid.clone());
+                }
+            }
             replies.insert(reply.senderid.clone(), reply);
             if expect.count.is_some_and(|n| replies.len() >= n) {
                 break;
             }
         }
-        Ok(replies)
+        Ok(Collected { replies, ambiguous })
     }
 
     /// Connects to the first pool host that completes the STOMP handshake.

@@ -16,7 +16,7 @@ pub mod psk;
 pub mod stomp;
 
 pub use client::{Client, ClientStats, RpcOutcome, RpcReply};
-pub use config::{BrokerHost, Config, ConnectorKind, Overrides};
+pub use config::{BrokerHost, Config, ConnectorKind, Overrides, ReplyLimits};
 pub use error::{Error, Result};
 pub use marshal::{Encoding, Value};
 pub use message::{FactFilter, Filter};
