@@ -87,6 +87,16 @@ impl McollectiveSource {
         &self.client
     }
 
+    /// The longest a refresh can take: collectives are asked in parallel, each with
+    /// a discovery then an inventory, and each of those may try every broker of the
+    /// pool for `connect_timeout`, then collect, then say goodbye (at most 1 s).
+    pub fn worst_case(&self) -> Duration {
+        let config = self.client.config();
+        let pool = u32::try_from(config.pool.len()).unwrap_or(u32::MAX);
+        let call = config.connect_timeout.saturating_mul(pool).saturating_add(Duration::from_secs(1));
+        call.saturating_mul(2).saturating_add(config.discovery_timeout).saturating_add(self.timeout)
+    }
+
     /// For messages: the file, the brokers and the collectives.
     pub fn describe(&self) -> String {
         let config = self.client.config();
