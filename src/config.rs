@@ -163,6 +163,16 @@ impl McollectiveSettings {
                 self.overrides.connect_timeout = Some(Duration::from_secs(seconds("a duration (10)")?))
             }
             "timeout" => self.timeout = seconds("a duration (10)")?,
+            "max_servers" => {
+                let n = value.as_u64().filter(|n| *n > 0).ok_or_else(|| bad("a number of servers (100000)"))?;
+                let limits = self.overrides.reply_limits.get_or_insert_with(Default::default);
+                limits.max_replies = usize::try_from(n).unwrap_or(usize::MAX);
+            }
+            "max_reply_bytes" => {
+                let n = byte_size(value).filter(|n| *n > 0).ok_or_else(|| bad("a size in bytes (1G, 512M)"))?;
+                let limits = self.overrides.reply_limits.get_or_insert_with(Default::default);
+                limits.max_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+            }
             "grace" => self.grace = duration(value).ok_or_else(|| bad("a duration (10m)"))?,
             _ => return Err(format!("unknown key 'mcollective.{key}'; known keys: {}", KNOWN_KEYS.join(", "))),
         }
@@ -275,6 +285,8 @@ const KNOWN_KEYS: &[&str] = &[
     "mcollective.connect_timeout",
     "mcollective.timeout",
     "mcollective.grace",
+    "mcollective.max_servers",
+    "mcollective.max_reply_bytes",
 ];
 
 impl Config {
@@ -413,6 +425,24 @@ pub(crate) fn duration(value: &Value) -> Option<u64> {
     }
 }
 
+/// Bytes: a number, or a string with a binary suffix K, M or G (`512M`).
+fn byte_size(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => {
+            let s = s.trim();
+            let (digits, shift) = match s.char_indices().last()? {
+                (i, 'K' | 'k') => (&s[..i], 10),
+                (i, 'M' | 'm') => (&s[..i], 20),
+                (i, 'G' | 'g') => (&s[..i], 30),
+                _ => (s, 0),
+            };
+            digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,6 +516,12 @@ mod tests {
         let debug = format!("{c:?}");
         assert!(!debug.contains("secret") && !debug.contains("psk: Some"), "{debug}");
         assert_eq!(o.psk.as_deref(), Some("k"));
+        assert_eq!(o.reply_limits, None);
+        let c = parse("mcollective:\n  max_servers: 1\n  max_reply_bytes: 512M\n").unwrap();
+        let limits = c.mcollective.overrides.reply_limits.unwrap();
+        assert_eq!((limits.max_replies, limits.max_bytes), (1, 512 << 20));
+        let c = parse("mcollective:\n  max_reply_bytes: 4096\n").unwrap();
+        assert_eq!(c.mcollective.overrides.reply_limits.unwrap().max_bytes, 4096);
         let d = Config::defaults(&settings());
         assert_eq!((d.mcollective.timeout, d.mcollective.grace, d.retry_min, d.retry_max), (10, 600, 5, 300));
         assert_eq!(d.mcollective.overrides.config_path, None);
@@ -521,6 +557,8 @@ mod tests {
             ("mcollective:\n  collectives: []\n", "'mcollective.collectives' must be a non-empty list"),
             ("mcollective:\n  grace: soon\n", "'mcollective.grace' must be a duration"),
             ("mcollective:\n  timeout: 0\n", "'mcollective.timeout' must be a duration"),
+            ("mcollective:\n  max_servers: 0\n", "'mcollective.max_servers' must be a number of servers"),
+            ("mcollective:\n  max_reply_bytes: 1T\n", "'mcollective.max_reply_bytes' must be a size in bytes"),
             ("cache:\n  retry_max: never\n", "'cache.retry_max' must be a duration"),
         ] {
             let e = parse(yaml).unwrap_err().to_string();

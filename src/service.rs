@@ -23,7 +23,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Distinct clauses kept compiled; manifests use a few dozen.
 const CLAUSE_CACHE_SIZE: usize = 1024;
@@ -31,6 +31,10 @@ const CLAUSE_CACHE_SIZE: usize = 1024;
 const EMPTY_RETRY_SECONDS: i64 = 5;
 /// Warnings kept for the bindings to log; newer ones are dropped, counted.
 const MAX_PENDING_WARNINGS: usize = 256;
+/// A refresh reading the fact cache has no network deadline; past this it is hung.
+const PUPPET_CACHE_WORST_CASE: Duration = Duration::from_secs(300);
+/// Refresh threads declared hung that may linger; past this, no new one is started.
+const MAX_ABANDONED_REFRESHES: usize = 4;
 
 pub struct Kicker {
     settings: PuppetSettings,
@@ -57,6 +61,8 @@ struct Shared {
     retry_at: AtomicI64,
     /// `source: mcollective`: the client, from the operator's client.cfg.
     mcollective: Option<McollectiveSource>,
+    /// Where refresh threads take their work (a new thread replaces a hung one).
+    requests: Receiver<Refresh>,
 }
 
 /// Warnings waiting for the bindings, and how many did not fit.
@@ -66,15 +72,23 @@ struct Warnings {
     left_out: u64,
 }
 
-/// Wakes the refresh thread; what to do is in `RefreshState`.
-struct Refresh;
+/// Wakes a refresh thread to run refresh number `.0` (see `RefreshState::ticket`).
+struct Refresh(u64);
 
 /// Whether a refresh is queued or running, and who waits for it to finish. One lock,
 /// so a waiter can never register just after the refresh it waits for has ended.
-#[derive(Default)]
 struct RefreshState {
     in_flight: bool,
     waiters: Vec<Sender<()>>,
+    /// The number of the latest refresh requested; an older one that finishes late
+    /// (declared hung) changes nothing.
+    ticket: u64,
+    /// When the refresh in flight was requested.
+    since: Option<Instant>,
+    /// A refresh in flight for longer is declared hung: far beyond its worst case.
+    stuck_after: Duration,
+    /// Refresh threads declared hung and not finished yet.
+    abandoned: usize,
 }
 
 /// Servers selected by a query: positions into the index they were read from, which
@@ -151,9 +165,21 @@ impl Kicker {
             SourceKind::Mcollective => Some(McollectiveSource::open(&config.mcollective)?),
             SourceKind::PuppetCache => None,
         };
+        // Every network wait of a refresh is bounded; twice the worst case and a
+        // minute more means something below us (resolver, file system) hangs.
+        let worst_case = mcollective.as_ref().map_or(PUPPET_CACHE_WORST_CASE, McollectiveSource::worst_case);
+        let stuck_after = worst_case.saturating_mul(2).saturating_add(Duration::from_secs(60));
+        let (refresh, requests) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
             current: ArcSwapOption::empty(),
-            refresh_state: Mutex::new(RefreshState::default()),
+            refresh_state: Mutex::new(RefreshState {
+                in_flight: false,
+                waiters: Vec::new(),
+                ticket: 0,
+                since: None,
+                stuck_after,
+                abandoned: 0,
+            }),
             last_finished: AtomicI64::new(0),
             last_error: Mutex::new(None),
             warnings: Mutex::new(Warnings::default()),
@@ -161,6 +187,7 @@ impl Kicker {
             failures: AtomicU32::new(0),
             retry_at: AtomicI64::new(0),
             mcollective,
+            requests,
             config,
         });
         match snapshot::read(&snapshot::path_in(&shared.config.cache_dir)) {
@@ -172,12 +199,7 @@ impl Kicker {
             Ok(None) => {}
             Err(warning) => shared.warn(warning),
         }
-        let (refresh, requests) = crossbeam_channel::unbounded();
-        let worker = shared.clone();
-        std::thread::Builder::new()
-            .name("puppet-kicker-refresh".into())
-            .spawn(move || refresh_loop(&worker, &requests))
-            .map_err(|e| Error::Io(format!("cannot start the refresh thread: {e}")))?;
+        start_refresh_thread(&shared).map_err(|e| Error::Io(format!("cannot start the refresh thread: {e}")))?;
         Ok(Kicker { settings, shared, clauses: ClauseCache::new(CLAUSE_CACHE_SIZE), refresh, kicks: OnceLock::new() })
     }
 
@@ -417,15 +439,40 @@ impl Kicker {
     }
 }
 
-fn request_refresh(shared: &Shared, refresh: &Sender<Refresh>) {
+/// Starts a refresh unless one is in flight. One in flight far beyond its worst
+/// case is declared hung: logged, left to finish on its own thread (its result is
+/// then discarded), and a new thread takes this refresh, so a hang below us (a
+/// resolver, a file system) never stops refreshes for good.
+fn request_refresh(shared: &Arc<Shared>, refresh: &Sender<Refresh>) {
     let mut state = lock(&shared.refresh_state);
-    if !state.in_flight {
-        state.in_flight = true;
-        let _ = refresh.send(Refresh);
+    if state.in_flight {
+        let running = state.since.map_or(Duration::ZERO, |since| since.elapsed());
+        if running < state.stuck_after || state.abandoned >= MAX_ABANDONED_REFRESHES {
+            return;
+        }
+        let started = match start_refresh_thread(shared) {
+            Ok(()) => "starting another",
+            Err(_) => "and no thread could be started for another",
+        };
+        shared.warn(format!(
+            "puppet-kicker: the refresh started {}s ago is still running, far beyond the {}s it may take (a hung resolver or file system?); {started}",
+            running.as_secs(),
+            state.stuck_after.as_secs()
+        ));
+        state.abandoned += 1;
     }
+    state.in_flight = true;
+    state.ticket += 1;
+    state.since = Some(Instant::now());
+    let _ = refresh.send(Refresh(state.ticket));
 }
 
-fn refresh_and_wait(shared: &Shared, refresh: &Sender<Refresh>, timeout: Duration) -> bool {
+fn start_refresh_thread(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let worker = shared.clone();
+    std::thread::Builder::new().name("puppet-kicker-refresh".into()).spawn(move || refresh_loop(&worker)).map(drop)
+}
+
+fn refresh_and_wait(shared: &Arc<Shared>, refresh: &Sender<Refresh>, timeout: Duration) -> bool {
     let (done, finished) = crossbeam_channel::bounded(1);
     lock(&shared.refresh_state).waiters.push(done);
     request_refresh(shared, refresh);
@@ -448,8 +495,14 @@ impl Shared {
         }
     }
 
-    /// Reads the source and swaps in a new index; the snapshot follows.
-    fn refresh(&self) -> Result<()> {
+    /// Whether refresh `ticket` is still the latest one (not declared hung).
+    fn is_current(&self, ticket: u64) -> bool {
+        lock(&self.refresh_state).ticket == ticket
+    }
+
+    /// Reads the source and swaps in a new index; the snapshot follows. Refresh
+    /// `ticket` changes nothing once a newer one replaced it.
+    fn refresh(&self, ticket: u64) -> Result<()> {
         let started = now();
         let harvest: Harvest = match (self.config.source, &self.mcollective) {
             (SourceKind::Mcollective, Some(mcollective)) => {
@@ -471,19 +524,34 @@ impl Shared {
             .collect();
         nodes.extend(harvest.kept);
         let index = Index::build(nodes, &self.config.role_fact, started);
+        if !self.is_current(ticket) {
+            return Ok(());
+        }
         let snap = SnapshotRef { built_at: started, nodes: index.nodes(), seen_environments: &seen };
         if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
             self.warn(warning);
         }
-        self.current.store(Some(Arc::new(index)));
+        let state = lock(&self.refresh_state);
+        if state.ticket == ticket {
+            self.current.store(Some(Arc::new(index)));
+        }
         Ok(())
     }
 }
 
-fn refresh_loop(shared: &Shared, requests: &Receiver<Refresh>) {
-    while let Ok(Refresh) = requests.recv() {
-        let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh()))
+fn refresh_loop(shared: &Shared) {
+    while let Ok(Refresh(ticket)) = shared.requests.recv() {
+        let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh(ticket)))
             .unwrap_or_else(|_| Err(Error::Io("internal error: the refresh panicked".into())));
+        if !shared.is_current(ticket) {
+            // Declared hung while it ran: a newer refresh owns the state, and
+            // another thread serves requests.
+            let mut state = lock(&shared.refresh_state);
+            state.abandoned = state.abandoned.saturating_sub(1);
+            drop(state);
+            shared.warn("puppet-kicker: a refresh declared hung finished after all; its result was discarded".into());
+            return;
+        }
         let mut last_error = lock(&shared.last_error);
         match outcome {
             Ok(()) => {
@@ -510,7 +578,13 @@ fn refresh_loop(shared: &Shared, requests: &Receiver<Refresh>) {
         shared.last_finished.store(now(), Ordering::SeqCst);
         let waiters = {
             let mut state = lock(&shared.refresh_state);
+            if state.ticket != ticket {
+                // Declared hung just now: the newer refresh wakes the waiters.
+                state.abandoned = state.abandoned.saturating_sub(1);
+                return;
+            }
             state.in_flight = false;
+            state.since = None;
             std::mem::take(&mut state.waiters)
         };
         for waiter in waiters {
@@ -535,4 +609,66 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub fn version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
     VERSION.get_or_init(|| format!("{} (index format {})", env!("CARGO_PKG_VERSION"), snapshot::FORMAT_VERSION))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// A refresh that hangs (here: on a lock the test holds, as it could on a hung
+    /// file system) is declared hung once past `stuck_after`; the next request
+    /// starts a new refresh on a new thread instead of waiting forever, and the
+    /// hung one, when it ends, changes nothing.
+    #[test]
+    fn a_hung_refresh_never_blocks_later_ones() {
+        let root = std::env::temp_dir().join(format!("pk-service-hung-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let (etc, facts) = (root.join("etc"), root.join("facts"));
+        fs::create_dir_all(&etc).unwrap();
+        fs::create_dir_all(&facts).unwrap();
+        let config =
+            format!("puppet_cache:\n  dirs: [{}]\ncache:\n  dir: {}\n", facts.display(), root.join("cache").display());
+        fs::write(etc.join("puppet_kicker.yaml"), config).unwrap();
+        let settings = PuppetSettings { confdir: etc, vardir: root.join("var"), ..Default::default() };
+        let kicker = Kicker::start(settings).unwrap();
+        let state = || lock(&kicker.shared.refresh_state);
+        let counts = || {
+            let s = state();
+            (s.ticket, s.abandoned)
+        };
+        assert_eq!(state().stuck_after, Duration::from_secs(660));
+
+        let hang = lock(&kicker.shared.seen_environments);
+        kicker.request_refresh();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(state().in_flight);
+        // Within the limit, a request joins the refresh in flight.
+        assert!(!kicker.refresh_and_wait(Duration::from_millis(200)));
+        assert_eq!(counts(), (1, 0));
+        assert!(kicker.take_warnings().is_empty());
+
+        state().stuck_after = Duration::from_millis(100);
+        kicker.request_refresh();
+        assert_eq!(counts(), (2, 1));
+        let warnings = kicker.take_warnings();
+        assert!(
+            warnings.iter().any(|w| w.contains("is still running, far beyond") && w.contains("starting another")),
+            "{warnings:?}"
+        );
+
+        // The hang ends: the new refresh completes, the old one is discarded.
+        drop(hang);
+        let start = Instant::now();
+        while state().in_flight || counts().1 > 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "refreshes did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let warnings = kicker.take_warnings();
+        assert!(warnings.iter().any(|w| w.contains("finished after all; its result was discarded")), "{warnings:?}");
+        assert!(kicker.shared.current.load_full().is_some());
+        assert!(kicker.refresh_and_wait(Duration::from_secs(10)), "refreshes go on");
+        assert_eq!(state().ticket, 3);
+        let _ = fs::remove_dir_all(&root);
+    }
 }

@@ -13,7 +13,7 @@ use puppet_kicker::mcollective::config::{BrokerHost, Config, ConnectorKind, Over
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
 use puppet_kicker::mcollective::message::{self, Reply, Request, RpcStatus};
 use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits, Version};
-use puppet_kicker::mcollective::{Client, Error, FactFilter, Filter};
+use puppet_kicker::mcollective::{Client, Error, FactFilter, Filter, ReplyLimits};
 
 const PSK: &str = "loopback-psk";
 
@@ -37,7 +37,46 @@ struct Scenario {
     error_on_send: bool,
     /// Answer a SEND with a MESSAGE declaring a huge body.
     huge_message: bool,
+    /// Answer CONNECT (or, after CONNECTED, a SEND) with a newline every 100 ms, forever.
+    trickle_handshake: bool,
+    trickle: bool,
+    /// Answer a SEND with half a MESSAGE, then close the connection.
+    close_mid_frame: bool,
+    /// Answer a SEND with only the captured signed reply, rewritten each of these ways.
+    replay: Vec<Rewrite>,
+    /// Answer a SEND with this many replies from distinct senders (`usize::MAX`:
+    /// until the client hangs up), each RPC reply padded with `flood_pad` bytes.
+    flood: usize,
+    flood_pad: usize,
 }
+
+/// A captured reply (signed with the capture's psk) with its unsigned outer
+/// fields rewritten, as anyone on the broker can do without the psk.
+#[derive(Clone)]
+struct Rewrite {
+    senderid: &'static str,
+    requestid: RequestId,
+    /// Seconds from the request's `:msgtime`, or an absolute epoch time.
+    msgtime: Msgtime,
+}
+
+#[derive(Clone, Copy)]
+enum RequestId {
+    Current,
+    Zero,
+    Empty,
+}
+
+#[derive(Clone, Copy)]
+enum Msgtime {
+    FromRequest(i64),
+    At(i64),
+}
+
+/// The psk of the captured traffic in tests/fixtures/frames.
+const CAPTURE_PSK: &str = "feas-psk-secret";
+/// 2100-01-01T00:00:00Z.
+const YEAR_2100: i64 = 4_102_444_800;
 
 impl Default for Scenario {
     fn default() -> Self {
@@ -52,6 +91,12 @@ impl Default for Scenario {
             junk: false,
             error_on_send: false,
             huge_message: false,
+            trickle_handshake: false,
+            trickle: false,
+            close_mid_frame: false,
+            replay: Vec::new(),
+            flood: 0,
+            flood_pad: 0,
         }
     }
 }
@@ -129,6 +174,9 @@ fn serve(stream: TcpStream, sc: &Scenario, log: &Mutex<Vec<Frame>>) -> Result<()
                     thread::sleep(Duration::from_secs(5));
                     return Ok(());
                 }
+                if sc.trickle_handshake {
+                    return trickle(&mut raw);
+                }
                 if sc.reject_login {
                     writer.write_frame(
                         &Frame::new("ERROR")
@@ -164,7 +212,33 @@ fn message_frame(req_frame: &Frame, body: Vec<u8>) -> Frame {
         .body(body)
 }
 
+/// A heart-beat newline every 100 ms until the client hangs up (at most 30 s).
+fn trickle(raw: &mut TcpStream) -> Result<(), Error> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if raw.write_all(b"\n").is_err() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mut TcpStream) -> Result<(), Error> {
+    if sc.trickle {
+        return trickle(raw);
+    }
+    if sc.close_mid_frame {
+        raw.write_all(b"MESSAGE\ncontent-length:100\n\nhalf a bo").map_err(|e| Error::InvalidInput(e.to_string()))?;
+        raw.shutdown(std::net::Shutdown::Both).map_err(|e| Error::InvalidInput(e.to_string()))?;
+        return Err(Error::InvalidInput("closed mid-frame".into()));
+    }
+    if sc.flood > 0 {
+        return flood(frame, sc, w);
+    }
+    if !sc.replay.is_empty() {
+        return replay(frame, &sc.replay, w);
+    }
     if sc.error_on_send {
         return w.write_frame(&Frame::new("ERROR").header("message", "queue full"));
     }
@@ -246,6 +320,72 @@ fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mu
         w.write_frame(&message_frame(frame, body.clone()))?;
         if sc.junk {
             w.write_frame(&message_frame(frame, body))?; // duplicate
+        }
+    }
+    Ok(())
+}
+
+/// rpcutil#get_fact's reply from node1 in the RabbitMQ capture: body and `:hash`.
+fn captured_reply() -> (Vec<u8>, String) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/frames/rabbitmq/066-s04-s2c-MESSAGE.raw");
+    let raw = std::fs::read(path).unwrap();
+    let frame = puppet_kicker::mcollective::stomp::decode(&raw, Version::V1_0, Limits::default()).unwrap();
+    let outer = puppet_kicker::mcollective::marshal::decode(&frame.body).unwrap();
+    let body = outer.get_sym("body").and_then(Value::as_bytes).unwrap().to_vec();
+    let hash = outer.get_sym("hash").and_then(Value::as_str).unwrap().to_string();
+    (body, hash)
+}
+
+fn replay(frame: &Frame, rewrites: &[Rewrite], w: &mut FrameWriter<TcpStream>) -> Result<(), Error> {
+    let (req, _) = Request::decode(&frame.body, DecodeLimits::default())?;
+    let (body, hash) = captured_reply();
+    for r in rewrites {
+        let requestid = match r.requestid {
+            RequestId::Current => req.requestid.clone(),
+            RequestId::Zero => "0".repeat(32),
+            RequestId::Empty => String::new(),
+        };
+        let msgtime = match r.msgtime {
+            Msgtime::FromRequest(d) => req.msgtime + d,
+            Msgtime::At(t) => t,
+        };
+        let outer = puppet_kicker::mcollective::marshal::encode(&Value::Hash(vec![
+            (Value::sym("senderid"), Value::str(r.senderid)),
+            (Value::sym("requestid"), Value::ascii(requestid)),
+            (Value::sym("senderagent"), Value::str(req.agent.as_str())),
+            (Value::sym("msgtime"), Value::Int(msgtime)),
+            (Value::sym("body"), Value::binary(body.clone())),
+            (Value::sym("hash"), Value::ascii(hash.as_str())),
+        ]))?;
+        w.write_frame(&message_frame(frame, outer))?;
+    }
+    Ok(())
+}
+
+/// Replies from `flood-0000001.example.com`, ... (equal sizes), as fast as the client reads.
+fn flood(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>) -> Result<(), Error> {
+    let (req, _) = Request::decode(&frame.body, DecodeLimits::default())?;
+    let pad = "x".repeat(sc.flood_pad);
+    for i in 0..sc.flood {
+        let body = if req.agent == "discovery" {
+            puppet_kicker::mcollective::marshal::encode(&Value::str("pong"))?
+        } else {
+            let data = Value::Hash(vec![
+                (Value::sym("pad"), Value::str(pad.as_str())),
+                (Value::sym("n"), Value::Int(i as i64)),
+            ]);
+            RpcStatus { statuscode: 0, statusmsg: "OK".into(), data }.encode()?
+        };
+        let reply = Reply {
+            senderid: format!("flood-{i:07}.example.com"),
+            requestid: req.requestid.clone(),
+            senderagent: req.agent.clone(),
+            msgtime: message::now_epoch(),
+            body,
+        }
+        .encode(PSK)?;
+        if w.write_frame(&message_frame(frame, reply)).is_err() {
+            return Ok(()); // the client hung up
         }
     }
     Ok(())
@@ -475,4 +615,226 @@ fn bad_arguments_are_refused_before_connecting() {
     ));
     let bad = Filter { fact: vec![FactFilter::new("role", "~=", "x")], ..Filter::default() };
     assert!(matches!(client.discover("mcollective", &bad, t, None), Err(Error::InvalidInput(_))));
+}
+
+/// Runs `f` on a thread and fails the test if it has not returned within `limit`
+/// (a hang must fail the test, not stall the suite).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> (T, Duration) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => (v, start.elapsed()),
+        Err(_) => panic!("still running after {limit:?}: the deadline is not enforced"),
+    }
+}
+
+#[test]
+fn a_trickling_broker_cannot_stretch_discovery_inventory_or_runonce_past_their_deadline() {
+    let broker = Broker::start(Scenario { trickle: true, ..Scenario::default() });
+    let client = Arc::new(Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None)));
+    let timeout = Duration::from_secs(1);
+
+    let c = client.clone();
+    let (nodes, took) =
+        within(Duration::from_secs(6), move || c.discover("mcollective", &Filter::default(), timeout, None));
+    assert_eq!(nodes.unwrap(), Vec::<String>::new());
+    assert!(took < timeout + Duration::from_secs(1), "discovery took {took:?}");
+
+    let c = client.clone();
+    let (outcome, took) = within(Duration::from_secs(6), move || {
+        c.rpc_broadcast("mcollective", "rpcutil", "inventory", &[], &Filter::default(), Some(3), timeout)
+    });
+    assert!(outcome.unwrap().replies.is_empty());
+    assert!(took < timeout + Duration::from_secs(1), "inventory took {took:?}");
+
+    let c = client.clone();
+    let (outcome, took) = within(Duration::from_secs(6), move || {
+        c.rpc_directed("mcollective", "puppet", "runonce", &[], &["node1.example.com".into()], timeout)
+    });
+    assert_eq!(outcome.unwrap().missing, ["node1.example.com"]);
+    assert!(took < timeout + Duration::from_secs(1), "runonce took {took:?}");
+}
+
+#[test]
+fn a_broker_trickling_instead_of_connected_is_bounded_by_the_connect_timeout() {
+    let broker = Broker::start(Scenario { trickle_handshake: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::ActiveMq, vec![broker.host()], None));
+    let connect_timeout = client.config().connect_timeout;
+    let (err, took) = within(Duration::from_secs(6), move || {
+        client.discover("mcollective", &Filter::default(), Duration::from_millis(100), None)
+    });
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("no CONNECTED frame within the connect timeout"), "{err}");
+    assert!(took < connect_timeout + Duration::from_secs(1), "handshake took {took:?}");
+}
+
+#[test]
+fn a_listener_that_never_answers_connect_is_bounded_by_the_connect_timeout() {
+    // Accepts (the kernel does, from the backlog) and never reads or writes.
+    let blackhole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = BrokerHost {
+        host: "127.0.0.1".into(),
+        port: blackhole.local_addr().unwrap().port(),
+        user: String::new(),
+        password: String::new(),
+        tls: None,
+    };
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![host], None));
+    let connect_timeout = client.config().connect_timeout;
+    let (err, took) = within(Duration::from_secs(6), move || {
+        client.discover("mcollective", &Filter::default(), Duration::from_secs(1), None)
+    });
+    assert!(matches!(err, Err(Error::NoBroker(_))), "{err:?}");
+    assert!(took < connect_timeout + Duration::from_secs(1), "handshake took {took:?}");
+    drop(blackhole);
+}
+
+#[test]
+fn a_broker_closing_mid_frame_is_a_clean_error_within_the_deadline() {
+    let broker = Broker::start(Scenario { close_mid_frame: true, ..Scenario::default() });
+    let client = Client::new(config(ConnectorKind::RabbitMq, vec![broker.host()], None));
+    let (err, took) = within(Duration::from_secs(6), move || {
+        client.discover("mcollective", &Filter::default(), Duration::from_secs(2), None)
+    });
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("closed in the middle of a frame"), "{err}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+fn capture_config(broker: &Broker) -> Config {
+    let mut c = config(ConnectorKind::RabbitMq, vec![broker.host()], None);
+    c.psk = CAPTURE_PSK.into();
+    c
+}
+
+fn get_fact(client: &Client) -> puppet_kicker::mcollective::RpcOutcome {
+    let inputs = [("fact".to_string(), Value::str("role"))];
+    client
+        .rpc_broadcast(
+            "mcollective",
+            "rpcutil",
+            "get_fact",
+            &inputs,
+            &Filter::default(),
+            None,
+            Duration::from_millis(500),
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_replayed_reply_with_another_request_id_or_a_msgtime_outside_the_ttl_is_dropped_and_counted() {
+    use Msgtime::*;
+    use RequestId::*;
+    let rewrites = vec![
+        // ttl is 60: the oldest msgtime a reply to this request may carry.
+        Rewrite { senderid: "node1.example.com", requestid: Current, msgtime: FromRequest(-60) },
+        Rewrite { senderid: "node2.example.com", requestid: Current, msgtime: FromRequest(-61) },
+        Rewrite { senderid: "node3.example.com", requestid: Current, msgtime: At(YEAR_2100) },
+        Rewrite { senderid: "node4.example.com", requestid: Zero, msgtime: FromRequest(0) },
+        Rewrite { senderid: "node5.example.com", requestid: Empty, msgtime: FromRequest(0) },
+    ];
+    let broker = Broker::start(Scenario { replay: rewrites, ..Scenario::default() });
+    let client = Client::new(capture_config(&broker));
+    let out = get_fact(&client);
+    let senders: Vec<&str> = out.replies.iter().map(|r| r.sender.as_str()).collect();
+    assert_eq!(senders, ["node1.example.com"]);
+    let s = client.stats();
+    assert_eq!((s.accepted, s.bad_msgtime, s.foreign_requestid, s.bad_hash), (1, 2, 2, 0), "{s:?}");
+}
+
+#[test]
+fn one_signed_body_under_two_sender_ids_is_trusted_for_neither() {
+    use Msgtime::*;
+    use RequestId::*;
+    let rewrites = vec![
+        Rewrite { senderid: "node1.example.com", requestid: Current, msgtime: FromRequest(0) },
+        Rewrite { senderid: "impostor.example.com", requestid: Current, msgtime: FromRequest(0) },
+    ];
+    let broker = Broker::start(Scenario { replay: rewrites, ..Scenario::default() });
+    let client = Client::new(capture_config(&broker));
+    let out = get_fact(&client);
+    // Kept (a kick's runonce replies are alike by nature) but named, for callers
+    // whose replies must differ per server to drop.
+    assert_eq!(out.replies.len(), 2);
+    assert_eq!(out.ambiguous, ["impostor.example.com", "node1.example.com"]);
+}
+
+fn flood_client(broker: &Broker, limits: ReplyLimits) -> Client {
+    let mut config = config(ConnectorKind::RabbitMq, vec![broker.host()], None);
+    config.reply_limits = limits;
+    Client::new(config)
+}
+
+#[test]
+fn replies_over_max_replies_are_dropped_and_counted() {
+    for (sent, kept) in [(50, 50), (51, 50)] {
+        let broker = Broker::start(Scenario { flood: sent, ..Scenario::default() });
+        let client = flood_client(&broker, ReplyLimits { max_replies: 50, ..ReplyLimits::default() });
+        let nodes = client.discover("mcollective", &Filter::default(), Duration::from_millis(500), None).unwrap();
+        assert_eq!(nodes.len(), kept);
+        assert_eq!(nodes.last().map(String::as_str), Some("flood-0000049.example.com"));
+        assert_eq!(client.stats().over_limit, (sent - kept) as u64, "{:?}", client.stats());
+    }
+}
+
+/// The size of one flood reply, as the broker builds it (every one is the same size).
+fn flood_reply_size(pad: usize) -> usize {
+    let data = Value::Hash(vec![(Value::sym("pad"), Value::str("x".repeat(pad))), (Value::sym("n"), Value::Int(0))]);
+    let body = RpcStatus { statuscode: 0, statusmsg: "OK".into(), data }.encode().unwrap();
+    let reply = Reply {
+        senderid: "flood-0000000.example.com".into(),
+        requestid: "0".repeat(32),
+        senderagent: "rpcutil".into(),
+        msgtime: message::now_epoch(),
+        body,
+    };
+    reply.encode(PSK).unwrap().len()
+}
+
+#[test]
+fn replies_over_max_reply_bytes_are_dropped_and_counted() {
+    let size = flood_reply_size(100);
+    for (budget, kept) in [(10 * size, 10), (10 * size - 1, 9)] {
+        let broker = Broker::start(Scenario { flood: 15, flood_pad: 100, ..Scenario::default() });
+        let client = flood_client(&broker, ReplyLimits { max_bytes: budget, ..ReplyLimits::default() });
+        let out = client
+            .rpc_broadcast("mcollective", "rpcutil", "x", &[], &Filter::default(), None, Duration::from_millis(500))
+            .unwrap();
+        assert_eq!(out.replies.len(), kept, "budget {budget}");
+        assert_eq!(client.stats().over_limit, (15 - kept) as u64, "{:?}", client.stats());
+    }
+}
+
+/// `VmHWM` (peak resident set) of this process, in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn an_endless_flood_from_distinct_senders_ends_at_the_deadline_with_bounded_memory() {
+    let broker = Broker::start(Scenario { flood: usize::MAX, flood_pad: 4096, ..Scenario::default() });
+    let client = Arc::new(flood_client(&broker, ReplyLimits { max_replies: 1000, ..ReplyLimits::default() }));
+    let before = peak_rss_kib();
+    let c = client.clone();
+    let timeout = Duration::from_secs(2);
+    let (out, took) = within(Duration::from_secs(10), move || {
+        c.rpc_broadcast("mcollective", "rpcutil", "inventory", &[], &Filter::default(), None, timeout)
+    });
+    let out = out.unwrap();
+    assert!(took < timeout + Duration::from_secs(1), "took {took:?}");
+    assert_eq!(out.replies.len(), 1000);
+    let dropped = client.stats().over_limit;
+    assert!(dropped > 0, "{:?}", client.stats());
+    if let (Some(before), Some(after)) = (before, peak_rss_kib()) {
+        let growth = after.saturating_sub(before);
+        eprintln!("flood: kept 1000, dropped {dropped} (~{} MiB sent), peak RSS grew {growth} KiB", dropped * 4 / 1024);
+        // 1000 replies of ~4 KiB kept; the dropped ones must not accumulate.
+        assert!(growth < 64 * 1024, "peak RSS grew {growth} KiB");
+    }
 }

@@ -7,9 +7,13 @@
 //! dropped is counted in [`ClientStats`] so operators can see tampering or
 //! crossed wires.
 
-use std::collections::BTreeMap;
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::BuildHasher;
+use std::io;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::config::{BrokerHost, Config};
@@ -19,6 +23,15 @@ use super::marshal::Value;
 use super::message::{self, Filter, Reply, Request, RpcStatus};
 use super::stomp::{negotiated_version, Frame, FrameReader, FrameWriter, Version};
 use super::tls::BrokerStream;
+
+/// UNSUBSCRIBE and DISCONNECT get this long (at most the connect timeout):
+/// a broker that stops reading cannot hold a finished call.
+const GOODBYE_TIME: Duration = Duration::from_secs(1);
+/// DNS lookups left running on helper threads (std's resolver cannot be
+/// cancelled); past this many, a broker name fails at once instead of piling
+/// up threads behind a dead resolver.
+const MAX_PENDING_LOOKUPS: usize = 8;
+static PENDING_LOOKUPS: AtomicUsize = AtomicUsize::new(0);
 
 /// Counters of what the client received, since it was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,6 +50,11 @@ pub struct ClientStats {
     pub unexpected_sender: u64,
     /// Frames other than MESSAGE (e.g. RECEIPT) ignored while collecting.
     pub other_frames: u64,
+    /// Dropped: `:msgtime` (unsigned) more than the ttl before the request or
+    /// after its reception: a replay, or a clock far off.
+    pub bad_msgtime: u64,
+    /// Dropped: over the call's [`ReplyLimits`] (count or bytes).
+    pub over_limit: u64,
 }
 
 #[derive(Default)]
@@ -48,6 +66,8 @@ struct Counters {
     duplicate: AtomicU64,
     unexpected_sender: AtomicU64,
     other_frames: AtomicU64,
+    bad_msgtime: AtomicU64,
+    over_limit: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -76,6 +96,18 @@ pub struct RpcOutcome {
     pub replies: Vec<RpcReply>,
     /// Directed calls: nodes that did not answer in time (sorted).
     pub missing: Vec<String>,
+    /// Senders whose exact signed body also came from another sender in this
+    /// call (sorted). The psk signs only the body, so it cannot tell which of
+    /// them sent it: callers whose replies must differ per server (inventory)
+    /// drop these; replies alike by nature (runonce) keep them.
+    pub ambiguous: Vec<String>,
+}
+
+/// Verified replies of one call, by sender.
+struct Collected {
+    replies: BTreeMap<String, Reply>,
+    /// Senders whose body another sender sent too.
+    ambiguous: BTreeSet<String>,
 }
 
 /// A blocking mcollective client.
@@ -89,6 +121,11 @@ pub struct Client {
 struct Expect<'a> {
     requestid: &'a str,
     agent: &'a str,
+    /// The request's `:msgtime` and ttl: a reply's `:msgtime` must lie within
+    /// `sent - ttl ..= now + ttl` (clocks may differ by up to the ttl, as
+    /// daemons allow for requests).
+    sent: i64,
+    ttl: i64,
     /// Stop once this many distinct senders answered.
     count: Option<usize>,
     /// Directed: only these senders are accepted.
@@ -117,6 +154,8 @@ impl Client {
             duplicate: l(&c.duplicate),
             unexpected_sender: l(&c.unexpected_sender),
             other_frames: l(&c.other_frames),
+            bad_msgtime: l(&c.bad_msgtime),
+            over_limit: l(&c.over_limit),
         }
     }
 
@@ -141,7 +180,8 @@ impl Client {
             && filter.compound.is_empty();
         filter.collective = if unfiltered { None } else { Some(collective.to_string()) };
         let body = message::discovery_body()?;
-        let replies = self.call(collective, "discovery", &filter, body, None, expected, timeout)?;
+        // Every "pong" is alike: `ambiguous` means nothing here.
+        let replies = self.call(collective, "discovery", &filter, body, None, expected, timeout)?.replies;
         let mut nodes = Vec::new();
         for reply in replies.into_values() {
             match reply.inner(self.config.marshal_limits) {
@@ -204,9 +244,9 @@ impl Client {
         Ok(self.rpc_outcome(replies, Some(&nodes)))
     }
 
-    fn rpc_outcome(&self, replies: BTreeMap<String, Reply>, nodes: Option<&[String]>) -> RpcOutcome {
-        let mut out = RpcOutcome::default();
-        for reply in replies.into_values() {
+    fn rpc_outcome(&self, collected: Collected, nodes: Option<&[String]>) -> RpcOutcome {
+        let mut out = RpcOutcome { ambiguous: collected.ambiguous.into_iter().collect(), ..RpcOutcome::default() };
+        for reply in collected.replies.into_values() {
             let status = reply.inner(self.config.marshal_limits).and_then(|v| RpcStatus::from_value(&v));
             match status {
                 Ok(s) => out.replies.push(RpcReply {
@@ -254,7 +294,7 @@ impl Client {
         nodes: Option<&[String]>,
         expected: Option<usize>,
         timeout: Duration,
-    ) -> Result<BTreeMap<String, Reply>> {
+    ) -> Result<Collected> {
         let now = message::now_epoch();
         let request = Request {
             senderid: self.config.identity.clone(),
@@ -271,15 +311,16 @@ impl Client {
 
         let mut session = self.open()?;
         let reply_to = self.connector.reply_queue(collective, agent);
+        // Subscribing and sending count against the call's timeout too.
+        let deadline = deadline_after(timeout);
         let result = (|| {
             if let Some(f) = self.connector.subscribe(&reply_to, session.version) {
-                session.send(&f)?;
+                session.send(&f, deadline)?;
             }
             let targets: Vec<Option<&str>> = match nodes {
                 None => vec![None],
                 Some(nodes) => nodes.iter().map(|n| Some(n.as_str())).collect(),
             };
-            let deadline = deadline_after(timeout);
             for node in targets {
                 let route = RequestRoute {
                     collective,
@@ -289,25 +330,40 @@ impl Client {
                     ttl: self.config.ttl,
                     now_secs: u64::try_from(now).unwrap_or(0),
                 };
-                session.send(&self.connector.request(&route, payload.clone()))?;
+                session.send(&self.connector.request(&route, payload.clone()), deadline)?;
             }
-            let expect = Expect { requestid: &request.requestid, agent, count: expected, only: nodes, deadline };
+            let expect = Expect {
+                requestid: &request.requestid,
+                agent,
+                sent: now,
+                ttl: request.ttl,
+                count: expected,
+                only: nodes,
+                deadline,
+            };
             self.collect(&mut session, &expect)
         })();
+        let goodbye = deadline_after(GOODBYE_TIME.min(self.config.connect_timeout));
         if result.is_ok() {
             if let Some(f) = self.connector.unsubscribe(&reply_to, session.version) {
                 // The replies are in hand; a failing goodbye does not undo them.
-                let _ = session.send(&f);
+                let _ = session.send(&f, goodbye);
             }
         }
-        session.close(&self.connector);
+        session.close(&self.connector, goodbye);
         result
     }
 
-    fn collect(&self, session: &mut Session, expect: &Expect<'_>) -> Result<BTreeMap<String, Reply>> {
+    fn collect(&self, session: &mut Session, expect: &Expect<'_>) -> Result<Collected> {
         let mut replies = BTreeMap::new();
+        let mut ambiguous = BTreeSet::new();
+        // Body digest -> first sender; keyed per process, so nobody can aim collisions.
+        let digest = RandomState::new();
+        let mut bodies: HashMap<u64, String> = HashMap::new();
+        let limits = self.config.reply_limits;
+        let mut kept_bytes = 0usize;
         if expect.count == Some(0) {
-            return Ok(replies);
+            return Ok(Collected { replies, ambiguous });
         }
         while let Some(frame) = session.next_frame(expect.deadline)? {
             match frame.command.as_str() {
@@ -337,6 +393,12 @@ impl Client {
                 bump(&self.counters.malformed);
                 continue;
             }
+            let oldest = expect.sent.saturating_sub(expect.ttl);
+            let newest = message::now_epoch().max(expect.sent).saturating_add(expect.ttl);
+            if !(oldest..=newest).contains(&reply.msgtime) {
+                bump(&self.counters.bad_msgtime);
+                continue;
+            }
             if let Some(only) = expect.only {
                 if !only.contains(&reply.senderid) {
                     bump(&self.counters.unexpected_sender);
@@ -347,12 +409,27 @@ impl Client {
                 bump(&self.counters.duplicate);
                 continue;
             }
+            let size = frame.body.len();
+            if replies.len() >= limits.max_replies || kept_bytes.saturating_add(size) > limits.max_bytes {
+                bump(&self.counters.over_limit);
+                continue;
+            }
+            kept_bytes += size;
+            match bodies.entry(digest.hash_one(&reply.body)) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(reply.senderid.clone());
+                }
+                std::collections::hash_map::Entry::Occupied(first) => {
+                    ambiguous.insert(first.get().clone());
+                    ambiguous.insert(reply.senderid.clone());
+                }
+            }
             replies.insert(reply.senderid.clone(), reply);
             if expect.count.is_some_and(|n| replies.len() >= n) {
                 break;
             }
         }
-        Ok(replies)
+        Ok(Collected { replies, ambiguous })
     }
 
     /// Connects to the first pool host that completes the STOMP handshake.
@@ -367,11 +444,11 @@ impl Client {
         Err(Error::NoBroker(failures))
     }
 
+    /// DNS, TCP connect and the STOMP handshake, all within `connect_timeout`.
     fn open_one(&self, broker: &BrokerHost) -> Result<Session> {
         let host = broker.address();
         let deadline = deadline_after(self.config.connect_timeout);
-        let addrs = (broker.host.as_str(), broker.port)
-            .to_socket_addrs()
+        let addrs = resolve_before(&broker.host, broker.port, deadline, system_lookup)
             .map_err(|e| Error::io(format!("resolving {host}"), e))?;
         let mut last = None;
         let mut stream = None;
@@ -396,7 +473,6 @@ impl Client {
         stream.set_nodelay(true).map_err(|e| io_err("configuring", e))?;
         // The TLS handshake, when configured, is part of the connect timeout.
         let stream = BrokerStream::connect(stream, broker.tls.as_ref(), &broker.host, &host, deadline)?;
-        stream.set_write_timeout(Some(self.config.connect_timeout)).map_err(|e| io_err("configuring", e))?;
         let write_half = stream.try_clone().map_err(|e| io_err("configuring", e))?;
         let mut session = Session {
             reader: FrameReader::new(stream, self.config.stomp_limits),
@@ -405,7 +481,7 @@ impl Client {
             host: host.clone(),
         };
         let versions = &self.config.stomp_versions;
-        session.send(&self.connector.connect(broker, versions))?;
+        session.send(&self.connector.connect(broker, versions), deadline)?;
         let Some(frame) = session.next_frame(deadline)? else {
             return Err(Error::Broker { host, message: "no CONNECTED frame within the connect timeout".into() });
         };
@@ -420,6 +496,45 @@ impl Client {
         session.writer.set_version(version);
         Ok(session)
     }
+}
+
+/// The addresses of `host`, waiting for DNS no later than `deadline`. A
+/// literal IP needs no lookup; a name is looked up on a helper thread, which
+/// is left to finish on its own if the resolver hangs.
+fn resolve_before<L>(host: &str, port: u16, deadline: Instant, lookup: L) -> io::Result<Vec<SocketAddr>>
+where
+    L: FnOnce(&str, u16) -> io::Result<Vec<SocketAddr>> + Send + 'static,
+{
+    if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    if PENDING_LOOKUPS.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_LOOKUPS {
+        PENDING_LOOKUPS.fetch_sub(1, Ordering::SeqCst);
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{MAX_PENDING_LOOKUPS} earlier DNS lookups are still hanging"),
+        ));
+    }
+    let (tx, rx) = mpsc::channel();
+    let name = host.to_string();
+    let spawned = std::thread::Builder::new().name("puppet-kicker-dns".into()).spawn(move || {
+        let result = lookup(&name, port);
+        PENDING_LOOKUPS.fetch_sub(1, Ordering::SeqCst);
+        let _ = tx.send(result);
+    });
+    if let Err(e) = spawned {
+        PENDING_LOOKUPS.fetch_sub(1, Ordering::SeqCst);
+        return Err(e);
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    match rx.recv_timeout(left) {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "no DNS answer within the connect timeout")),
+    }
+}
+
+fn system_lookup(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+    (host, port).to_socket_addrs().map(Iterator::collect)
 }
 
 /// `now + d`, capped at a day so a huge caller timeout cannot overflow.
@@ -467,41 +582,27 @@ struct Session {
 }
 
 impl Session {
-    fn send(&mut self, frame: &Frame) -> Result<()> {
-        self.writer.write_frame(frame).map_err(|e| match e {
+    fn send(&mut self, frame: &Frame, deadline: Instant) -> Result<()> {
+        self.writer.write_frame_before(frame, deadline).map_err(|e| match e {
             Error::Io { context, source } => Error::io(format!("{context} to {}", self.host), source),
             other => other,
         })
     }
 
-    /// The next frame, or None once `deadline` passed. Read timeouts are
-    /// only a poll interval: partial frames stay buffered.
+    /// The next frame, or None once `deadline` passed, whatever the broker
+    /// sends meanwhile (heart-beats, a frame a byte at a time).
     fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>> {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let poll = left.max(Duration::from_millis(1));
-            self.reader
-                .get_ref()
-                .set_read_timeout(Some(poll))
-                .map_err(|e| Error::io(format!("configuring {}", self.host), e))?;
-            match self.reader.read_frame() {
-                Ok(f) => return Ok(Some(f)),
-                Err(e) if e.is_timeout() => continue,
-                Err(Error::Io { context, source }) => {
-                    return Err(Error::io(format!("{context} from {}", self.host), source))
-                }
-                Err(Error::Frame(m)) => return Err(Error::Frame(format!("from {}: {m}", self.host))),
-                Err(e) => return Err(e),
-            }
+        match self.reader.read_frame_before(deadline) {
+            Ok(f) => Ok(f),
+            Err(Error::Io { context, source }) => Err(Error::io(format!("{context} from {}", self.host), source)),
+            Err(Error::Frame(m)) => Err(Error::Frame(format!("from {}: {m}", self.host))),
+            Err(e) => Err(e),
         }
     }
 
     /// DISCONNECT and close; errors are moot at this point.
-    fn close(mut self, connector: &Connector) {
-        let _ = self.send(&connector.disconnect());
+    fn close(mut self, connector: &Connector, deadline: Instant) {
+        let _ = self.send(&connector.disconnect(), deadline);
         let _ = self.reader.get_ref().shutdown(Shutdown::Both);
     }
 }
@@ -518,6 +619,29 @@ mod tests {
         assert!(check_identity("node-1.example.com").is_ok());
         assert!(check_identity("node 1").is_err());
         assert!(check_identity("../x/").is_err());
+    }
+
+    #[test]
+    fn literal_ips_skip_dns_and_a_hanging_lookup_stops_at_the_deadline() {
+        let never = |_: &str, _: u16| -> io::Result<Vec<SocketAddr>> { panic!("looked up a literal IP") };
+        let soon = deadline_after(Duration::from_millis(50));
+        assert_eq!(resolve_before("127.0.0.1", 61613, soon, never).unwrap(), ["127.0.0.1:61613".parse().unwrap()]);
+        assert_eq!(resolve_before("::1", 1, soon, never).unwrap(), ["[::1]:1".parse().unwrap()]);
+
+        let hang = |_: &str, _: u16| -> io::Result<Vec<SocketAddr>> {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(Vec::new())
+        };
+        let start = Instant::now();
+        let err =
+            resolve_before("mq.example.com", 61613, deadline_after(Duration::from_millis(200)), hang).unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("no DNS answer within the connect timeout"), "{err}");
+
+        let found = |_: &str, p: u16| -> io::Result<Vec<SocketAddr>> { Ok(vec![SocketAddr::from(([10, 0, 0, 1], p))]) };
+        let soon = deadline_after(Duration::from_secs(2));
+        assert_eq!(resolve_before("mq.example.com", 7, soon, found).unwrap(), ["10.0.0.1:7".parse().unwrap()]);
     }
 
     #[test]

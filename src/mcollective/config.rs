@@ -110,8 +110,30 @@ pub struct Config {
     pub stomp_versions: Vec<Version>,
     pub stomp_limits: Limits,
     pub marshal_limits: DecodeLimits,
+    /// How much one call collects.
+    pub reply_limits: ReplyLimits,
     /// The file read, if any.
     pub source: Option<PathBuf>,
+}
+
+/// Upper bounds on the replies one call keeps, so that a flood from the
+/// broker (or a fleet far larger than expected) cannot exhaust the master's
+/// memory. Replies beyond them are dropped and counted
+/// ([`super::ClientStats::over_limit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyLimits {
+    /// Distinct senders kept per call.
+    pub max_replies: usize,
+    /// Bytes of reply messages kept per call.
+    pub max_bytes: usize,
+}
+
+impl Default for ReplyLimits {
+    /// Well above any real fleet: 100,000 servers, 1 GiB (an inventory reply
+    /// is a few KiB to a few tens of KiB).
+    fn default() -> Self {
+        ReplyLimits { max_replies: 100_000, max_bytes: 1 << 30 }
+    }
 }
 
 impl std::fmt::Debug for Config {
@@ -129,6 +151,7 @@ impl std::fmt::Debug for Config {
             .field("discovery_timeout", &self.discovery_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("stomp_versions", &self.stomp_versions)
+            .field("reply_limits", &self.reply_limits)
             .field("source", &self.source)
             .finish_non_exhaustive()
     }
@@ -155,6 +178,7 @@ pub struct Overrides {
     pub stomp_versions: Option<Vec<Version>>,
     pub stomp_limits: Option<Limits>,
     pub marshal_limits: Option<DecodeLimits>,
+    pub reply_limits: Option<ReplyLimits>,
 }
 
 impl std::fmt::Debug for Overrides {
@@ -374,6 +398,7 @@ impl Config {
                 .unwrap_or_else(|| vec![Version::V1_0, Version::V1_1, Version::V1_2]),
             stomp_limits: overrides.stomp_limits.unwrap_or_default(),
             marshal_limits: overrides.marshal_limits.unwrap_or_default(),
+            reply_limits: overrides.reply_limits.unwrap_or_default(),
             source: raw.path.clone(),
         })
     }

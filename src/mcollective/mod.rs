@@ -18,7 +18,7 @@ pub mod stomp;
 pub mod tls;
 
 pub use client::{Client, ClientStats, RpcOutcome, RpcReply};
-pub use config::{BrokerHost, Config, ConnectorKind, Overrides};
+pub use config::{BrokerHost, Config, ConnectorKind, Overrides, ReplyLimits};
 pub use error::{Error, Result};
 pub use marshal::{Encoding, Value};
 pub use message::{FactFilter, Filter};

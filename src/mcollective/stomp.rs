@@ -10,6 +10,8 @@
 //! against the limit but never pre-allocated).
 
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use super::error::{Error, Result};
 
@@ -332,6 +334,32 @@ fn parse_head(buf: &[u8], version: Version, limits: &Limits) -> Result<Option<(F
     Ok(Some((frame, end, pos)))
 }
 
+/// A byte stream whose reads and writes can be given a timeout: what
+/// [`FrameReader::read_frame_before`] and [`FrameWriter::write_frame_before`]
+/// need to hold a deadline however the peer trickles bytes. Implemented for
+/// TCP; a TLS stream implements it by setting the timeouts of its socket.
+pub trait SocketTimeouts {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+}
+
+impl SocketTimeouts for TcpStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, timeout)
+    }
+}
+
+/// Time left until `deadline`; `None` once it has passed. Never zero, which
+/// socket timeouts refuse.
+fn time_left(deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then(|| left.max(Duration::from_millis(1)))
+}
+
 /// Reads frames from any byte stream (TCP socket, file, slice).
 ///
 /// Buffered internally; keeps partial frames across `WouldBlock`/`TimedOut`
@@ -453,6 +481,29 @@ impl<R: Read> FrameReader<R> {
     }
 }
 
+impl<R: Read + SocketTimeouts> FrameReader<R> {
+    /// The next frame, or `Ok(None)` once `deadline` has passed. Each read
+    /// waits at most until the deadline, so a peer sending heart-beats or a
+    /// frame one byte at a time cannot hold the caller past it. A partial frame
+    /// stays buffered for the next call.
+    pub fn read_frame_before(&mut self, deadline: Instant) -> Result<Option<Frame>> {
+        loop {
+            if let Some(frame) = self.try_frame()? {
+                return Ok(Some(frame));
+            }
+            let Some(left) = time_left(deadline) else {
+                return Ok(None);
+            };
+            self.inner.set_read_timeout(Some(left)).map_err(|e| Error::io("setting the read timeout", e))?;
+            match self.fill() {
+                Ok(()) => {}
+                Err(e) if e.is_timeout() => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// Writes frames to any byte sink.
 pub struct FrameWriter<W> {
     inner: W,
@@ -475,6 +526,30 @@ impl<W: Write> FrameWriter<W> {
         let bytes = encode(frame, self.version)?;
         let context = || format!("writing STOMP {} frame", frame.command);
         self.inner.write_all(&bytes).map_err(|e| Error::io(context(), e))?;
+        self.inner.flush().map_err(|e| Error::io(context(), e))
+    }
+}
+
+impl<W: Write + SocketTimeouts> FrameWriter<W> {
+    /// Like [`FrameWriter::write_frame`], but gives up once `deadline` has
+    /// passed, even against a peer that reads a byte at a time.
+    pub fn write_frame_before(&mut self, frame: &Frame, deadline: Instant) -> Result<()> {
+        let bytes = encode(frame, self.version)?;
+        let context = || format!("writing STOMP {} frame", frame.command);
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let Some(left) = time_left(deadline) else {
+                return Err(Error::io(context(), io::Error::new(io::ErrorKind::TimedOut, "deadline passed")));
+            };
+            self.inner.set_write_timeout(Some(left)).map_err(|e| Error::io("setting the write timeout", e))?;
+            match self.inner.write(rest) {
+                Ok(0) => return Err(Error::io(context(), io::ErrorKind::WriteZero.into())),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                Err(e) => return Err(Error::io(context(), e)),
+            }
+        }
         self.inner.flush().map_err(|e| Error::io(context(), e))
     }
 }

@@ -22,6 +22,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{CertificateError, ClientConfig, ClientConnection, RootCertStore};
 
 use super::error::{Error, Result};
+use super::stomp::SocketTimeouts;
 
 /// Largest CA, certificate or key file read (a CA bundle of a few hundred
 /// certificates fits; a wrong path to a huge file does not fill memory).
@@ -233,6 +234,17 @@ impl BrokerStream {
             }
         }
         self.socket().shutdown(how)
+    }
+}
+
+/// Each read and write of a session waits only for the time left before its deadline.
+impl SocketTimeouts for BrokerStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        BrokerStream::set_read_timeout(self, timeout)
+    }
+
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        BrokerStream::set_write_timeout(self, timeout)
     }
 }
 

@@ -51,6 +51,8 @@ pub struct McollectiveSource {
 struct Answer {
     discovered: Vec<String>,
     replies: Vec<RpcReply>,
+    /// Senders whose inventory body another sender sent too (see [`mco::RpcOutcome::ambiguous`]).
+    ambiguous: Vec<String>,
     /// Our clock when the replies were in.
     at: i64,
 }
@@ -83,6 +85,16 @@ impl McollectiveSource {
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The longest a refresh can take: collectives are asked in parallel, each with
+    /// a discovery then an inventory, and each of those may try every broker of the
+    /// pool for `connect_timeout`, then collect, then say goodbye (at most 1 s).
+    pub fn worst_case(&self) -> Duration {
+        let config = self.client.config();
+        let pool = u32::try_from(config.pool.len()).unwrap_or(u32::MAX);
+        let call = config.connect_timeout.saturating_mul(pool).saturating_add(Duration::from_secs(1));
+        call.saturating_mul(2).saturating_add(config.discovery_timeout).saturating_add(self.timeout)
     }
 
     /// For messages: the file, the brokers and the collectives.
@@ -138,13 +150,32 @@ impl McollectiveSource {
                 })
                 .collect()
         });
-        let forged = self.client.stats().bad_hash.saturating_sub(before.bad_hash);
+        let after = self.client.stats();
+        let forged = after.bad_hash.saturating_sub(before.bad_hash);
+        let misdated = after.bad_msgtime.saturating_sub(before.bad_msgtime);
+        let over_limit = after.over_limit.saturating_sub(before.over_limit);
 
         let mut harvest = Harvest::default();
         if forged > 0 {
             harvest.warnings.push(format!(
-                "mcollective: ignored {forged} repl{} with a bad psk signature (a daemon with another psk, or forged)",
-                if forged == 1 { "y" } else { "ies" }
+                "mcollective: ignored {forged} {} with a bad psk signature (a daemon with another psk, or forged)",
+                replies(forged)
+            ));
+        }
+        if misdated > 0 {
+            harvest.warnings.push(format!(
+                "mcollective: ignored {misdated} {} whose msgtime is more than the ttl ({}s) away from the request: replayed, or a daemon's clock is off",
+                replies(misdated),
+                self.client.config().ttl
+            ));
+        }
+        if over_limit > 0 {
+            let limits = self.client.config().reply_limits;
+            harvest.warnings.push(format!(
+                "mcollective: dropped {over_limit} {} over the limit of {} servers or {} bytes per request (mcollective.max_servers, mcollective.max_reply_bytes)",
+                replies(over_limit),
+                limits.max_replies,
+                limits.max_bytes
             ));
         }
         let mut failures = Vec::new();
@@ -156,7 +187,14 @@ impl McollectiveSource {
                 Err(e) => failures.push((collective, e.to_string())),
                 Ok(answer) => {
                     discovered.extend(answer.discovered);
-                    for reply in answer.replies {
+                    if !answer.ambiguous.is_empty() {
+                        harvest.warnings.push(format!(
+                            "mcollective: collective {collective}: ignored the inventories of {}: the same signed reply came under more than one sender id, and the psk cannot tell who sent it (a replay on the broker?)",
+                            join(&answer.ambiguous)
+                        ));
+                    }
+                    let ambiguous: BTreeSet<&str> = answer.ambiguous.iter().map(String::as_str).collect();
+                    for reply in answer.replies.into_iter().filter(|r| !ambiguous.contains(r.sender.as_str())) {
                         match best.get(&reply.sender) {
                             Some((kept, _)) if kept.msgtime >= reply.msgtime => {}
                             _ => {
@@ -257,11 +295,19 @@ impl McollectiveSource {
         let filter = Filter { agent: vec![AGENT.to_string()], ..Filter::default() };
         let discovered = self.client.discover(collective, &filter, config.discovery_timeout, None)?;
         if discovered.is_empty() {
-            return Ok(Answer { discovered, replies: Vec::new(), at: now() });
+            return Ok(Answer { discovered, replies: Vec::new(), ambiguous: Vec::new(), at: now() });
         }
         let outcome =
             self.client.rpc_broadcast(collective, AGENT, ACTION, &[], &filter, Some(discovered.len()), self.timeout)?;
-        Ok(Answer { discovered, replies: outcome.replies, at: now() })
+        Ok(Answer { discovered, replies: outcome.replies, ambiguous: outcome.ambiguous, at: now() })
+    }
+}
+
+fn replies(n: u64) -> &'static str {
+    if n == 1 {
+        "reply"
+    } else {
+        "replies"
     }
 }
 
@@ -329,7 +375,9 @@ pub fn observation(reply: &RpcReply, at: i64, main_collective: &str) -> std::res
     Ok(Observation {
         certname: identity.to_string(),
         facts,
-        timestamp: if reply.msgtime > 0 { reply.msgtime } else { at },
+        // The daemon's clock, but never ahead of ours: a far-future `:msgtime`
+        // (unsigned) would keep these facts fresh forever.
+        timestamp: if reply.msgtime > 0 { reply.msgtime.min(at) } else { at },
         extra,
         answered_at: Some(at),
         environment_hint,
@@ -430,6 +478,16 @@ mod tests {
         assert_eq!(only_main.environment_hint, None);
         let two = observation(&reply("a.example.com", &["mcollective", "x", "y"]), 1, "mcollective").unwrap();
         assert_eq!(two.environment_hint, None);
+    }
+
+    #[test]
+    fn facts_are_never_dated_in_the_future() {
+        let mut r = reply("web1.example.com", &["mcollective"]);
+        r.msgtime = 4_102_444_800; // 2100
+        let o = observation(&r, 1_700_000_005, "mcollective").unwrap();
+        assert_eq!(o.timestamp, 1_700_000_005);
+        r.msgtime = 1_700_000_001;
+        assert_eq!(observation(&r, 1_700_000_005, "mcollective").unwrap().timestamp, 1_700_000_001);
     }
 
     #[test]
