@@ -1,8 +1,11 @@
 //! `puppet_kicker.so`: MRI's door into puppet-kicker's core. It only converts:
 //! Ruby arguments in, `Node`s out as Hashes, core errors as `PuppetKicker::*Error`.
 //!
-//! Every entry point runs inside `guard`, so a Rust panic becomes a Ruby exception
-//! instead of `fatal`, which would end the Puppet run.
+//! Every entry point runs inside `entry`, and every call into the core inside `core`:
+//! a Rust panic anywhere becomes a Ruby exception instead of `fatal`, which would end
+//! the Puppet run. The core runs without the GVL, so its waits stop no Ruby thread.
+
+mod gvl;
 
 use magnus::value::{Lazy, ReprValue};
 use magnus::RString;
@@ -10,20 +13,36 @@ use magnus::{function, prelude::*, Error, ExceptionClass, RArray, RHash, RModule
 use puppet_kicker::kick::{Level, LogLine};
 use puppet_kicker::{Kicker, Node, PuppetSettings, RoleSelector, Selection};
 use serde_json::Value as Json;
+use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-static MODULE: Lazy<RModule> = Lazy::new(|ruby| ruby.define_module("PuppetKicker").expect("define PuppetKicker"));
-
+/// `PuppetKicker::<name>`, looked up rather than kept: the lookup cannot panic, and a
+/// missing class (a broken load) degrades to `RuntimeError` instead of `fatal`.
 fn error_class(ruby: &Ruby, name: &str) -> ExceptionClass {
-    ruby.get_inner(&MODULE).const_get::<_, ExceptionClass>(name).unwrap_or_else(|_| ruby.exception_runtime_error())
+    ruby.class_object()
+        .const_get::<_, RModule>("PuppetKicker")
+        .and_then(|module| module.const_get::<_, ExceptionClass>(name))
+        .unwrap_or_else(|_| ruby.exception_runtime_error())
 }
 
-/// Runs `body`, turning core errors into PuppetKicker exceptions and panics into
-/// `PuppetKicker::Error` ("internal error"), never letting one cross into Ruby.
-fn guard<T>(ruby: &Ruby, body: impl FnOnce() -> Result<T, puppet_kicker::Error>) -> Result<T, Error> {
-    match catch_unwind(AssertUnwindSafe(body)) {
+/// `PuppetKicker::Error` for a panic caught in the binding or the core.
+fn internal_error(ruby: &Ruby, panic: &(dyn Any + Send)) -> Error {
+    Error::new(error_class(ruby, "Error"), puppet_kicker::error::internal_error_message(panic))
+}
+
+/// Runs a whole entry point, conversions to and from Ruby included: a panic anywhere
+/// in it becomes `PuppetKicker::Error`. `body` must not let Ruby raise through it
+/// (magnus's calls return Ruby exceptions as `Err`), so only Rust frames unwind here.
+fn entry<T>(ruby: &Ruby, body: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| Err(internal_error(ruby, &*panic)))
+}
+
+/// Runs core code without the GVL, turning its errors into PuppetKicker exceptions
+/// and its panics into `PuppetKicker::Error` ("internal error").
+fn core<T: Send>(ruby: &Ruby, body: impl FnOnce() -> Result<T, puppet_kicker::Error> + Send) -> Result<T, Error> {
+    match gvl::without_gvl(body) {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => {
             let class = match e {
@@ -34,8 +53,9 @@ fn guard<T>(ruby: &Ruby, body: impl FnOnce() -> Result<T, puppet_kicker::Error>)
             };
             Err(Error::new(error_class(ruby, class), e.to_string()))
         }
-        Err(panic) => {
-            Err(Error::new(error_class(ruby, "Error"), puppet_kicker::error::internal_error_message(&*panic)))
+        Err(gvl::Failure::Panic(panic)) => Err(internal_error(ruby, &*panic)),
+        Err(gvl::Failure::Interrupted) => {
+            Err(Error::new(error_class(ruby, "Error"), "puppet-kicker: interrupted before the call could start"))
         }
     }
 }
@@ -47,58 +67,68 @@ fn configure(
     server_datadir: Option<String>,
     config_file: Option<String>,
 ) -> Result<(), Error> {
-    let settings = PuppetSettings {
-        confdir: PathBuf::from(confdir),
-        vardir: PathBuf::from(vardir),
-        server_datadir: server_datadir.map(PathBuf::from),
-        config_file: config_file.filter(|f| !f.is_empty()).map(PathBuf::from),
-    };
-    guard(ruby, || Kicker::configure(settings).map(|_| ()))
+    entry(ruby, || {
+        let settings = PuppetSettings {
+            confdir: PathBuf::from(confdir),
+            vardir: PathBuf::from(vardir),
+            server_datadir: server_datadir.map(PathBuf::from),
+            config_file: config_file.filter(|f| !f.is_empty()).map(PathBuf::from),
+        };
+        core(ruby, || Kicker::configure(settings).map(|_| ()))
+    })
 }
 
 fn servers_with_role(ruby: &Ruby, roles: Vec<String>, environment: String) -> Result<RArray, Error> {
-    let selection = guard(ruby, || {
-        let roles = RoleSelector::parse(&roles)?;
-        Kicker::global()?.servers_with_role(&roles, &environment)
-    })?;
-    servers(ruby, &selection)
+    entry(ruby, || {
+        let selection = core(ruby, || {
+            let roles = RoleSelector::parse(&roles)?;
+            Kicker::global()?.servers_with_role(&roles, &environment)
+        })?;
+        servers(ruby, &selection)
+    })
 }
 
 fn server_with_role(ruby: &Ruby, roles: Vec<String>, environment: String) -> Result<Value, Error> {
-    let selection = guard(ruby, || {
-        let roles = RoleSelector::parse(&roles)?;
-        Kicker::global()?.servers_with_role(&roles, &environment)
-    })?;
-    match selection.positions().1.first() {
-        Some(position) => converted(ruby, &selection, *position),
-        None => Ok(ruby.qnil().as_value()),
-    }
+    entry(ruby, || {
+        let selection = core(ruby, || {
+            let roles = RoleSelector::parse(&roles)?;
+            Kicker::global()?.servers_with_role(&roles, &environment)
+        })?;
+        match selection.positions().1.first() {
+            Some(position) => converted(ruby, &selection, *position),
+            None => Ok(ruby.qnil().as_value()),
+        }
+    })
 }
 
 fn servers_with_facts(ruby: &Ruby, clauses: Vec<String>, environment: String) -> Result<RArray, Error> {
-    let selection = guard(ruby, || Kicker::global()?.servers_with_facts(&clauses, &environment))?;
-    servers(ruby, &selection)
+    entry(ruby, || {
+        let selection = core(ruby, || Kicker::global()?.servers_with_facts(&clauses, &environment))?;
+        servers(ruby, &selection)
+    })
 }
 
 fn note_environment(ruby: &Ruby, certname: String, environment: String) -> Result<(), Error> {
-    guard(ruby, || Kicker::global().map(|k| k.note_environment(&certname, &environment)))
+    entry(ruby, || core(ruby, || Kicker::global().map(|k| k.note_environment(&certname, &environment))))
 }
 
 fn take_warnings(ruby: &Ruby) -> Result<Vec<String>, Error> {
-    guard(ruby, || Ok(Kicker::global().map(|k| k.take_warnings()).unwrap_or_default()))
+    entry(ruby, || core(ruby, || Ok(Kicker::global().map(|k| k.take_warnings()).unwrap_or_default())))
 }
 
 fn status(ruby: &Ruby) -> Result<RHash, Error> {
-    let status = guard(ruby, || Kicker::global().map(|k| k.status()))?;
-    let hash = ruby.hash_new();
-    hash.aset("servers", status.servers)?;
-    hash.aset("built_at", status.built_at)?;
-    hash.aset("last_error", status.last_error)?;
-    hash.aset("config_file", status.config_file.map(|f| f.display().to_string()))?;
-    hash.aset("cache_dir", status.cache_dir.display().to_string())?;
-    hash.aset("failures", status.failures)?;
-    hash.aset("retry_at", status.retry_at)?;
-    Ok(hash)
+    entry(ruby, || {
+        let status = core(ruby, || Kicker::global().map(|k| k.status()))?;
+        let hash = ruby.hash_new();
+        hash.aset("servers", status.servers)?;
+        hash.aset("built_at", status.built_at)?;
+        hash.aset("last_error", status.last_error)?;
+        hash.aset("config_file", status.config_file.map(|f| f.display().to_string()))?;
+        hash.aset("cache_dir", status.cache_dir.display().to_string())?;
+        hash.aset("failures", status.failures)?;
+        hash.aset("retry_at", status.retry_at)?;
+        Ok(hash)
+    })
 }
 
 /// `[[level, message], ...]` for Puppet's logger.
@@ -117,31 +147,37 @@ fn log_lines(ruby: &Ruby, lines: Vec<LogLine>) -> Result<RArray, Error> {
 }
 
 fn kick_report(ruby: &Ruby, report: RString) -> Result<RArray, Error> {
-    // SAFETY: the bytes are copied before any Ruby code can run.
-    let bytes = unsafe { report.as_slice() }.to_vec();
-    let lines = guard(ruby, || {
-        let report = puppet_kicker::kick::parse_report(&bytes)?;
-        Kicker::global()?.kick_report(&report)
-    })?;
-    log_lines(ruby, lines)
+    entry(ruby, || {
+        // SAFETY: the bytes are copied before any Ruby code can run.
+        let bytes = unsafe { report.as_slice() }.to_vec();
+        let lines = core(ruby, || {
+            let report = puppet_kicker::kick::parse_report(&bytes)?;
+            Kicker::global()?.kick_report(&report)
+        })?;
+        log_lines(ruby, lines)
+    })
 }
 
 fn kick_flush(ruby: &Ruby) -> Result<RArray, Error> {
-    let lines = guard(ruby, || Ok(Kicker::global().map(|k| k.kick_flush()).unwrap_or_default()))?;
-    log_lines(ruby, lines)
+    entry(ruby, || {
+        let lines = core(ruby, || Ok(Kicker::global().map(|k| k.kick_flush()).unwrap_or_default()))?;
+        log_lines(ruby, lines)
+    })
 }
 
 fn take_kick_log(ruby: &Ruby) -> Result<RArray, Error> {
-    let lines = guard(ruby, || Ok(Kicker::global().map(|k| k.take_kick_log()).unwrap_or_default()))?;
-    log_lines(ruby, lines)
+    entry(ruby, || {
+        let lines = core(ruby, || Ok(Kicker::global().map(|k| k.take_kick_log()).unwrap_or_default()))?;
+        log_lines(ruby, lines)
+    })
 }
 
 fn kick_status(ruby: &Ruby) -> Result<String, Error> {
-    guard(ruby, || Kicker::global()?.kick_status().map(|s| s.to_string()))
+    entry(ruby, || core(ruby, || Kicker::global()?.kick_status().map(|s| s.to_string())))
 }
 
-fn version() -> String {
-    puppet_kicker::service::version().to_string()
+fn version(ruby: &Ruby) -> Result<String, Error> {
+    entry(ruby, || Ok(puppet_kicker::service::version().to_string()))
 }
 
 fn servers(ruby: &Ruby, selection: &Selection) -> Result<RArray, Error> {
@@ -170,7 +206,10 @@ fn converted(ruby: &Ruby, selection: &Selection, position: u32) -> Result<Value,
     if !cached.is_nil() {
         return Ok(cached);
     }
-    let node = selection.node_at(position).expect("positions come from the selection's index");
+    let Some(node) = selection.node_at(position) else {
+        let message = format!("puppet-kicker internal error: no server at position {position} of index {generation}");
+        return Err(Error::new(error_class(ruby, "Error"), message));
+    };
     let hash = server(ruby, node)?.as_value();
     cache.store(position as isize, hash)?;
     Ok(hash)
@@ -226,7 +265,11 @@ fn to_ruby(ruby: &Ruby, value: &Json) -> Result<Value, Error> {
 
 #[magnus::init(name = "puppet_kicker")]
 fn init(ruby: &Ruby) -> Result<(), Error> {
-    let module = ruby.get_inner(&MODULE);
+    entry(ruby, || define(ruby))
+}
+
+fn define(ruby: &Ruby) -> Result<(), Error> {
+    let module = ruby.define_module("PuppetKicker")?;
     let base = module.define_error("Error", ruby.exception_standard_error())?;
     for name in ["QueryError", "ConfigError", "NoDataError"] {
         module.define_error(name, base)?;
@@ -245,4 +288,69 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     native.define_module_function("take_kick_log", function!(take_kick_log, 0))?;
     native.define_module_function("kick_status", function!(kick_status, 0))?;
     Ok(())
+}
+
+/// One embedded Ruby VM per process, bound to the thread that started it: the checks
+/// run in one test, in turn.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn no_panic_or_broken_invariant_reaches_ruby_as_fatal() {
+        // SAFETY: the only VM of this test process, started and used on this thread.
+        let _cleanup = unsafe { magnus::embed::init() };
+        let ruby = Ruby::get().unwrap();
+        define(&ruby).unwrap();
+
+        a_panic_in_an_entry_point_is_a_puppet_kicker_error(&ruby);
+        a_panic_in_the_core_without_the_gvl_is_a_puppet_kicker_error(&ruby);
+        a_server_past_the_end_of_its_index_is_a_puppet_kicker_error(&ruby);
+    }
+
+    fn assert_puppet_kicker_error(ruby: &Ruby, error: Error, message: &str) {
+        let class = error_class(ruby, "Error");
+        assert!(error.is_kind_of(class), "{error} is not a PuppetKicker::Error");
+        assert!(!error.is_kind_of(ruby.exception_fatal()), "{error} is fatal");
+        assert!(error.to_string().contains(message), "{error:?} does not say {message:?}");
+    }
+
+    fn a_panic_in_an_entry_point_is_a_puppet_kicker_error(ruby: &Ruby) {
+        let error = entry(ruby, || -> Result<(), Error> { panic!("conversion invariant broken") }).unwrap_err();
+        assert_puppet_kicker_error(ruby, error, "puppet-kicker internal error: conversion invariant broken");
+    }
+
+    fn a_panic_in_the_core_without_the_gvl_is_a_puppet_kicker_error(ruby: &Ruby) {
+        let error = core(ruby, || -> Result<(), puppet_kicker::Error> { panic!("core invariant broken") }).unwrap_err();
+        assert_puppet_kicker_error(ruby, error, "puppet-kicker internal error: core invariant broken");
+        assert_eq!(core(ruby, || Ok(6 * 7)).unwrap(), 42, "a value comes back from without the GVL");
+    }
+
+    fn a_server_past_the_end_of_its_index_is_a_puppet_kicker_error(ruby: &Ruby) {
+        let dir = std::env::temp_dir().join(format!("puppet-kicker-binding-{}", std::process::id()));
+        let facts = dir.join("var/server_data/facts");
+        fs::create_dir_all(&facts).unwrap();
+        fs::create_dir_all(dir.join("etc")).unwrap();
+        fs::write(dir.join("etc/puppet_kicker.yaml"), "cache:\n  dir: cache\n").unwrap();
+        let document = r#"{"name":"web1.example.com","values":{"role":"web"},
+            "timestamp":"2099-01-01T00:00:00.000000000+00:00","expiration":"2099-01-01T00:00:00.000000000+00:00"}"#;
+        fs::write(facts.join("web1.example.com.json"), document).unwrap();
+        let settings = PuppetSettings {
+            confdir: dir.join("etc"),
+            vardir: dir.join("var"),
+            server_datadir: None,
+            config_file: None,
+        };
+        let kicker = Kicker::start(settings).unwrap();
+        let selection = kicker.servers_with_role(&RoleSelector::parse(&["web"]).unwrap(), "production").unwrap();
+        assert_eq!(selection.len(), 1, "the fixture server is found");
+
+        let past_the_end = selection.len() as u32 + 1000;
+        let error = converted(ruby, &selection, past_the_end).unwrap_err();
+        assert_puppet_kicker_error(ruby, error, &format!("no server at position {past_the_end}"));
+        let found = converted(ruby, &selection, selection.positions().1[0]).unwrap();
+        assert!(RHash::from_value(found).is_some(), "the server at a valid position is a Hash");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
