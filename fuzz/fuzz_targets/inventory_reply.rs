@@ -1,0 +1,42 @@
+//! An mcollective reply through the whole inventory path: outer Marshal and its
+//! psk signature, inner Marshal, `rpcutil#inventory` status, then the observation
+//! the index is built from. The first byte picks the layer the input replaces: the
+//! raw outer stream (most fail the signature), or the inner body, signed here as a
+//! daemon would so that the layers behind the signature are reached.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use puppet_kicker::mcollective::marshal::DecodeLimits;
+use puppet_kicker::mcollective::message::{Reply, RpcStatus};
+use puppet_kicker::mcollective::RpcReply;
+use puppet_kicker::source::mcollective::observation;
+
+const PSK: &str = "fuzz";
+
+fuzz_target!(|input: &[u8]| {
+    let Some((&mode, rest)) = input.split_first() else { return };
+    let limits = DecodeLimits::default();
+    let outer = if mode % 2 == 0 {
+        rest.to_vec()
+    } else {
+        let reply = Reply {
+            senderid: "node1.example.com".into(),
+            requestid: "0123456789abcdef0123456789abcdef".into(),
+            senderagent: "rpcutil".into(),
+            msgtime: 1_700_000_000,
+            body: rest.to_vec(),
+        };
+        reply.encode(PSK).expect("a reply with fixed fields encodes")
+    };
+    let Ok(reply) = Reply::decode_verified(&outer, PSK, limits) else { return };
+    let Ok(status) = reply.inner(limits).and_then(|v| RpcStatus::from_value(&v)) else { return };
+    let rpc = RpcReply {
+        sender: reply.senderid,
+        agent: reply.senderagent,
+        msgtime: reply.msgtime,
+        statuscode: status.statuscode,
+        statusmsg: status.statusmsg,
+        data: status.data,
+    };
+    let _ = observation(&rpc, 1_700_000_000, "mcollective");
+});

@@ -1,0 +1,18 @@
+//! The kick planner's state (`kicks.msgpack`) as found in the cache dir: decoded as
+//! the kick service reads it, then given to a planner that plans from it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use puppet_kicker::kick::{Planner, PlannerState};
+use puppet_kicker::Config;
+use std::sync::OnceLock;
+
+fuzz_target!(|input: &[u8]| {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    let config = CONFIG.get_or_init(|| Config::defaults(&puppet_kicker_fuzz::fleet_settings("")));
+    let Ok(state) = rmp_serde::from_slice::<PlannerState>(input) else { return };
+    let mut planner = Planner::new(config.kick.planner.clone(), state);
+    std::hint::black_box((planner.undelivered(), planner.next_wakeup()));
+    let _ = planner.due(1_700_000_000_000);
+    let _ = rmp_serde::to_vec_named(planner.state());
+});

@@ -1,0 +1,55 @@
+//! What the fuzz targets share: a small fixed fleet to query, and scratch files for
+//! decoders that read from a path.
+
+use puppet_kicker::{Kicker, PuppetSettings};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The puppet cache fixtures of the core's tests.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/puppet_cache")
+}
+
+/// A directory of this fuzzing process, removed by nobody: it lives in the temp dir.
+pub fn scratch_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("puppet-kicker-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    })
+}
+
+/// Writes `bytes` to `name` in the scratch dir, as the only file of a fresh subdirectory
+/// `dir` (for decoders that read a whole directory).
+pub fn scratch_file(dir: &str, name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = scratch_dir().join(dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch subdir");
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("scratch file");
+    path
+}
+
+/// The settings of a master over the fixture fleet, its config file written with
+/// `config` (kicks dry-run: nothing leaves the process).
+pub fn fleet_settings(config: &str) -> PuppetSettings {
+    let dir = scratch_dir().join("fleet");
+    std::fs::create_dir_all(&dir).expect("fleet dir");
+    let facts = fixtures();
+    let text = format!(
+        "puppet_cache:\n  dirs: [{}, {}]\ncache:\n  dir: {}\non_no_data: empty\nmax_age: 100000d\nkick:\n  dry_run: true\n{config}",
+        facts.join("server_data/facts").display(),
+        facts.join("yaml/facts").display(),
+        dir.join("cache").display(),
+    );
+    let config_file = dir.join("puppet_kicker.yaml");
+    std::fs::write(&config_file, text).expect("fleet config");
+    PuppetSettings { confdir: dir.clone(), vardir: dir, server_datadir: None, config_file: Some(config_file) }
+}
+
+/// The fixture fleet, indexed once per process.
+pub fn fleet() -> &'static Kicker {
+    static FLEET: OnceLock<Kicker> = OnceLock::new();
+    FLEET.get_or_init(|| Kicker::start(fleet_settings("")).expect("the fixture fleet starts"))
+}
