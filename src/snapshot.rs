@@ -51,6 +51,12 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         crate::cache_dir::ensure(dir).map_err(|e| format!("ignoring snapshot {}: {e}", path.display()))?;
     }
+    decode(&bytes, path).map(Some)
+}
+
+/// The snapshot in `bytes`, as [`read`] decodes a file's content; `path` only names it
+/// in errors. Bounded like the file: 72 levels of nesting at most.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<Snapshot, String> {
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
         return Err(format!("ignoring snapshot {}: not a puppet-kicker index", path.display()));
     };
@@ -65,7 +71,6 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, String> {
     let mut decoder = rmp_serde::Deserializer::from_read_ref(payload);
     decoder.set_max_depth(MAX_NESTING);
     Snapshot::deserialize(&mut decoder)
-        .map(Some)
         .map_err(|e| format!("ignoring corrupt snapshot {}: {e}; it will be rebuilt", path.display()))
 }
 

@@ -1,11 +1,11 @@
-//! A JSON fact file (puppetserver's `facts_terminus = json`) through the puppet
-//! cache source.
+//! A JSON fact file (puppetserver's `facts_terminus = json`) as the puppet cache
+//! source parses a file's content.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use puppet_kicker::source::puppet_cache;
+use puppet_kicker::source::puppet_cache::{parse_fact_file, Format};
+use std::path::Path;
 
 fuzz_target!(|input: &[u8]| {
-    let file = puppet_kicker_fuzz::scratch_file("json", "fuzz.example.com.json", input);
-    let _ = puppet_cache::load(&[file.parent().expect("in a dir").to_path_buf()]);
+    let _ = parse_fact_file(input, Format::Json, Path::new("fuzz.example.com.json"), 0);
 });

@@ -3,14 +3,15 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use puppet_kicker::kick::{Planner, PlannerState};
+use puppet_kicker::kick::{decode_state, Planner};
 use puppet_kicker::Config;
+use std::path::Path;
 use std::sync::OnceLock;
 
 fuzz_target!(|input: &[u8]| {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     let config = CONFIG.get_or_init(|| Config::defaults(&puppet_kicker_fuzz::fleet_settings("")));
-    let Ok(state) = rmp_serde::from_slice::<PlannerState>(input) else { return };
+    let Ok(state) = decode_state(Path::new("kicks.msgpack"), input) else { return };
     let mut planner = Planner::new(config.kick.planner.clone(), state);
     std::hint::black_box((planner.undelivered(), planner.next_wakeup()));
     let _ = planner.due(1_700_000_000_000);

@@ -1,10 +1,11 @@
-//! The index snapshot (`index.msgpack`) as found in the cache dir.
+//! The index snapshot (`index.msgpack`) as found in the cache dir, decoded as
+//! `snapshot::read` decodes a file's content.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use puppet_kicker::snapshot;
+use std::path::Path;
 
 fuzz_target!(|input: &[u8]| {
-    let file = puppet_kicker_fuzz::scratch_file("snapshot", "index.msgpack", input);
-    let _ = snapshot::read(&file);
+    let _ = snapshot::decode(input, Path::new("index.msgpack"));
 });

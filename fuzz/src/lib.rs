@@ -1,5 +1,5 @@
-//! What the fuzz targets share: a small fixed fleet to query, and scratch files for
-//! decoders that read from a path.
+//! What the fuzz targets share: a small fixed fleet to query, configured in a scratch
+//! directory of the fuzzing process.
 
 use puppet_kicker::{Kicker, PuppetSettings};
 use std::path::{Path, PathBuf};
@@ -18,17 +18,6 @@ pub fn scratch_dir() -> &'static Path {
         std::fs::create_dir_all(&dir).expect("scratch dir");
         dir
     })
-}
-
-/// Writes `bytes` to `name` in the scratch dir, as the only file of a fresh subdirectory
-/// `dir` (for decoders that read a whole directory).
-pub fn scratch_file(dir: &str, name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = scratch_dir().join(dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch subdir");
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).expect("scratch file");
-    path
 }
 
 /// The settings of a master over the fixture fleet, its config file written with

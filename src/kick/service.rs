@@ -448,7 +448,9 @@ fn most_severe_first(lines: Vec<LogLine>, cap: usize) -> Vec<LogLine> {
     lines.into_iter().zip(keep).filter(|(_, keep)| *keep).map(|(line, _)| line).collect()
 }
 
-fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, String> {
+/// The kick state in `bytes`, as the service reads `kicks.msgpack`; `path` names it in
+/// errors. Bounded: 16 levels of nesting at most.
+pub fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, String> {
     let mut decoder = rmp_serde::Deserializer::from_read_ref(bytes);
     decoder.set_max_depth(MAX_STATE_NESTING);
     PlannerState::deserialize(&mut decoder)

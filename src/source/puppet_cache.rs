@@ -46,14 +46,15 @@ pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
     Ok(harvest)
 }
 
-#[derive(Clone, Copy)]
-enum Format {
+/// The two formats of Puppet's fact cache, by file extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
     Json,
     Yaml,
 }
 
 impl Format {
-    fn of(path: &Path) -> Option<Format> {
+    pub fn of(path: &Path) -> Option<Format> {
         match path.extension()?.to_str()? {
             "json" => Some(Format::Json),
             "yaml" => Some(Format::Yaml),
@@ -64,6 +65,17 @@ impl Format {
 
 fn read_file(path: &Path, format: Format) -> Result<Observation, String> {
     let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE).map_err(|e| describe(&e))?;
+    let mtime = fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs() as i64);
+    parse_fact_file(&bytes, format, path, mtime.unwrap_or(0))
+}
+
+/// One fact file's content, as [`load`] reads it: `path` names it (and gives the
+/// certname when the document has none), `mtime` dates facts without a timestamp.
+pub fn parse_fact_file(bytes: &[u8], format: Format, path: &Path, mtime: i64) -> Result<Observation, String> {
     let document = match format {
         // serde_json stops at 128 levels, before its recursion can hurt; facts from
         // every format and source stop at the same depth as YAML's.
@@ -79,12 +91,7 @@ fn read_file(path: &Path, format: Format) -> Result<Observation, String> {
             crate::yaml::parse(text).map_err(|e| format!("invalid YAML: {e}"))?
         }
     };
-    let mtime = fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_secs() as i64);
-    observation(document, path, mtime.unwrap_or(0))
+    observation(document, path, mtime)
 }
 
 /// Whether `value` has more than `max` collections nested in one another; without
