@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use support::{is_root, Tmpfs};
+
+mod support;
 
 fn tempdir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pk-cache-files-{name}-{}", std::process::id()));
@@ -34,10 +37,6 @@ fn write(path: &Path, s: &Snapshot) -> Result<(), String> {
 
 fn mode(path: &Path) -> u32 {
     fs::symlink_metadata(path).unwrap().mode() & 0o7777
-}
-
-fn is_root() -> bool {
-    fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
 }
 
 #[test]
@@ -122,36 +121,6 @@ fn a_cache_dir_others_can_write_is_refused_with_what_to_change() {
     let err = write(&snapshot::path_in(&link), &snapshot(1, 10)).unwrap_err();
     assert!(err.contains("symlink owned by uid 4242"), "{err}");
     fs::remove_dir_all(&root).unwrap();
-}
-
-/// A tmpfs of `size` bytes mounted on `dir` until dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: usize) -> Option<Tmpfs> {
-        let c = |s: &str| std::ffi::CString::new(s).unwrap();
-        let target = c(dir.to_str().unwrap());
-        let options = c(&format!("size={size},mode=0750"));
-        let rc = unsafe {
-            libc::mount(c("tmpfs").as_ptr(), target.as_ptr(), c("tmpfs").as_ptr(), 0, options.as_ptr().cast())
-        };
-        if rc == 0 {
-            return Some(Tmpfs(dir.to_path_buf()));
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EPERM) && !is_root() {
-            eprintln!("skipped: mounting a tmpfs needs root ({err}); CI runs this test as root");
-            return None;
-        }
-        panic!("cannot mount a tmpfs on {}: {err}", dir.display());
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let target = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-    }
 }
 
 #[test]

@@ -7,6 +7,9 @@ use puppet_kicker::kick::{
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::Tmpfs;
+
+mod support;
 
 /// Answers every runonce with "started" and remembers who was kicked.
 #[derive(Clone, Default)]
@@ -428,4 +431,45 @@ fn index_warnings_beyond_the_pending_limit_are_counted_in_one_line() {
     assert_eq!(warnings.len(), 256 + 1, "{:?}", warnings.last());
     assert!(warnings[256].starts_with("44 more puppet-kicker warnings left out"), "{}", warnings[256]);
     assert!(kicker.take_warnings().is_empty(), "counted once");
+}
+
+#[test]
+fn a_full_disk_loses_no_kick_and_the_save_succeeds_once_space_is_back() {
+    let dir = cache_dir("enospc");
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(tmpfs) = Tmpfs::mount(&dir, 256 << 10) else { return };
+    let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+    let start =
+        || KickService::start(config.clone(), &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
+    let service = start();
+    quiet_report(&service, "db1"); // kicks.lock and a first state file exist
+
+    // Fill the file system to the last byte.
+    let filler = dir.join("filler");
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut file, &chunk).is_ok() {}
+    while std::io::Write::write_all(&mut file, &chunk[..1]).is_ok() {}
+    drop(file);
+
+    let lines = report(&service, "node1", "haproxy");
+    assert!(
+        lines.iter().any(|l| l.starts_with("cannot save kick state")
+            && l.contains("No space left on device")
+            && l.contains("kept in memory")),
+        "{lines:?}"
+    );
+    assert_eq!(pending_targets(&service), ["lb1"], "the kick is kept in memory");
+
+    std::fs::remove_file(&filler).unwrap();
+    let waited = std::time::Instant::now();
+    loop {
+        if pending_targets(&start()) == ["lb1"] {
+            break; // another process sees it on disk
+        }
+        assert!(waited.elapsed() < Duration::from_secs(20), "the dispatcher never saved again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(service);
+    drop(tmpfs);
 }

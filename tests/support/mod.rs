@@ -1,0 +1,40 @@
+//! Helpers shared by integration tests (each test file includes what it uses).
+#![allow(dead_code)]
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+pub fn is_root() -> bool {
+    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+/// A tmpfs of `size` bytes mounted on `dir` until dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `None` (the test skips, saying why) only when not root and mounting is refused.
+    pub fn mount(dir: &Path, size: usize) -> Option<Tmpfs> {
+        let c = |s: &str| std::ffi::CString::new(s).unwrap();
+        let target = c(dir.to_str().unwrap());
+        let options = c(&format!("size={size},mode=0750"));
+        let rc = unsafe {
+            libc::mount(c("tmpfs").as_ptr(), target.as_ptr(), c("tmpfs").as_ptr(), 0, options.as_ptr().cast())
+        };
+        if rc == 0 {
+            return Some(Tmpfs(dir.to_path_buf()));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EPERM) && !is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root ({err}); CI runs this test as root");
+            return None;
+        }
+        panic!("cannot mount a tmpfs on {}: {err}", dir.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
