@@ -80,14 +80,14 @@ pub fn parse_fact_file(bytes: &[u8], format: Format, path: &Path, mtime: i64) ->
         // serde_json stops at 128 levels, before its recursion can hurt; facts from
         // every format and source stop at the same depth as YAML's.
         Format::Json => {
-            let value = serde_json::from_slice(&bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+            let value = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
             if deeper_than(&value, crate::yaml::MAX_DEPTH) {
                 return Err(format!("invalid JSON: nested deeper than {} levels", crate::yaml::MAX_DEPTH));
             }
             value
         }
         Format::Yaml => {
-            let text = std::str::from_utf8(&bytes).map_err(|e| format!("invalid YAML: not UTF-8 ({e})"))?;
+            let text = std::str::from_utf8(bytes).map_err(|e| format!("invalid YAML: not UTF-8 ({e})"))?;
             crate::yaml::parse(text).map_err(|e| format!("invalid YAML: {e}"))?
         }
     };
