@@ -4,8 +4,9 @@
 //!
 //! The tree is built from the parser's events with an explicit stack, never by
 //! recursion, and within limits: a document nested deeper than [`MAX_DEPTH`], with
-//! more than [`MAX_ALIASES`] aliases, or expanding to more than [`MAX_VALUES`] values
-//! or [`MAX_TEXT`] bytes of text is refused before it is built. No value deeper than
+//! more than [`MAX_ALIASES`] aliases, aliases repeating more than
+//! [`MAX_ALIASED_VALUES`] values, or expanding to more than [`MAX_VALUES`] values or
+//! [`MAX_TEXT`] bytes of text is refused before it is built. No value deeper than
 //! [`MAX_DEPTH`] is ever built, so dropping one cannot overflow the stack either.
 
 use serde_json::{Map, Number, Value};
@@ -24,6 +25,10 @@ pub const MAX_ALIASES: usize = 10_000;
 pub const MAX_VALUES: usize = 1_000_000;
 /// Most bytes of scalar text in a document, aliases counting what they repeat.
 pub const MAX_TEXT: usize = 64 << 20;
+/// Most values that aliases repeat in a document, on top of [`MAX_VALUES`]: Psych's
+/// aliases share a few small objects, while a few hundred bytes of nested aliases
+/// would otherwise expand to the full value budget (a million values, half a second).
+pub const MAX_ALIASED_VALUES: usize = 100_000;
 
 /// Parses the first document of `text`; an empty document is `Null`.
 ///
@@ -66,6 +71,8 @@ struct Builder {
     /// Values and text so far (`height` unused).
     spent: Cost,
     aliases: usize,
+    /// Values that aliases repeated so far.
+    aliased_values: usize,
     anchors: HashMap<usize, (Value, Cost)>,
     root: Option<Value>,
 }
@@ -124,6 +131,10 @@ impl Builder {
                     return Err(at(format!("nested deeper than {MAX_DEPTH} levels (through an alias)")));
                 }
                 // Charged before it is copied: a bomb is refused before it is built.
+                self.aliased_values += cost.values;
+                if self.aliased_values > MAX_ALIASED_VALUES {
+                    return Err(at(format!("aliases repeat more than {MAX_ALIASED_VALUES} values")));
+                }
                 self.charge(cost).map_err(at)?;
                 let value = self.anchors[&id].0.clone();
                 self.finish(value, 0, cost).map_err(at)?;
@@ -300,6 +311,24 @@ mod tests {
         let aliases = |n: usize| format!("a: &a x\nb: [{}]\n", vec!["*a"; n].join(","));
         assert!(parse(&aliases(MAX_ALIASES)).is_ok());
         assert_eq!(parse(&aliases(MAX_ALIASES + 1)).unwrap_err(), format!("more than {MAX_ALIASES} aliases at line 2"));
+    }
+
+    #[test]
+    fn aliased_value_limit() {
+        // An anchored list of 999 items is 1,000 values; n aliases repeat n * 1,000.
+        let repeats = |n: usize| {
+            let items = vec!["1"; 999].join(",");
+            format!("a: &a [{items}]\nb: [{}]\n", vec!["*a"; n].join(","))
+        };
+        assert!(parse(&repeats(MAX_ALIASED_VALUES / 1000)).is_ok());
+        let err = parse(&repeats(MAX_ALIASED_VALUES / 1000 + 1)).unwrap_err();
+        assert_eq!(err, format!("aliases repeat more than {MAX_ALIASED_VALUES} values at line 2"));
+        // The audit's 300-byte bomb: refused after 100,000 repeated values, not 1,000,000.
+        let mut bomb = String::from("a0: &a0 [x,x,x,x,x,x,x,x,x,x]\n");
+        for i in 1..9 {
+            bomb += &format!("a{i}: &a{i} [{}]\n", vec![format!("*a{}", i - 1); 10].join(","));
+        }
+        assert!(parse(&bomb).unwrap_err().starts_with("aliases repeat more than 100000 values"));
     }
 
     #[test]
