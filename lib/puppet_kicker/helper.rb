@@ -55,8 +55,8 @@ module PuppetKicker
     # The helper process itself.
     def main(argv)
       confdir, vardir, server_datadir, config_file = argv
-      require_relative '../puppet_kicker'
-      require PuppetKicker::NATIVE_LIBRARY
+      # The library alone (it defines PuppetKicker's errors): not Puppet, not the facade.
+      require File.join(__dir__, 'puppet_kicker.so')
       ending = PuppetKicker::Native.run_helper(confdir.to_s, vardir.to_s, server_datadir, config_file)
       $stdout.puts "#{Time.now.utc.strftime('%FT%TZ')} helper[#{Process.pid}]: #{ending}" if ending == 'AlreadyRunning'
       0
