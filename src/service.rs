@@ -539,6 +539,8 @@ impl Shared {
         // A refused cache dir is warned about where the snapshot is written.
         let lockable = crate::cache_dir::ensure(&self.config.cache_dir).is_ok();
         let wait = self.worst_case.saturating_add(Duration::from_secs(10));
+        let requested = now();
+        let contended = lockable && matches!(crate::process::try_lock(&lock_path), Ok(None));
         let taken = if lockable { crate::process::lock_within(&lock_path, wait) } else { Ok(None) };
         let _held = match taken {
             Ok(Some(file)) => Some(file),
@@ -556,7 +558,9 @@ impl Shared {
                 None
             }
         };
-        if self.adopt_fresher_snapshot(ticket) {
+        // Only a refresh that ran while this one waited is taken: one asked for
+        // without contention reads the source, as it always did.
+        if contended && self.adopt_fresher_snapshot(ticket, requested) {
             return Ok(());
         }
         let started = now();
@@ -599,12 +603,12 @@ impl Shared {
     /// Takes the snapshot another process wrote while this one waited for the
     /// refresh lock, when it is newer than the index and younger than `cache.ttl`:
     /// that refresh just happened, and doing it again would only load the fleet.
-    fn adopt_fresher_snapshot(&self, ticket: u64) -> bool {
+    fn adopt_fresher_snapshot(&self, ticket: u64, requested: i64) -> bool {
         let path = snapshot::path_in(&self.config.cache_dir);
         let current = self.current.load().as_ref().map_or(i64::MIN, |i| i.built_at());
         let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         let written = written.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs() as i64);
-        if written.is_none_or(|w| w < current || now() - w >= self.config.cache_ttl as i64) {
+        if written.is_none_or(|w| w < current.max(requested) || now() - w >= self.config.cache_ttl as i64) {
             return false;
         }
         let Ok(Some(snap)) = snapshot::read(&path) else { return false };
