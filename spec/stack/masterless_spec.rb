@@ -199,7 +199,7 @@ module Masterless # the constants' namespace
     it 'broker down, a fact changed, broker back: a new apply soon sees the changed fact' do
       scenario('refresh', node_pp: '', haproxy_pp: <<~'PUPPET')
         $out = $facts['kick_e2e_out']
-        $marked = servers_with_facts(['pk_marker=changed']).map |$s| { $s['certname'] }
+        $marked = servers_with_facts('pk_marker=changed').map |$s| { $s['certname'] }
         file { $out: ensure => directory }
         file { "${out}/marked.txt": ensure => file, content => "${join(sort($marked), ',')}\n" }
       PUPPET
