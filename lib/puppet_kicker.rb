@@ -10,6 +10,7 @@
 # The backend is magnus on MRI and ffi elsewhere; PUPPET_KICKER_BACKEND=magnus|ffi
 # (or PuppetKicker.backend = ...) overrides it. Ruby 2.6 syntax (puppetserver's JRuby).
 require_relative 'puppet_kicker/version'
+require_relative 'puppet_kicker/helper'
 
 module PuppetKicker
   # Base of every error the core raises; the functions turn it into Puppet::ParseError.
@@ -74,6 +75,31 @@ module PuppetKicker
 
       native.configure(*key)
       configured[backend] = key
+      finish_in_helper_at_exit(key)
+    end
+
+    # Masterless (`puppet apply`): at exit, hands what this process leaves undone (a
+    # refresh in flight, kicks not yet delivered) to the helper (see Helper). Once
+    # per process; a forked child never runs it.
+    def finish_in_helper_at_exit(settings)
+      return if @exit_hook_pid == Process.pid || !Helper.masterless?
+
+      @exit_hook_pid = Process.pid
+      at_exit { start_helper(settings) if Process.pid == @exit_hook_pid }
+    end
+
+    # Starts the helper when work is left; returns its pid, or nil.
+    def start_helper(settings)
+      status = native.status
+      return nil unless Helper.wanted?(status, masterless: true)
+
+      pid = Helper.spawn(settings, status['cache_dir'])
+      Puppet.info("puppet-kicker: helper (pid #{pid}) finishes #{status['work_left'].join(' and ')} in the " \
+                  "background; it logs to #{File.join(status['cache_dir'], Helper::LOG)}")
+      pid
+    rescue StandardError => e
+      Puppet.warning("puppet-kicker: cannot start the helper: #{e.message}") rescue nil # rubocop:disable Style/RescueModifier
+      nil
     end
 
     def servers_with_role(roles, environment)

@@ -35,6 +35,9 @@ const MAX_PENDING_WARNINGS: usize = 256;
 const PUPPET_CACHE_WORST_CASE: Duration = Duration::from_secs(300);
 /// Refresh threads declared hung that may linger; past this, no new one is started.
 const MAX_ABANDONED_REFRESHES: usize = 4;
+/// Held by the process refreshing a cache dir: one refresh at a time across the
+/// processes sharing it (concurrent `puppet apply` runs, the masterless helper).
+pub const REFRESH_LOCK: &str = "refresh.lock";
 
 pub struct Kicker {
     settings: PuppetSettings,
@@ -63,6 +66,8 @@ struct Shared {
     mcollective: Option<McollectiveSource>,
     /// Where refresh threads take their work (a new thread replaces a hung one).
     requests: Receiver<Refresh>,
+    /// A refresh's worst case, network deadlines included.
+    worst_case: Duration,
 }
 
 /// Warnings waiting for the bindings, and how many did not fit.
@@ -189,6 +194,7 @@ impl Kicker {
             mcollective,
             requests,
             config,
+            worst_case,
         });
         match snapshot::read(&snapshot::path_in(&shared.config.cache_dir)) {
             Ok(Some(snap)) => {
@@ -248,6 +254,32 @@ impl Kicker {
     /// it to finish; true when it did.
     pub fn refresh_and_wait(&self, timeout: Duration) -> bool {
         refresh_and_wait(&self.shared, &self.refresh, timeout)
+    }
+
+    /// How long a refresh may take at worst (every network deadline added up).
+    pub fn refresh_worst_case(&self) -> Duration {
+        self.shared.worst_case
+    }
+
+    /// What this process leaves undone if it exits now: `refresh` while a refresh
+    /// is in flight, `kicks` while kicks wait to be delivered. A short-lived process
+    /// (`puppet apply`) hands these to the masterless helper (see [`crate::helper`]).
+    pub fn work_left(&self) -> Vec<&'static str> {
+        let mut work = Vec::new();
+        if lock(&self.shared.refresh_state).in_flight {
+            work.push("refresh");
+        }
+        if let Some(Ok(service)) = self.kicks.get() {
+            if service.undelivered() > 0 {
+                work.push("kicks");
+            }
+        }
+        work
+    }
+
+    /// The kick service, started if it is not yet (for the masterless helper).
+    pub fn kicks(&self) -> Result<&KickService> {
+        self.kick_service()
     }
 
     /// Warnings from refreshes and snapshot reads since the last call, for logging.
@@ -503,6 +535,34 @@ impl Shared {
     /// Reads the source and swaps in a new index; the snapshot follows. Refresh
     /// `ticket` changes nothing once a newer one replaced it.
     fn refresh(&self, ticket: u64) -> Result<()> {
+        let lock_path = self.config.cache_dir.join(REFRESH_LOCK);
+        // A refused cache dir is warned about where the snapshot is written.
+        let lockable = crate::cache_dir::ensure(&self.config.cache_dir).is_ok();
+        let wait = self.worst_case.saturating_add(Duration::from_secs(10));
+        let requested = now();
+        let contended = lockable && matches!(crate::process::try_lock(&lock_path), Ok(None));
+        let taken = if lockable { crate::process::lock_within(&lock_path, wait) } else { Ok(None) };
+        let _held = match taken {
+            Ok(Some(file)) => Some(file),
+            Ok(None) if !lockable => None,
+            Ok(None) => {
+                return Err(Error::Io(format!(
+                    "another process has held {} for more than {}s; not refreshing meanwhile",
+                    lock_path.display(),
+                    wait.as_secs()
+                )))
+            }
+            Err(e) => {
+                // A cache dir we cannot lock in (read-only) still gets refreshes.
+                self.warn(format!("cannot lock {}: {e}; refreshing without it", lock_path.display()));
+                None
+            }
+        };
+        // Only a refresh that ran while this one waited is taken: one asked for
+        // without contention reads the source, as it always did.
+        if contended && self.adopt_fresher_snapshot(ticket, requested) {
+            return Ok(());
+        }
         let started = now();
         let harvest: Harvest = match (self.config.source, &self.mcollective) {
             (SourceKind::Mcollective, Some(mcollective)) => {
@@ -536,6 +596,36 @@ impl Shared {
             self.current.store(Some(Arc::new(index)));
         }
         Ok(())
+    }
+}
+
+impl Shared {
+    /// Takes the snapshot another process wrote while this one waited for the
+    /// refresh lock, when it is newer than the index and younger than `cache.ttl`:
+    /// that refresh just happened, and doing it again would only load the fleet.
+    fn adopt_fresher_snapshot(&self, ticket: u64, requested: i64) -> bool {
+        let path = snapshot::path_in(&self.config.cache_dir);
+        let current = self.current.load().as_ref().map_or(i64::MIN, |i| i.built_at());
+        let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        let written = written.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs() as i64);
+        if written.is_none_or(|w| w < current.max(requested) || now() - w >= self.config.cache_ttl as i64) {
+            return false;
+        }
+        let Ok(Some(snap)) = snapshot::read(&path) else { return false };
+        if snap.built_at <= current || now() - snap.built_at >= self.config.cache_ttl as i64 || snap.nodes.is_empty() {
+            return false;
+        }
+        let mut seen = lock(&self.seen_environments);
+        for (certname, environment) in snap.seen_environments {
+            seen.entry(certname).or_insert(environment);
+        }
+        drop(seen);
+        let index = Index::build(snap.nodes, &self.config.role_fact, snap.built_at);
+        let state = lock(&self.refresh_state);
+        if state.ticket == ticket {
+            self.current.store(Some(Arc::new(index)));
+        }
+        true
     }
 }
 

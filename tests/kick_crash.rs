@@ -78,6 +78,7 @@ fn child(point: &str, dir: &Path) -> ! {
         environment: "production".into(),
         run_started: puppet_kicker::kick::now_ms(),
         noop: false,
+        reporter_pid: None,
         kicks: vec![KickSpec {
             resource: "Kick[lb]".into(),
             selector: Selector::Roles(vec!["haproxy".into()]),

@@ -63,14 +63,18 @@ module PuppetKicker
       text.split(',').map(&:strip).reject(&:empty?)
     end
 
-    def payload(report, kicks)
-      JSON.generate(
+    # `pid`: masterless, this process, whose run holds the host's agent lock until it
+    # exits (a kick of the host waits for that).
+    def payload(report, kicks, pid: nil)
+      fields = {
         'host' => report.host.to_s,
         'environment' => report.environment.to_s,
         'time' => (report.time.to_f * 1000).to_i,
         'noop' => report.noop ? true : false,
         'kicks' => kicks,
-      )
+      }
+      fields['pid'] = pid if pid
+      JSON.generate(fields)
     end
   end
 
@@ -80,9 +84,10 @@ module PuppetKicker
     # report goes through, kicks or not: it may end a kicked run.
     def process_report(report)
       configure
-      log_lines(native.kick_report(Kicks.payload(report, Kicks.from_report(report))))
-      # A short-lived process (puppet apply) waits, bounded, for due kicks to be sent;
-      # a master (puppetserver) dispatches in the background.
+      pid = Helper.masterless? ? Process.pid : nil
+      log_lines(native.kick_report(Kicks.payload(report, Kicks.from_report(report), pid: pid)))
+      # A short-lived process (puppet apply) waits, bounded, for due kicks to be sent
+      # (what remains goes to the helper at exit); a master dispatches in the background.
       log_lines(native.kick_flush) unless Puppet.run_mode.name == :server
       log_lines(native.take_kick_log)
     end

@@ -59,6 +59,9 @@ pub struct ReportKicks {
     pub run_started: Millis,
     pub noop: bool,
     pub kicks: Vec<KickSpec>,
+    /// Masterless (`puppet apply`): the process whose run this report is. It holds
+    /// the host's agent lock until it exits, so a kick of the host waits for that.
+    pub reporter_pid: Option<u32>,
 }
 
 /// Tunables, from `puppet_kicker.yaml`'s `kick` section.

@@ -54,11 +54,13 @@ pub enum Outcome {
     Disabled(String),
     NoReply,
     Failed(String),
+    /// The agent refused the request itself (its DDL rejects an input, an unknown
+    /// action): given up at once, since sending it again cannot help.
+    Refused(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Suppression {
-    SelfKick,
     Cycle(Chain),
     HopLimit(Chain),
     Policy {
@@ -109,7 +111,6 @@ impl fmt::Display for Event {
             Event::Suppressed { source, target, resource, reason } => {
                 let target = target.as_deref().unwrap_or("all targets");
                 let why = match reason {
-                    Suppression::SelfKick => "a server does not kick itself".to_string(),
                     Suppression::Cycle(chain) => format!("it would close a loop: {chain}"),
                     Suppression::HopLimit(chain) => format!("the chain exceeds max_hops: {chain}"),
                     Suppression::Policy { source_role, target_role } => format!(
@@ -161,6 +162,17 @@ pub struct PlannerState {
     pub outcomes: VecDeque<OutcomeRecord>,
     pub rate: RateLedger,
     pub graph: RoleGraph,
+    /// Masterless: servers whose Puppet run is a local process still alive, which
+    /// holds the server's agent lock; kicks of them wait for it to exit.
+    #[serde(default)]
+    pub holds: BTreeMap<String, Hold>,
+}
+
+/// A server's run in progress as a process on this machine (`puppet apply`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub pid: u32,
+    pub since: Millis,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,8 +298,36 @@ impl Planner {
         resolved
     }
 
-    /// Takes a report in, with its targets found by [`Planner::resolve`].
+    /// Takes a report in, with its targets found by [`Planner::resolve`]. A report
+    /// from a local process (masterless) that leaves a kick of its own server pending
+    /// holds that kick until the process exits (see [`Planner::release_exited`]).
     pub fn on_resolved(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis) -> Vec<Event> {
+        let events = self.take_report(report, resolved, now);
+        let waits = self.state.targets.get(&report.host).is_some_and(|t| t.pending.is_some() || t.follow_up.is_some());
+        match report.reporter_pid {
+            Some(pid) if waits => {
+                self.state.holds.insert(report.host.clone(), Hold { pid, since: now });
+            }
+            _ => {}
+        }
+        events
+    }
+
+    /// Ends the holds of processes that exited (`alive` says), or that have held
+    /// for longer than `run_timeout` (a pid reused). True when one ended.
+    pub fn release_exited(&mut self, now: Millis, alive: impl Fn(u32) -> bool) -> bool {
+        let before = self.state.holds.len();
+        let run_timeout = self.config.run_timeout_ms;
+        self.state.holds.retain(|_, hold| alive(hold.pid) && now - hold.since < run_timeout);
+        self.state.holds.len() != before
+    }
+
+    /// Servers whose kicks wait for a local process to exit, and its pid.
+    pub fn holds(&self) -> impl Iterator<Item = (&String, u32)> + '_ {
+        self.state.holds.iter().map(|(host, hold)| (host, hold.pid))
+    }
+
+    fn take_report(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis) -> Vec<Event> {
         let mut events = Vec::new();
         let chain = self.finish_run(&report.host, report.run_started, &mut events);
         if report.kicks.is_empty() {
@@ -384,10 +424,6 @@ impl Planner {
             resource: kick.resource.clone(),
             reason,
         };
-        if target.certname == report.host {
-            events.push(suppressed(Suppression::SelfKick));
-            return;
-        }
         if !self.config.policy.allows(source_role.as_deref(), target.role.as_deref()) {
             let reason = Suppression::Policy { source_role: source_role.clone(), target_role: target.role.clone() };
             events.push(suppressed(reason));
@@ -400,7 +436,10 @@ impl Planner {
             events.extend(cycles.into_iter().map(|cycle| Event::NewRoleCycle { cycle }));
         }
         let extended = chain.then(&target.certname);
-        if chain.contains(&target.certname) {
+        // A server may kick itself (a kick of its own role): it runs once more after
+        // this run, unless this run was itself kicked by the chain (then it is a loop).
+        let self_kick = target.certname == report.host && chain.hops() == 0;
+        if chain.contains(&target.certname) && !self_kick {
             events.push(suppressed(Suppression::Cycle(extended)));
             return;
         }
@@ -432,7 +471,7 @@ impl Planner {
                     target.pending = target.follow_up.take().or(target.pending.take());
                 }
             }
-            if target.running.is_some() {
+            if target.running.is_some() || self.state.holds.contains_key(name) {
                 continue;
             }
             let stale_after = self.config.in_flight_timeout_ms;
@@ -474,10 +513,12 @@ impl Planner {
                 self.record(now, target_name, "started".into(), &pending.chain);
                 return vec![event];
             }
-            Outcome::Busy(why) | Outcome::Disabled(why) | Outcome::Failed(why) => why,
-            Outcome::NoReply => "no reply".to_string(),
+            Outcome::Busy(why) | Outcome::Disabled(why) | Outcome::Failed(why) => (why, false),
+            Outcome::Refused(why) => (format!("the agent refused the request: {why}"), true),
+            Outcome::NoReply => ("no reply".to_string(), false),
         };
-        if pending.attempts >= config.max_attempts {
+        let (why, refused) = why;
+        if refused || pending.attempts >= config.max_attempts {
             let event = Event::GaveUp {
                 target: target_name.into(),
                 why: why.clone(),
@@ -521,8 +562,10 @@ impl Planner {
     pub fn next_wakeup(&self) -> Option<Millis> {
         self.state
             .targets
-            .values()
-            .filter_map(|t| match (&t.running, &t.pending) {
+            .iter()
+            // A held server is looked at again when its process exits (polled).
+            .filter(|(name, _)| !self.state.holds.contains_key(*name))
+            .filter_map(|(_, t)| match (&t.running, &t.pending) {
                 (Some(running), _) => Some(running.started + self.config.run_timeout_ms),
                 (None, Some(p)) if !p.in_flight => Some(p.due),
                 // Its sender may have died: look again when it turns stale.

@@ -34,6 +34,8 @@ pub const MAX_LOG_LINES_PER_REPORT: usize = 100;
 const SAVE_RETRY: Duration = Duration::from_secs(5);
 /// How long the dispatcher sleeps when nothing is scheduled.
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
+/// How often the dispatcher looks whether a process holding a server's kicks exited.
+pub const HOLD_POLL: Duration = Duration::from_secs(1);
 
 /// A line for Puppet's log, at the level it deserves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,7 +205,8 @@ impl KickService {
                     t.pending.as_ref().is_some_and(|p| {
                         let stale_after = planner.config().in_flight_timeout_ms;
                         let sending = p.in_flight && now_ms() - p.dispatched_at < stale_after;
-                        sending || (t.running.is_none() && p.due <= deadline && !reporters.contains(name))
+                        let held = reporters.contains(name) || planner.state().holds.contains_key(name);
+                        sending || (t.running.is_none() && p.due <= deadline && !held)
                     })
                 });
                 (busy, planner.undelivered())
@@ -217,7 +220,56 @@ impl KickService {
 
     /// The status document (also written to `kick-status.json`).
     pub fn status(&self) -> serde_json::Value {
-        status_json(&lock(&self.inner.planner), now_ms())
+        status_json(&lock(&self.inner.planner), now_ms(), self.inner.helper())
+    }
+
+    /// Kicks not yet started: pending (due, scheduled for a retry, in flight,
+    /// waiting for a local process) and follow-ups.
+    pub fn undelivered(&self) -> usize {
+        lock(&self.inner.planner).undelivered()
+    }
+
+    /// Makes the dispatcher look at once: it re-reads the shared state, ends the holds
+    /// of processes that exited, and sends what is due.
+    pub fn wake(&self) {
+        let _ = self.wake.send(());
+    }
+
+    /// Takes in what other processes wrote to the shared state since this one last
+    /// looked, and rewrites `kick-status.json` (its `helper` entry included).
+    pub fn sync(&self) {
+        self.inner.transact(|_| ((), false));
+        let planner = lock(&self.inner.planner);
+        let status =
+            serde_json::to_vec_pretty(&status_json(&planner, now_ms(), self.inner.helper())).unwrap_or_default();
+        drop(planner);
+        let _ = crate::atomic_file::write(&self.inner.status_path, &[&status, b"\n"]);
+    }
+
+    /// What each undelivered kick waits for, one line each, soonest first.
+    pub fn waiting_for(&self) -> Vec<String> {
+        let planner = lock(&self.inner.planner);
+        let state = planner.state();
+        let mut lines: Vec<(Millis, String)> = Vec::new();
+        for (name, target) in &state.targets {
+            if let Some(p) = &target.pending {
+                match state.holds.get(name) {
+                    Some(hold) => {
+                        lines.push((p.due, format!("kick of {name}: process {} (its run) to exit", hold.pid)))
+                    }
+                    None if p.in_flight => lines.push((p.dispatched_at, format!("kick of {name}: runonce in flight"))),
+                    None => {
+                        lines.push((p.due, format!("kick of {name}: due at {} (attempt {})", p.due, p.attempts + 1)))
+                    }
+                }
+            }
+            if target.follow_up.is_some() {
+                let until = target.running.as_ref().map_or(0, |r| r.started + planner.config().run_timeout_ms);
+                lines.push((until, format!("follow-up of {name}: its kicked run to report (at the latest {until})")));
+            }
+        }
+        lines.sort();
+        lines.into_iter().map(|(_, line)| line).collect()
     }
 }
 
@@ -278,6 +330,11 @@ impl Inner {
         result
     }
 
+    /// The masterless helper of this cache dir, if one runs (`helper.json`).
+    fn helper(&self) -> serde_json::Value {
+        self.status_path.parent().map_or(serde_json::Value::Null, crate::helper::describe)
+    }
+
     fn log(&self, line: LogLine) {
         let mut log = lock(&self.log);
         if log.lines.len() < MAX_LOG_LINES {
@@ -330,7 +387,7 @@ impl Inner {
             }
         }
         drop(unsaved);
-        let status = serde_json::to_vec_pretty(&status_json(planner, now)).unwrap_or_default();
+        let status = serde_json::to_vec_pretty(&status_json(planner, now, self.helper())).unwrap_or_default();
         let _ = crate::atomic_file::write(&self.status_path, &[&status, b"\n"]);
     }
 }
@@ -362,6 +419,9 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
         if lock(&inner.unsaved).is_some() {
             wait = wait.min(SAVE_RETRY);
         }
+        if lock(&inner.planner).holds().next().is_some() {
+            wait = wait.min(HOLD_POLL);
+        }
         match wakeups.recv_timeout(wait) {
             Ok(()) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -378,9 +438,10 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
 /// line must be in the log by the time the outcome is visible.
 fn dispatch_due(inner: &Inner) {
     let dispatches = inner.transact(|planner| {
+        let released = planner.release_exited(now_ms(), crate::process::alive);
         let (dispatches, events) = planner.due(now_ms());
         events.iter().for_each(|e| inner.log(log_line(e)));
-        let changed = !dispatches.is_empty() || !events.is_empty();
+        let changed = released || !dispatches.is_empty() || !events.is_empty();
         (dispatches, changed)
     });
     if !dispatches.is_empty() {
@@ -459,7 +520,6 @@ pub fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, String> {
 
 fn log_line(event: &Event) -> LogLine {
     let level = match event {
-        Event::Suppressed { reason: super::Suppression::SelfKick, .. } => Level::Info,
         Event::Suppressed { .. } | Event::NoTargets { .. } | Event::RunTimedOut { .. } | Event::NewRoleCycle { .. } => {
             Level::Warning
         }
@@ -472,7 +532,7 @@ fn log_line(event: &Event) -> LogLine {
     LogLine { level, message: event.to_string() }
 }
 
-fn status_json(planner: &Planner, now: Millis) -> serde_json::Value {
+fn status_json(planner: &Planner, now: Millis, helper: serde_json::Value) -> serde_json::Value {
     let state = planner.state();
     let pending: Vec<_> = state
         .targets
@@ -505,6 +565,8 @@ fn status_json(planner: &Planner, now: Millis) -> serde_json::Value {
         "role_cycles": state.graph.cycles().collect::<Vec<_>>(),
         "role_cycles_left_out": state.graph.cycles_left_out(),
         "generation": state.generation,
+        "holds": state.holds.iter().map(|(target, h)| json!({"target": target, "pid": h.pid, "since": h.since})).collect::<Vec<_>>(),
+        "helper": helper,
     })
 }
 

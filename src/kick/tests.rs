@@ -31,6 +31,7 @@ impl Sim {
             environment: "production".into(),
             run_started,
             noop,
+            reporter_pid: None,
             kicks: kicks
                 .iter()
                 .map(|role| KickSpec {
@@ -255,20 +256,89 @@ fn a_source_over_its_rate_limit_is_suppressed() {
 }
 
 #[test]
-fn noop_runs_self_kicks_and_dry_runs_kick_nothing() {
+fn noop_runs_and_dry_runs_kick_nothing() {
     let mut sim = Sim::new(KickConfig::default());
     let t = sim.now;
     sim.report_started_at("node1", t, true, &["haproxy"]);
     assert!(sim.logged("suppressed: the run was --noop"));
-    sim.report("node1", &["node"]);
-    assert!(sim.logged("kick of node1 by node1 (Notify[kick -> node]) suppressed: a server does not kick itself"));
-    assert!(sim.logged("kick queued for node2"));
 
     let mut dry = Sim::new(KickConfig { dry_run: true, ..KickConfig::default() });
     dry.report("node1", &["haproxy"]);
     assert!(dry.logged("dry run: would kick lb1 (chain node1 -> lb1)"));
     dry.advance(60 * SECOND);
     assert!(dry.dispatch(started).is_empty());
+}
+
+#[test]
+fn a_server_kicking_its_own_role_runs_once_more_then_the_loop_stops() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["node"]);
+    assert!(sim.logged("kick queued for node1 (chain node1 -> node1)"));
+    assert!(sim.logged("kick queued for node2 (chain node1 -> node2)"));
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["node1", "node2", "node3"]);
+    // node1's kicked run kicks its role again: itself is now a loop, the others too.
+    sim.advance(SECOND);
+    sim.report("node1", &["node"]);
+    assert!(sim.logged("kicked run of node1 reported (chain node1 -> node1)"));
+    assert!(sim.logged(
+        "kick of node1 by node1 (Notify[kick -> node]) suppressed: it would close a loop: node1 -> node1 -> node1"
+    ));
+    sim.advance(10 * SECOND);
+    assert!(sim.dispatch(started).is_empty(), "node2 and node3 are still running their kicked runs");
+}
+
+#[test]
+fn a_masterless_report_holds_its_own_servers_kick_until_its_process_exits() {
+    let mut sim = Sim::new(KickConfig::default());
+    let report = ReportKicks {
+        host: "node1".into(),
+        environment: "production".into(),
+        run_started: sim.now,
+        noop: false,
+        reporter_pid: Some(4242),
+        kicks: vec![kick_of("Notify[kick -> node]", Selector::Roles(vec!["node".into()]), None)],
+    };
+    let fleet = fleet();
+    let targets = |_: &Selector, _: &str| {
+        ["node1", "node2"]
+            .iter()
+            .map(|n| Target { certname: n.to_string(), role: Some(fleet[n].to_string()) })
+            .collect()
+    };
+    sim.planner.on_report(&report, sim.now, targets, |h| fleet.get(h).map(|r| r.to_string()));
+    assert_eq!(sim.planner.holds().collect::<Vec<_>>(), [(&"node1".to_string(), 4242)]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["node2"], "node1 waits for its own run's process");
+    assert_eq!(sim.planner.next_wakeup(), Some(sim.now + KickConfig::default().run_timeout_ms), "node2's run only");
+    assert!(!sim.planner.release_exited(sim.now, |pid| pid == 4242), "still running");
+    assert!(sim.dispatch(started).is_empty());
+    assert!(sim.planner.release_exited(sim.now, |_| false), "the process exited");
+    assert_eq!(sim.dispatch(started), ["node1"]);
+
+    // A hold outlives no run_timeout, whatever the pid (reused) says.
+    let mut sim = Sim::new(KickConfig::default());
+    sim.planner.on_report(&ReportKicks { host: "node2".into(), ..report.clone() }, sim.now, targets, |_| None);
+    assert_eq!(sim.planner.holds().count(), 1);
+    sim.advance(KickConfig::default().run_timeout_ms);
+    assert!(sim.planner.release_exited(sim.now, |_| true));
+
+    // A report whose server has nothing pending holds nothing.
+    let mut sim = Sim::new(KickConfig::default());
+    sim.planner.on_report(&ReportKicks { kicks: Vec::new(), ..report }, sim.now, targets, |_| None);
+    assert_eq!(sim.planner.holds().count(), 0);
+}
+
+#[test]
+fn a_request_the_agent_refuses_is_given_up_at_once() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(|_| Outcome::Refused("Input forcerun is not a boolean (status 4)".into()));
+    assert!(sim.logged(
+        "kick of lb1 FAILED after 1 attempts: the agent refused the request: Input forcerun is not a boolean (status 4)"
+    ));
+    assert_eq!(sim.planner.undelivered(), 0);
 }
 
 #[test]
@@ -296,7 +366,14 @@ fn kick_of(resource: &str, selector: Selector, environment: Option<&str>) -> Kic
 }
 
 fn report_of(host: &str, now: Millis, kicks: Vec<KickSpec>) -> ReportKicks {
-    ReportKicks { host: host.into(), environment: "production".into(), run_started: now, noop: false, kicks }
+    ReportKicks {
+        host: host.into(),
+        environment: "production".into(),
+        run_started: now,
+        noop: false,
+        reporter_pid: None,
+        kicks,
+    }
 }
 
 #[test]

@@ -17,7 +17,9 @@ pub trait Transport: Send + Sync {
 pub enum Agent {
     /// mcollective-puppet-agent's `puppet`: `runonce` with `force`, `splay`, `splaylimit`.
     Puppet { force: bool, splay: bool, splaylimit: Option<u32> },
-    /// The legacy `puppetd` agent the original used: `runonce` with `forcerun`.
+    /// The legacy `puppetd` agent the original used: `runonce` with `forcerun`, sent
+    /// as the String `"true"` as `mco puppetd runonce` sends it: the DDLs in the field
+    /// declare it a string, or not at all.
     Puppetd,
 }
 
@@ -39,7 +41,7 @@ impl Agent {
                 }
                 inputs
             }
-            Agent::Puppetd => vec![("forcerun".to_string(), Value::Bool(true))],
+            Agent::Puppetd => vec![("forcerun".to_string(), Value::str("true"))],
         }
     }
 }
@@ -91,13 +93,20 @@ impl Transport for McoTransport {
     }
 }
 
-/// Reads a `runonce` reply: both agents refuse with a message, not a distinct code.
+/// mcollective's codes for a request the agent refuses as such (unknown action,
+/// missing or invalid data: its DDL rejects an input): sending it again cannot help.
+const REFUSED_REQUEST: [i64; 3] = [2, 3, 4];
+
+/// Reads a `runonce` reply: both agents refuse a run with a message, not a distinct code.
 pub fn classify(statuscode: i64, statusmsg: &str) -> Outcome {
     if statuscode == 0 {
         return Outcome::Started;
     }
     let message = statusmsg.to_ascii_lowercase();
     let why = format!("{statusmsg} (status {statuscode})");
+    if REFUSED_REQUEST.contains(&statuscode) {
+        return Outcome::Refused(why);
+    }
     if message.contains("currently applying") || message.contains("is running") || message.contains("in progress") {
         Outcome::Busy(why)
     } else if message.contains("disabled") {
@@ -122,6 +131,15 @@ mod tests {
     }
 
     #[test]
+    fn a_request_the_agents_ddl_rejects_is_refused_not_retried() {
+        let why = "Input forcerun does not match validation regex (status 4)";
+        assert_eq!(classify(4, "Input forcerun does not match validation regex"), Outcome::Refused(why.into()));
+        assert!(matches!(classify(2, "Unknown action runonce"), Outcome::Refused(_)));
+        assert!(matches!(classify(3, "missing data"), Outcome::Refused(_)));
+        assert!(matches!(classify(1, "Puppet is currently applying a catalog"), Outcome::Busy(_)));
+    }
+
+    #[test]
     fn agents_send_their_own_inputs() {
         let puppet = Agent::Puppet { force: true, splay: false, splaylimit: Some(30) };
         assert_eq!(puppet.name(), "puppet");
@@ -133,6 +151,7 @@ mod tests {
                 ("splaylimit".to_string(), Value::Int(30))
             ]
         );
-        assert_eq!(Agent::Puppetd.inputs(), vec![("forcerun".to_string(), Value::Bool(true))]);
+        // A String, as `mco puppetd runonce --forcerun` sends it, not a Boolean.
+        assert_eq!(Agent::Puppetd.inputs(), vec![("forcerun".to_string(), Value::str("true"))]);
     }
 }

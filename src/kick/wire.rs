@@ -7,6 +7,8 @@
 //!                           {"resource": "Kick[lb]", "facts": ["role=lb"], "environment": "prod"}]}
 //! ```
 //!
+//! A masterless `puppet apply` adds `"pid": <its process id>` (see [`ReportKicks::reporter_pid`]).
+//!
 //! Reports come from servers: sizes and counts are bounded, and every field checked.
 
 use super::{KickSpec, ReportKicks, Selector};
@@ -28,6 +30,8 @@ struct WireReport {
     noop: bool,
     #[serde(default)]
     kicks: Vec<WireKick>,
+    /// Masterless only: the `puppet apply` process whose run this is.
+    pid: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -66,7 +70,14 @@ pub fn parse_report(json: &[u8]) -> Result<ReportKicks> {
         })
         .collect::<std::result::Result<Vec<_>, String>>()
         .map_err(bad)?;
-    Ok(ReportKicks { host: wire.host, environment: wire.environment, run_started: wire.time, noop: wire.noop, kicks })
+    Ok(ReportKicks {
+        host: wire.host,
+        environment: wire.environment,
+        run_started: wire.time,
+        noop: wire.noop,
+        kicks,
+        reporter_pid: wire.pid.filter(|pid| *pid > 0),
+    })
 }
 
 fn check_name(what: &str, value: &str) -> std::result::Result<(), String> {

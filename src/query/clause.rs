@@ -115,12 +115,14 @@ impl Clause {
 
     /// Whether `node` satisfies the clause. A missing fact never matches, `!=` and
     /// `!~` included (mcollective's rule); a clause on `environment` tests the
-    /// server's resolved environment.
+    /// server's resolved environment; one on `certname` tests its certname unless a
+    /// fact has that name (the functions return it like a fact, so it is queried as one).
     pub fn matches(&self, node: &Node) -> bool {
         if self.path.as_str() == "environment" {
             return self.holds(|test| test.on_text(&node.environment));
         }
         match node.fact(&self.path) {
+            None if self.path.as_str() == "certname" => self.holds(|test| test.on_text(&node.certname)),
             None | Some(Value::Null) => false,
             Some(Value::Array(items)) => self.holds(|test| items.iter().any(|item| test.on_value(item))),
             Some(value) => self.holds(|test| test.on_value(value)),

@@ -159,3 +159,16 @@ fn the_clause_cache_returns_the_same_compiled_clause() {
     assert!(cache.compile(&["role"]).is_err());
     assert_eq!(a.clauses()[0].plain_equality(), Some("node"));
 }
+
+#[test]
+fn certname_is_queried_like_a_fact_unless_a_fact_has_that_name() {
+    let matches = |clause: &str, node: &Node| Clause::parse(clause).unwrap().matches(node);
+    let plain = web();
+    assert!(matches("certname=/^n\\./", &plain));
+    assert!(matches("certname=n.example.com", &plain));
+    assert!(!matches("certname=/^web/", &plain));
+    assert!(matches("certname!=web1", &plain));
+    let with_fact = node(json!({"certname": "web1.example.com"}));
+    assert!(matches("certname=/^web/", &with_fact), "a real fact named certname wins");
+    assert!(!matches("certname=/^n\\./", &with_fact));
+}

@@ -118,7 +118,11 @@ fn take_warnings(ruby: &Ruby) -> Result<Vec<String>, Error> {
 
 fn status(ruby: &Ruby) -> Result<RHash, Error> {
     entry(ruby, || {
-        let status = core(ruby, || Kicker::global().map(|k| k.status()))?;
+        let (status, work_left, helper) = core(ruby, || {
+            let kicker = Kicker::global()?;
+            let helper = puppet_kicker::helper::describe(&kicker.config().cache_dir);
+            Ok((kicker.status(), kicker.work_left(), helper))
+        })?;
         let hash = ruby.hash_new();
         hash.aset("servers", status.servers)?;
         hash.aset("built_at", status.built_at)?;
@@ -127,6 +131,9 @@ fn status(ruby: &Ruby) -> Result<RHash, Error> {
         hash.aset("cache_dir", status.cache_dir.display().to_string())?;
         hash.aset("failures", status.failures)?;
         hash.aset("retry_at", status.retry_at)?;
+        // Masterless: what this process leaves undone at exit, and the helper finishing it.
+        hash.aset("work_left", work_left)?;
+        hash.aset("helper", to_ruby(ruby, &helper)?)?;
         Ok(hash)
     })
 }
@@ -174,6 +181,26 @@ fn take_kick_log(ruby: &Ruby) -> Result<RArray, Error> {
 
 fn kick_status(ruby: &Ruby) -> Result<String, Error> {
     entry(ruby, || core(ruby, || Kicker::global()?.kick_status().map(|s| s.to_string())))
+}
+
+/// The masterless helper's one call (lib/puppet_kicker/helper.rb): finishes the cache
+/// dir's refresh and pending kicks, then returns how it ended. Never called by a master.
+fn run_helper(
+    ruby: &Ruby,
+    confdir: String,
+    vardir: String,
+    server_datadir: Option<String>,
+    config_file: Option<String>,
+) -> Result<String, Error> {
+    entry(ruby, || {
+        let settings = PuppetSettings {
+            confdir: PathBuf::from(confdir),
+            vardir: PathBuf::from(vardir),
+            server_datadir: server_datadir.filter(|d| !d.is_empty()).map(PathBuf::from),
+            config_file: config_file.filter(|f| !f.is_empty()).map(PathBuf::from),
+        };
+        core(ruby, || puppet_kicker::helper::run(settings).map(|ending| format!("{ending:?}")))
+    })
 }
 
 fn version(ruby: &Ruby) -> Result<String, Error> {
@@ -287,6 +314,7 @@ fn define(ruby: &Ruby) -> Result<(), Error> {
     native.define_module_function("kick_flush", function!(kick_flush, 0))?;
     native.define_module_function("take_kick_log", function!(take_kick_log, 0))?;
     native.define_module_function("kick_status", function!(kick_status, 0))?;
+    native.define_module_function("run_helper", function!(run_helper, 4))?;
     Ok(())
 }
 

@@ -15,7 +15,7 @@
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[server, ..]` at those positions, or `null` when the index is no longer generation G |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_warnings(void)` | | `["warning", ..]` |
-//! | `char *pk_status(void)` | | `{"servers","built_at","last_error","config_file","cache_dir","failures","retry_at"}` |
+//! | `char *pk_status(void)` | | `{"servers","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
 //! | `char *pk_kick(req, len)` | a report's kicks, as `lib/puppet_kicker/kick.rb` sends them | `[[level, message], ..]` to log |
 //! | `char *pk_kick_flush(void)` | | `[[level, message], ..]` (waits, bounded, for due kicks) |
 //! | `char *pk_take_kick_log(void)` | | `[[level, message], ..]` |
@@ -243,9 +243,12 @@ pub extern "C" fn pk_status() -> *mut c_char {
         cache_dir: String,
         failures: u32,
         retry_at: Option<i64>,
+        work_left: Vec<&'static str>,
+        helper: serde_json::Value,
     }
     reply(|out| {
-        let s = Kicker::global()?.status();
+        let kicker = Kicker::global()?;
+        let s = kicker.status();
         write_json(
             out,
             Status {
@@ -256,6 +259,9 @@ pub extern "C" fn pk_status() -> *mut c_char {
                 cache_dir: s.cache_dir.display().to_string(),
                 failures: s.failures,
                 retry_at: s.retry_at,
+                // A master starts no helper; the same fields as magnus all the same.
+                work_left: kicker.work_left(),
+                helper: puppet_kicker::helper::describe(&s.cache_dir),
             },
         )
     })

@@ -1,0 +1,308 @@
+# frozen_string_literal: true
+
+require 'fileutils'
+require 'json'
+require 'open3'
+require 'yaml'
+
+# Masterless, for real (issue 9): only `puppet apply` processes, each exiting when its
+# run ends, against the mcollective test stack of script/mco-stack (RabbitMQ and four
+# mcollectived whose `runonce` runs spec/fixtures/kick_e2e/run-puppet, a real
+# `puppet apply --reports kick`). What a process leaves undone at exit (a refresh, a
+# retry, a follow-up, a kick of its own server) is finished by the helper it spawns.
+#
+# Run by script/test-masterless, which starts the stack (its own ports and directory)
+# and sets PK_MASTERLESS_STACK_DIR.
+module Masterless # the constants' namespace
+  RSpec.describe 'masterless: refreshes and pending kicks complete without a master', order: :defined do
+    stack = ENV.fetch('PK_MASTERLESS_STACK_DIR') { raise 'PK_MASTERLESS_STACK_DIR is not set: run script/test-masterless' }
+
+    NODE1 = 'node1.example.com'
+    NODE2 = 'node2.example.com'
+    LB1 = 'lb1.example.com'
+    WEB1 = 'web1.staging.example.com'
+    SERVERS = [NODE1, NODE2, LB1, WEB1].freeze
+    WAIT = Integer(ENV.fetch('PK_MASTERLESS_WAIT', '150'))
+    QUIET = Integer(ENV.fetch('PK_MASTERLESS_QUIET', '12'))
+    DISCOVERY_TIMEOUT = 2
+    TTL = 2
+
+    before(:all) do
+      @stack = stack
+      @e2e = File.join(stack, 'kick_e2e')
+      @client_cfg = File.join(stack, 'client.cfg')
+      FileUtils.rm_rf(@e2e)
+      FileUtils.mkdir_p(%w[manifests slow out cache modules/kicker].map { |d| File.join(@e2e, d) })
+      %w[lib templates metadata.json].each { |f| FileUtils.cp_r(File.join(ROOT, f), File.join(@e2e, 'modules', 'kicker')) }
+      @times = []
+    end
+
+    after(:all) do
+      warn "masterless timings: #{@times.join('; ')}" if @times && !@times.empty?
+    end
+
+    after do |example|
+      next unless example.exception && @stack
+
+      warn "\n===== masterless failure: #{example.description}"
+      SERVERS.each do |id|
+        warn "----- #{id} runs.log:\n#{read(node_file(id, 'runs.log'))}"
+        warn "----- #{id} puppet.log (this scenario):\n#{log_since(id)}"
+        warn "----- #{id} mcollectived.log (tail):\n#{tail(node_file(id, 'mcollectived.log'), 15)}"
+      end
+      if @scenario
+        warn "----- helper.log:\n#{tail(File.join(cache_dir, 'helper.log'), 80)}"
+        warn "----- kick-status.json:\n#{read(File.join(cache_dir, 'kick-status.json'))}"
+      end
+      warn "----- mco-stack status:\n#{sh('script/mco-stack', 'status', allow_fail: true)}"
+    end
+
+    def read(path)
+      File.exist?(path) ? File.read(path) : "(no #{path})"
+    end
+
+    def tail(path, lines)
+      File.exist?(path) ? File.readlines(path).last(lines).join : "(no #{path})"
+    end
+
+    def node_file(id, name)
+      File.join(@stack, 'nodes', id, name)
+    end
+
+    def sh(*cmd, allow_fail: false, env: {})
+      out, status = Open3.capture2e(env, *cmd, chdir: ROOT)
+      raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless allow_fail || status.success?
+
+      out
+    end
+
+    def cache_dir
+      File.join(@e2e, 'cache', @scenario)
+    end
+
+    # A scenario: its own cache dir, manifests and counts from here on. Default kick
+    # settings; the fact source as a masterless operator would set it up.
+    def scenario(name, node_pp:, haproxy_pp:)
+      settle! if @scenario
+      @scenario = name
+      @t0 = Time.now.to_f
+      File.write(File.join(@e2e, 'puppet_kicker.yaml'), {
+        'source' => 'mcollective',
+        'mcollective' => { 'client_config' => @client_cfg, 'discovery_timeout' => DISCOVERY_TIMEOUT },
+        'cache' => { 'dir' => cache_dir, 'ttl' => TTL },
+      }.to_yaml)
+      File.write(File.join(@e2e, 'manifests', 'node.pp'), node_pp)
+      File.write(File.join(@e2e, 'manifests', 'haproxy.pp'), haproxy_pp)
+      @runs_before = SERVERS.to_h { |id| [id, all_runs(id).size] }
+      @log_before = SERVERS.to_h { |id| [id, File.size?(node_file(id, 'puppet.log')).to_i] }
+    end
+
+    def kick_status
+      JSON.parse(File.read(File.join(cache_dir, 'kick-status.json')))
+    rescue Errno::ENOENT, JSON::ParserError
+      {}
+    end
+
+    def all_runs(id)
+      path = node_file(id, 'runs.log')
+      return [] unless File.exist?(path)
+
+      File.readlines(path).each_with_object([]) do |line, runs|
+        kind, at, _host, *rest = line.split
+        if kind == 'start'
+          runs << { start: at.to_f, options: rest.join(' '), kicked: rest.include?('--no-splay') }
+        elsif kind == 'end' && runs.last
+          runs.last.merge!(end: at.to_f, rc: Integer(rest.first.delete_prefix('rc=')))
+        end
+      end
+    end
+
+    def runs(id)
+      all_runs(id).drop(@runs_before[id])
+    end
+
+    def log_since(id)
+      path = node_file(id, 'puppet.log')
+      return '' unless File.exist?(path)
+
+      text = File.binread(path)[(@log_before || {}).fetch(id, 0)..] || ''
+      text.force_encoding('UTF-8').lines.reject { |l| l.include?('Facter: Permission denied') }.join
+    end
+
+    def runonce(id)
+      out = sh('mco', 'rpc', 'puppet', 'runonce', '-I', id, '--dt', '1', '--config', @client_cfg, '--json')
+      replies = JSON.parse(out)
+      expect(replies.map { |r| [r['sender'], r['statuscode']] }).to eq([[id, 0]]), "runonce #{id}: #{out}"
+    end
+
+    # One `puppet apply` of `id` run here, as cron would run it (not through mco).
+    def apply(id)
+      env = { 'PK_PUPPET_IDENTITY' => id, 'PK_PUPPET_STATEDIR' => File.join(@stack, 'nodes', id),
+              'PK_PUPPET_OPTIONS' => '--cron' }
+      sh(File.join(ROOT, 'spec/fixtures/kick_e2e/run-puppet'), env: env)
+    end
+
+    def wait_for(what, timeout = WAIT)
+      deadline = Time.now + timeout
+      until (result = yield)
+        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
+
+        sleep 0.2
+      end
+      result
+    end
+
+    def running?(id)
+      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
+      false
+    end
+
+    def helper_pid
+      status = kick_status
+      status['helper'] && status['helper']['pid']
+    end
+
+    # From helper.json (never by trying helper.lock: a helper starting meanwhile would
+    # find it held and exit).
+    def helper_alive?
+      pid = JSON.parse(File.read(File.join(cache_dir, 'helper.json')))['pid']
+      Process.kill(0, pid)
+      true
+    rescue Errno::ENOENT, Errno::ESRCH, JSON::ParserError, TypeError
+      false
+    end
+
+    # No run, no helper, nothing pending or running.
+    def idle?
+      status = kick_status
+      SERVERS.none? { |id| running?(id) } && !helper_alive? &&
+        Array(status['pending']).empty? && Array(status['running']).empty?
+    end
+
+    def settle!
+      wait_for('every run and the helper to end, no kick pending') { idle? }
+      counts = SERVERS.map { |id| all_runs(id).size }
+      sleep QUIET
+      expect(SERVERS.map { |id| all_runs(id).size }).to eq(counts), 'a run started after the system had settled'
+      expect(idle?).to be(true)
+    end
+
+    def ago(t)
+      format('%.1f s', t - @t0)
+    end
+
+    # ---------------------------------------------------------------- scenarios
+
+    it 'broker down, a fact changed, broker back: a new apply soon sees the changed fact' do
+      scenario('refresh', node_pp: '', haproxy_pp: <<~'PUPPET')
+        $out = $facts['kick_e2e_out']
+        $marked = servers_with_facts('pk_marker=changed').map |$s| { $s['certname'] }
+        file { $out: ensure => directory }
+        file { "${out}/marked.txt": ensure => file, content => "${join(sort($marked), ',')}\n" }
+      PUPPET
+      marked = -> { File.read(File.join(@e2e, 'out', LB1, 'marked.txt')).strip rescue nil } # rubocop:disable Style/RescueModifier
+      apply(LB1) # the cold start
+      expect(marked.call).to eq('')
+      snapshot = File.join(cache_dir, 'index.msgpack')
+      expect(File.exist?(snapshot)).to be(true)
+
+      sh('script/mco-stack', 'down', 'broker')
+      File.open(node_file(NODE2, 'facts.yaml'), 'a') { |f| f.puts 'pk_marker: changed' }
+      3.times do
+        sleep TTL
+        apply(LB1)
+        expect(marked.call).to eq(''), 'the broker is down: the old snapshot answers'
+      end
+      sh('script/mco-stack', 'up', 'broker')
+      back = Time.now.to_f
+      deadline = back + TTL + DISCOVERY_TIMEOUT + 10
+      seen_by = nil
+      applies = 0
+      until seen_by
+        started = Time.now.to_f
+        raise "no apply started within #{format('%.1f', deadline - back)} s of the broker's return saw the changed fact" if started > deadline
+
+        apply(LB1)
+        applies += 1
+        seen_by = started if marked.call == NODE2
+      end
+      helper_refreshes = read(File.join(cache_dir, 'helper.log')).scan(/refresh done: 4 servers/).size
+      @times << "refresh: an apply started #{format('%.1f', seen_by - back)} s after the broker came back saw the fact " \
+                "(#{applies} apply run(s); bound #{TTL + DISCOVERY_TIMEOUT + 10} s; #{helper_refreshes} helper refresh(es))"
+    end
+
+    it 'a kick during a kicked run of a busy load balancer gives it exactly one follow-up run' do
+      scenario('follow-up', haproxy_pp: '', node_pp: <<~'PUPPET')
+        notify { 'kick -> haproxy': }
+      PUPPET
+      # lb1's kicked run sleeps 25 s before applying: node2's kick arrives meanwhile.
+      File.write(File.join(@e2e, 'slow', LB1), "25\n")
+      runonce(NODE1)
+      wait_for("#{LB1}'s kicked run to start") { runs(LB1).first }
+      runonce(NODE2)
+      wait_for("#{NODE2}'s run to end") { runs(NODE2).first&.key?(:end) }
+      expect(runs(LB1).first).not_to have_key(:end), "#{LB1}'s kicked run ended before #{NODE2}'s report"
+      expect(log_since(NODE2)).to include('lb1.example.com is running a kicked run; one follow-up run queued')
+      wait_for("#{LB1}'s follow-up run to end") { runs(LB1)[1]&.key?(:end) }
+      settle!
+
+      expect(SERVERS.to_h { |id| [id, runs(id).size] }).to eq(NODE1 => 1, NODE2 => 1, LB1 => 2, WEB1 => 0)
+      first, follow_up = runs(LB1)
+      expect([first[:kicked], follow_up[:kicked]]).to eq([true, true])
+      expect(follow_up[:start]).to be >= first[:end]
+      expect(SERVERS.flat_map { |id| runs(id) }.map { |r| r[:rc] }).to all(eq(0))
+      started = kick_status['recent_outcomes'].select { |o| o['result'] == 'started' }.map { |o| o['target'] }
+      expect(started).to eq([LB1, LB1])
+      @times << "follow-up: lb1's follow-up run started #{format('%.1f', follow_up[:start] - first[:end])} s after its kicked run ended"
+    end
+
+    it 'a helper killed with SIGKILL while a kick is due: the kick is delivered after the next apply, once' do
+      scenario('sigkill', haproxy_pp: '', node_pp: <<~'PUPPET')
+        if $facts['fqdn'] =~ /^node1/ { notify { 'kick -> haproxy': } }
+      PUPPET
+      # lb1 is busy with a long run of its own: node1's kick is refused and retried in 30 s.
+      File.write(File.join(@e2e, 'slow', LB1), "20\n")
+      runonce(LB1)
+      wait_for("#{LB1}'s long run to start") { runs(LB1).first }
+      runonce(NODE1)
+      wait_for("#{NODE1}'s run to end") { runs(NODE1).first&.key?(:end) }
+      pid = wait_for('the helper to show its pid in kick-status.json') { helper_alive? && helper_pid }
+      expect(pid).to eq(JSON.parse(File.read(File.join(cache_dir, 'helper.json')))['pid'])
+      status = kick_status
+      expect(status['helper']['waiting_for'].join(' ')).to match(/kick of lb1\.example\.com/)
+      expect(status['pending'].map { |p| p['target'] }).to eq([LB1])
+      Process.kill('KILL', pid)
+      wait_for('the killed helper to be gone') { !helper_alive? }
+      expect(kick_status['pending'].map { |p| p['target'] }).to eq([LB1]), 'the pending kick survived'
+
+      runonce(NODE2) # the next apply; node2 kicks nobody
+      wait_for("#{LB1}'s kicked run to end") { runs(LB1)[1]&.key?(:end) }
+      settle!
+      expect(SERVERS.to_h { |id| [id, runs(id).size] }).to eq(NODE1 => 1, NODE2 => 1, LB1 => 2, WEB1 => 0)
+      expect(runs(LB1).map { |r| r[:kicked] }).to eq([false, true])
+      expect(runs(LB1)[1][:start]).to be > runs(NODE2).first[:start]
+      started = kick_status['recent_outcomes'].select { |o| o['result'] == 'started' }.map { |o| o['target'] }
+      expect(started).to eq([LB1])
+    end
+
+    it 'a server kicking its own role runs again once its current run has ended' do
+      scenario('self', node_pp: '', haproxy_pp: <<~'PUPPET')
+        notify { 'kick -> haproxy': }
+      PUPPET
+      runonce(LB1)
+      wait_for("#{LB1}'s second run to end") { runs(LB1)[1]&.key?(:end) }
+      settle!
+      expect(SERVERS.to_h { |id| [id, runs(id).size] }).to eq(NODE1 => 0, NODE2 => 0, LB1 => 2, WEB1 => 0)
+      first, again = runs(LB1)
+      expect([first[:kicked], again[:kicked]]).to eq([false, true])
+      expect(again[:start]).to be >= first[:end]
+      log = log_since(LB1)
+      expect(log).to include('kick queued for lb1.example.com (chain lb1.example.com -> lb1.example.com)')
+      expect(log).to include('suppressed: it would close a loop: lb1.example.com -> lb1.example.com -> lb1.example.com')
+      @times << "self: lb1 ran again #{format('%.1f', again[:start] - first[:end])} s after its run ended"
+    end
+  end
+end
