@@ -52,9 +52,12 @@ describe 'packaging' do
     it 'builds, installs with its native extension compiled by extconf.rb, and loads' do
       Dir.mktmpdir('puppet-kicker-gem') do |dir|
         run('gem', 'build', 'puppet_kicker.gemspec', '--output', File.join(dir, 'puppet_kicker.gem'))
-        # Reuse the checkout's cargo build so this stays fast; extconf.rb's default
+        # A kept target directory of its own, so this stays fast; extconf.rb's default
         # (a temporary target directory, removed after install) is the same Makefile.
-        env = { 'CARGO_TARGET_DIR' => File.join(ROOT, 'target') }
+        # Not the checkout's: cargo gives the gem's crates the same hashes as the
+        # checkout's (same workspace layout, another path), so each build would throw
+        # away the other's and relink both libraries with LTO again.
+        env = { 'CARGO_TARGET_DIR' => File.join(ROOT, 'target', 'gem-install') }
         run(env, 'gem', 'install', '--local', '--install-dir', File.join(dir, 'gems'), '--no-document', File.join(dir, 'puppet_kicker.gem'))
         # The system's gems stay on the path: the ffi backend needs Ruby's ffi gem.
         loaded = run({ 'GEM_PATH' => [File.join(dir, 'gems'), *Gem.path].join(File::PATH_SEPARATOR) }, 'ruby', '-e',
