@@ -22,6 +22,7 @@ Gem::Specification.new do |spec|
     'lib/**/*.rb', 'templates/*', 'examples/**/*', 'metadata.json', 'README.md', 'LICENSE'
   ]
   spec.require_paths = ['lib']
-  # Builds both libraries: the magnus extension (MRI only) and the C-ABI one (ffi).
+  # Builds both libraries into the gem's native/ (where lib/puppet_kicker.rb looks):
+  # the magnus extension (MRI only) and the C-ABI one (ffi).
   spec.extensions = ['ext/puppet_kicker/extconf.rb']
 end

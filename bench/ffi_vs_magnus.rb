@@ -89,7 +89,11 @@ cases.each do |label, call|
   result = call.call(backends.fetch('magnus'))
   raise "#{label}: the backends disagree" unless call.call(ffi) == result
 
-  count = result.is_a?(Array) ? result.size : (result.is_a?(Hash) ? 1 : 0)
+  count = if result.is_a?(Array)
+            result.size
+          else
+            (result.is_a?(Hash) ? 1 : 0)
+          end
   magnus_time = measure { call.call(backends.fetch('magnus')) }
   ffi_time = measure { call.call(ffi) }
   parts = ['', '', '']

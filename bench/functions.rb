@@ -38,9 +38,7 @@ end
 
 require File.join(ROOT, 'lib', 'puppet_kicker')
 
-unless File.exist?(PuppetKicker::NATIVE_LIBRARY)
-  abort "bench/functions.rb: #{PuppetKicker::NATIVE_LIBRARY} is missing; run `rake compile` first"
-end
+abort "bench/functions.rb: #{PuppetKicker::NATIVE_LIBRARY} is missing; run `rake compile` first" unless File.exist?(PuppetKicker::NATIVE_LIBRARY)
 
 Server = Struct.new(:certname, :environment, :timestamp, :facts)
 
@@ -113,7 +111,7 @@ def print_table(title, rows)
   puts format("  %-#{width}s  %10s  %10s  %7s  %15s", 'implementation', 'median', 'mean', 'samples', 'speed-up')
   rows.each do |name, kind, stats|
     marker, relative = { alternative: ['* ', '(alternative)'], ours: ['> ', ratio(baseline, stats[:median])],
-                         info: ['  ', ''] }.fetch(kind)
+                         info: ['  ', ''], }.fetch(kind)
     puts format("  %-#{width}s  %10s  %10s  %7d  %15s",
                 marker + name, human(stats[:median]), human(stats[:mean]), stats[:samples], relative)
   end
@@ -160,17 +158,17 @@ begin
   cases = %w[node haproxy].map do |role|
     { title: role_call[role],
       native: ['native: PuppetKicker.servers_with_role (index + conversion to Ruby)',
-               -> { PuppetKicker.servers_with_role(role, ENVIRONMENT) }],
+               -> { PuppetKicker.servers_with_role(role, ENVIRONMENT) },],
       info: ['native: PuppetKicker.server_with_role (same lookup, converts 1 server)',
-             -> { PuppetKicker.server_with_role(role, ENVIRONMENT) }],
+             -> { PuppetKicker.server_with_role(role, ENVIRONMENT) },],
       ruby: ['pure Ruby: select + sort_by over preloaded hashes',
-             ->(servers) { PureRuby.servers_with_role(servers, role, ENVIRONMENT) }] }
+             ->(servers) { PureRuby.servers_with_role(servers, role, ENVIRONMENT) },], }
   end
   cases << { title: facts_call,
              native: ['native: PuppetKicker.servers_with_facts (index + conversion to Ruby)',
-                      -> { PuppetKicker.servers_with_facts(CLAUSES, ENVIRONMENT) }],
+                      -> { PuppetKicker.servers_with_facts(CLAUSES, ENVIRONMENT) },],
              ruby: ['pure Ruby: select (hand-written test) + sort_by over preloaded hashes',
-                    ->(servers) { PureRuby.servers_with_facts(servers, ENVIRONMENT) }] }
+                    ->(servers) { PureRuby.servers_with_facts(servers, ENVIRONMENT) },], }
   cases.each do |c|
     c[:names] = names(c[:native][1].call)
     c[:native_stats] = measure(&c[:native][1])

@@ -15,13 +15,13 @@ ROOT = File.expand_path('..', __dir__)
 $LOAD_PATH.unshift(File.join(ROOT, 'lib')) # where Puppet's autoloader finds reports/kick.rb
 work = Dir.mktmpdir('puppet-kicker-report-bench')
 Puppet.initialize_settings(['--confdir', File.join(work, 'etc'), '--vardir', File.join(work, 'var'),
-                            '--certname', 'node1.example.com', '--environment', 'production'])
+                            '--certname', 'node1.example.com', '--environment', 'production',])
 Puppet[:reportdir] = File.join(work, 'reports')
 Puppet::Util::Log.newdestination(Puppet::Test::LogCollector.new([])) if defined?(Puppet::Test::LogCollector)
 system('ruby', File.join(ROOT, 'examples/haproxy/submit_facts.rb'), File.join(ROOT, 'examples/haproxy/servers.yaml'),
        File.join(work, 'master'), 'json', out: File::NULL, exception: true)
 File.write(File.join(work, 'puppet_kicker.yaml'), { 'puppet_cache' => { 'dirs' => ['master/server_data/facts'] },
-                                                    'cache' => { 'dir' => 'cache' }, 'kick' => { 'dry_run' => true } }.to_yaml)
+                                                    'cache' => { 'dir' => 'cache' }, 'kick' => { 'dry_run' => true }, }.to_yaml)
 ENV['PUPPET_KICKER_CONFIG'] = File.join(work, 'puppet_kicker.yaml')
 require File.join(ROOT, 'lib/puppet_kicker')
 require File.join(ROOT, 'lib/puppet_kicker/kick')
@@ -35,8 +35,8 @@ def report(kick)
   catalog.apply.report.tap(&:finalize_report)
 end
 
-def per_call
-  BenchSupport.measure(seconds: 2.0, min_samples: 20) { yield }[:median] * 1e6
+def per_call(&block)
+  BenchSupport.measure(seconds: 2.0, min_samples: 20, &block)[:median] * 1e6
 end
 
 quiet = report(false)

@@ -22,13 +22,17 @@ module PuppetKicker
   # The index holds no server (see `on_no_data`).
   class NoDataError < Error; end
 
-  # Both libraries sit next to this file, in the module (pluginsynced) and in the gem
-  # (extconf.rb copies them).
-  LIBRARY_DIR = File.join(__dir__, 'puppet_kicker')
+  # Both libraries sit in native/, beside lib/: in the module (`rake compile`, the
+  # package) and in the gem (extconf.rb). Not under lib/, which pluginsync copies to
+  # every agent, and agents never load them. The only place looked in.
+  LIBRARY_DIR = File.expand_path('../native', __dir__)
   NATIVE_LIBRARY = File.join(LIBRARY_DIR, 'puppet_kicker.so')
   FFI_LIBRARY = File.join(LIBRARY_DIR, 'libpuppet_kicker_ffi.so')
   LIBRARIES = { 'magnus' => NATIVE_LIBRARY, 'ffi' => FFI_LIBRARY }.freeze
   BACKENDS = LIBRARIES.keys.freeze
+  WHERE_LIBRARIES_ARE = "puppet-kicker looks for its libraries only in #{LIBRARY_DIR}/ (native/ beside the " \
+                        "module's or gem's lib/). Install the module package built for this platform, or build " \
+                        'them there with `rake compile`.'
 
   class << self
     # 'magnus' on MRI, 'ffi' on any other Ruby, unless PUPPET_KICKER_BACKEND is set.
@@ -171,7 +175,7 @@ module PuppetKicker
     rescue LoadError => e
       hint = RUBY_ENGINE == 'ruby' ? '' : " #{RUBY_ENGINE} cannot load C extensions: use the ffi backend."
       raise Error, "cannot load puppet-kicker's native library #{path} (magnus backend): #{e.message}.#{hint} " \
-                   'Install the module package built for this platform, or build it with `rake compile`.'
+                   "#{WHERE_LIBRARIES_ARE}"
     end
 
     def load_ffi(path)
@@ -179,7 +183,7 @@ module PuppetKicker
       PuppetKicker::FFIBackend.load(path)
     rescue LoadError => e
       raise Error, "cannot load puppet-kicker's native library #{path} (ffi backend): #{e.message}. " \
-                   'Install the module package built for this platform, or build it with `rake compile`.'
+                   "#{WHERE_LIBRARIES_ARE}"
     end
   end
 

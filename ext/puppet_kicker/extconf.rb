@@ -8,7 +8,8 @@
 #   MRI (a C extension means nothing to JRuby, and needs MRI's headers);
 # - libpuppet_kicker_ffi.so: the C-ABI library that Ruby's ffi loads, for JRuby
 #   (puppetserver) and any other Ruby; always built.
-# Both go to lib/puppet_kicker/, where lib/puppet_kicker.rb looks for them.
+# Both go to the gem's native/ (beside lib/), the one place lib/puppet_kicker.rb
+# looks for them (as in the module package).
 #
 # Cargo builds in a temporary target directory that `make install` deletes, so the
 # installed gem does not keep ~140 MB of build artefacts. Set CARGO_TARGET_DIR to
@@ -19,7 +20,7 @@ require 'tmpdir'
 
 root = File.expand_path('../..', __dir__)
 own_target = ENV['CARGO_TARGET_DIR'].to_s.empty?
-target = own_target ? File.join(Dir.tmpdir, "puppet-kicker-cargo-#{Process.pid}") : ENV['CARGO_TARGET_DIR']
+target = own_target ? File.join(Dir.tmpdir, "puppet-kicker-cargo-#{Process.pid}") : ENV.fetch('CARGO_TARGET_DIR', nil)
 magnus = RUBY_ENGINE == 'ruby'
 so = "puppet_kicker.#{RbConfig::CONFIG['DLEXT']}"
 ffi = 'libpuppet_kicker_ffi.so'
@@ -41,8 +42,8 @@ File.write('Makefile', <<~MAKE)
   \ttouch .built
 
   install: .built
-  \tmkdir -p "$(ROOT)/lib/puppet_kicker" "$(sitearchdir)/puppet_kicker"
-  \tfor f in #{built}; do cp $$f "$(ROOT)/lib/puppet_kicker/$$f" && cp $$f "$(sitearchdir)/puppet_kicker/$$f" || exit 1; done
+  \tmkdir -p "$(ROOT)/native"
+  \tfor f in #{built}; do cp $$f "$(ROOT)/native/$$f" || exit 1; done
   #{own_target ? "\trm -rf \"$(TARGET)\"" : "\t@true"}
 
   clean:

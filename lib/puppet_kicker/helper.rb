@@ -56,7 +56,7 @@ module PuppetKicker
     def main(argv)
       confdir, vardir, server_datadir, config_file = argv
       # The library alone (it defines PuppetKicker's errors): not Puppet, not the facade.
-      require File.join(__dir__, 'puppet_kicker.so')
+      require File.expand_path('../../native/puppet_kicker.so', __dir__)
       ending = PuppetKicker::Native.run_helper(confdir.to_s, vardir.to_s, server_datadir, config_file)
       $stdout.puts "#{Time.now.utc.strftime('%FT%TZ')} helper[#{Process.pid}]: #{ending}" if ending == 'AlreadyRunning'
       0

@@ -50,7 +50,7 @@ module PuppetKicker
       end
       return nil unless line
 
-      params = JSON.parse(line.message.to_s[LOG_PREFIX.length..-1])
+      params = JSON.parse(line.message.to_s[LOG_PREFIX.length..])
       { 'resource' => suffix }.merge(params.select { |k, _| %w[roles facts environment].include?(k) })
     rescue JSON::ParserError
       nil

@@ -21,10 +21,10 @@ describe 'script/example (puppet apply of the haproxy example)' do
   it 'lists every production server of role node, in fqdn order, and nothing else' do
     servers = rendered.lines.grep(/^\s+server /).map(&:strip)
     expect(servers).to eq([
-      'server node1 10.0.0.11:8080 check inter 2000',
-      'server node2 10.0.0.12:8080 check inter 2000',
-      'server node3 10.0.0.13:8080 check inter 2000',
-    ])
+                            'server node1 10.0.0.11:8080 check inter 2000',
+                            'server node2 10.0.0.12:8080 check inter 2000',
+                            'server node3 10.0.0.13:8080 check inter 2000',
+                          ])
   end
 
   it 'renders the same file from the EPP template' do
@@ -40,6 +40,6 @@ describe 'script/example (puppet apply of the haproxy example)' do
     stdout, stderr, status = Open3.capture3(File.join(ROOT, 'script', 'example'), @work)
     expect(status).to be_success, stderr
     expect(stdout).to eq(rendered)
-    expect(stderr).not_to match(/haproxy\.cfg\]\/content: content changed/)
+    expect(stderr).not_to match(%r{haproxy\.cfg\]/content: content changed})
   end
 end

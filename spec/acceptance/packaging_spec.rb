@@ -18,15 +18,28 @@ describe 'packaging' do
 
     let(:tarball) { run('rake', 'build').lines.last.strip }
 
-    it 'carries metadata, the functions and the linux-x86_64 library, and puppet module install accepts it' do
-      listing = run('tar', 'tzf', tarball)
+    it 'carries metadata, docs, the functions and the linux-x86_64 libraries outside lib/, and puppet module install accepts it' do
+      listing = run('tar', 'tzf', tarball).lines.map(&:chomp)
       expect(listing).to include('puppetkicker-kicker-0.1.0/metadata.json',
-                                 'puppetkicker-kicker-0.1.0/lib/puppet_kicker/puppet_kicker.so',
-                                 'puppetkicker-kicker-0.1.0/lib/puppet_kicker/libpuppet_kicker_ffi.so',
+                                 'puppetkicker-kicker-0.1.0/REFERENCE.md',
+                                 'puppetkicker-kicker-0.1.0/CHANGELOG.md',
+                                 'puppetkicker-kicker-0.1.0/native/puppet_kicker.so',
+                                 'puppetkicker-kicker-0.1.0/native/libpuppet_kicker_ffi.so',
                                  'puppetkicker-kicker-0.1.0/lib/puppet/functions/servers_with_role.rb')
+      # lib/ is what pluginsync copies to every agent: no native code there.
+      expect(listing.grep(%r{\Apuppetkicker-kicker-0.1.0/lib/.*\.so\z})).to be_empty
       run('puppet', 'module', 'install', '--target-dir', File.join(@tmp, 'modules'), '--ignore-dependencies', tarball)
-      expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'lib', 'puppet_kicker', 'puppet_kicker.so'))
-      expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'lib', 'puppet_kicker', 'libpuppet_kicker_ffi.so'))
+      expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'native', 'puppet_kicker.so'))
+      expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'native', 'libpuppet_kicker_ffi.so'))
+    end
+
+    it 'carries stripped libraries (no symbol table, no debug info)' do
+      run('tar', 'tzf', tarball)
+      %w[puppet_kicker.so libpuppet_kicker_ffi.so].each do |name|
+        sections = run('readelf', '--section-headers', '--wide', File.join(ROOT, 'native', name))
+        expect(sections).not_to match(/\.symtab|\.debug_/), "#{name} is not stripped"
+        expect(sections).to include('.dynsym')
+      end
     end
 
     it 'renders the haproxy example from the installed module' do
@@ -39,16 +52,19 @@ describe 'packaging' do
     it 'builds, installs with its native extension compiled by extconf.rb, and loads' do
       Dir.mktmpdir('puppet-kicker-gem') do |dir|
         run('gem', 'build', 'puppet_kicker.gemspec', '--output', File.join(dir, 'puppet_kicker.gem'))
-        # Reuse the checkout's cargo build so this stays fast; extconf.rb's default
+        # A kept target directory of its own, so this stays fast; extconf.rb's default
         # (a temporary target directory, removed after install) is the same Makefile.
-        env = { 'CARGO_TARGET_DIR' => File.join(ROOT, 'target') }
+        # Not the checkout's: cargo gives the gem's crates the same hashes as the
+        # checkout's (same workspace layout, another path), so each build would throw
+        # away the other's and relink both libraries with LTO again.
+        env = { 'CARGO_TARGET_DIR' => File.join(ROOT, 'target', 'gem-install') }
         run(env, 'gem', 'install', '--local', '--install-dir', File.join(dir, 'gems'), '--no-document', File.join(dir, 'puppet_kicker.gem'))
         # The system's gems stay on the path: the ffi backend needs Ruby's ffi gem.
         loaded = run({ 'GEM_PATH' => [File.join(dir, 'gems'), *Gem.path].join(File::PATH_SEPARATOR) }, 'ruby', '-e',
                      'require "puppet_kicker"; puts PuppetKicker::NATIVE_LIBRARY; puts PuppetKicker.native.version; ' \
                      'PuppetKicker.backend = "ffi"; puts PuppetKicker::FFI_LIBRARY; puts PuppetKicker.native.version')
-        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/lib/puppet_kicker/puppet_kicker.so", '0.1.0 (index format 1)')
-        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/lib/puppet_kicker/libpuppet_kicker_ffi.so")
+        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/native/puppet_kicker.so", '0.1.0 (index format 1)')
+        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/native/libpuppet_kicker_ffi.so")
         expect(loaded.scan('0.1.0 (index format 1)').size).to eq(2)
       end
     end

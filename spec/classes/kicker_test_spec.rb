@@ -42,7 +42,7 @@ describe 'kicker_test' do
         let(:settings) { nowhere }
 
         it 'fails the compile instead of rendering an empty pool' do
-          is_expected.to compile.and_raise_error(/servers_with_role: puppet-kicker has no fact data.*\/nonexistent\/facts \(not found\).*on_no_data: empty/)
+          is_expected.to compile.and_raise_error(%r{servers_with_role: puppet-kicker has no fact data.*/nonexistent/facts \(not found\).*on_no_data: empty})
         end
       end
 

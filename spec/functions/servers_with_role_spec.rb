@@ -24,7 +24,7 @@ describe 'servers_with_role' do
       expect(certnames(subject.execute('node'))).not_to include('node0.example.com')
     end
 
-    it "takes the environment as the second argument, as the original README meant" do
+    it 'takes the environment as the second argument, as the original README meant' do
       expect(certnames(subject.execute('node', 'staging'))).to eq(['node9.staging.example.com'])
     end
 

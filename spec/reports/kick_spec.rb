@@ -84,9 +84,9 @@ describe 'the kick report processor' do
         logs.clear
         by_facts = process(apply(kick_on_change(dir, 'v2', facts: ['role=node', 'processors.count>=4'])))
         expect(by_facts.grep(/would kick/)).to eq([
-          'puppet-kicker: dry run: would kick node2.example.com (chain node1.example.com -> node2.example.com)',
-          'puppet-kicker: dry run: would kick node3.example.com (chain node1.example.com -> node3.example.com)',
-        ])
+                                                    'puppet-kicker: dry run: would kick node2.example.com (chain node1.example.com -> node2.example.com)',
+                                                    'puppet-kicker: dry run: would kick node3.example.com (chain node1.example.com -> node3.example.com)',
+                                                  ])
       end
     end
 
@@ -109,7 +109,7 @@ describe 'the kick report processor' do
     context 'when mcollective cannot be used' do
       let(:settings) do
         { 'mcollective' => { 'client_config' => '/nonexistent/client.cfg' },
-          'kick' => { 'coalesce' => 0, 'exit_wait' => 2, 'retry_base' => 60 } }
+          'kick' => { 'coalesce' => 0, 'exit_wait' => 2, 'retry_base' => 60 }, }
       end
 
       it 'keeps the kick, logs why it was not sent, and shows it in the status' do

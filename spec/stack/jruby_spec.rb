@@ -13,6 +13,7 @@ describe 'the ffi backend under JRuby' do
 
   it 'picks ffi, answers like the magnus extension under MRI, and holds under parallel calls' do
     raise 'no jruby: script/test-puppetserver installs it (with puppetserver) and runs this' unless @jruby
+
     master = ScratchMaster.create
     Dir.mktmpdir('puppet-kicker-jruby') do |dir|
       out = File.join(dir, 'answers.marshal')

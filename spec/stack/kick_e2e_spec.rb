@@ -13,7 +13,8 @@ require 'yaml'
 #
 # Run by script/test-kick-e2e, which starts the stack (its own ports and directory)
 # and sets PK_KICK_E2E_STACK_DIR (spec/stack/ is not in the default rspec run).
-module KickE2E # the constants' namespace
+# the constants' namespace
+module KickE2E
   RSpec.describe 'kicks end to end: mcollective runonce of real puppet apply runs', order: :defined do
     stack = ENV.fetch('PK_KICK_E2E_STACK_DIR') { raise 'PK_KICK_E2E_STACK_DIR is not set: run script/test-kick-e2e' }
 
@@ -293,9 +294,10 @@ module KickE2E # the constants' namespace
       expect(status['role_cycles']).to eq([%w[haproxy node haproxy]])
       expect(status['role_edges']).to contain_exactly(%w[haproxy node], %w[node haproxy])
       expect(status['recent_outcomes'].map { |o| o.values_at('target', 'result', 'chain') }).to eq([
-        [LB1, 'started', 'node1.example.com -> lb1.example.com'],
-        [NODE2, 'started', 'node1.example.com -> lb1.example.com -> node2.example.com'],
-      ])
+                                                                                                     [LB1, 'started', 'node1.example.com -> lb1.example.com'],
+                                                                                                     [NODE2, 'started',
+                                                                                                      'node1.example.com -> lb1.example.com -> node2.example.com',],
+                                                                                                   ])
       expect(status['pending'] + status['running']).to eq([])
       expect(haproxy_servers).to eq([HAPROXY_LINE['node1', '127.0.0.11'], HAPROXY_LINE['node2', '127.0.0.12']])
       last_end = SERVERS.flat_map { |id| runs(id) }.map { |r| r[:end] }.max

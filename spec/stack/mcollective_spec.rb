@@ -38,7 +38,7 @@ describe 'source: mcollective in puppet apply' do
     stdout, stderr, status = Open3.capture3(env, 'puppet', 'apply', '--color=false', '--modulepath', File.join(@work, 'modules'),
                                             *dirs, File.join(@work, 'site.pp'))
     [stdout.lines.grep(/Notice: Scope/).map { |l| l.sub(/.*Scope\(Class\[main\]\): /, '').strip },
-     stderr.lines.reject { |l| l.include?('Facter: Permission denied') }.join, status, Time.now - started]
+     stderr.lines.reject { |l| l.include?('Facter: Permission denied') }.join, status, Time.now - started,]
   end
 
   it 'answers servers_with_facts from the index the daemons filled, and from its snapshot the next time' do
@@ -46,11 +46,11 @@ describe 'source: mcollective in puppet apply' do
     expect(status).to be_success, stderr
     expect(stderr).to eq('')
     expect(notices).to eq([
-      'nodes: node1.example.com 127.0.0.11 os 12.5, node2.example.com 127.0.0.12 os 12.5',
-      'haproxy class: lb1',
-      'staging: web1.staging.example.com in mcollective+staging',
-      'puppet agent on: node1,node2',
-    ])
+                            'nodes: node1.example.com 127.0.0.11 os 12.5, node2.example.com 127.0.0.12 os 12.5',
+                            'haproxy class: lb1',
+                            'staging: web1.staging.example.com in mcollective+staging',
+                            'puppet agent on: node1,node2',
+                          ])
     snapshot = File.join(@work, 'cache', 'index.msgpack')
     expect(File).to exist(snapshot)
     mtime = File.mtime(snapshot)

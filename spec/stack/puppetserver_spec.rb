@@ -24,6 +24,8 @@ describe 'puppetserver (JRuby) with puppet-kicker' do
     'lb2.example.com' => { 'role' => 'haproxy', 'hostname' => 'lb2', 'ipaddress' => '10.0.0.3', 'kicker_cores' => '2' },
   }.freeze
   PS_LBS = %w[lb1.example.com lb2.example.com].freeze
+  # puppetserver 7.9 runs JRuby 9.3; 8 (script/test-puppet8) runs 9.4.
+  PS_JRUBY = Regexp.escape(ENV.fetch('PK_PUPPETSERVER_JRUBY', '9.3'))
   PS_NODES = PS_AGENTS.keys - PS_LBS
   PS_SERVER_LINES = [
     '      server node1 10.0.0.11:8080 check inter 2000',
@@ -54,7 +56,7 @@ describe 'puppetserver (JRuby) with puppet-kicker' do
   # `puppet agent --test` as certname; [output, exit status, seconds].
   def agent(certname)
     facts = PS_AGENTS.fetch(certname).merge('fqdn' => certname, 'kicker_out' => out_dir(certname))
-    env = facts.to_h { |name, value| ["FACTER_#{name}", value] }
+    env = facts.transform_keys { |name| "FACTER_#{name}" }
     t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     out, status = Open3.capture2e(env, File.join(ROOT, 'script', 'puppetserver'), 'agent', certname, '--color=false')
     [out, status.exitstatus, Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0]
@@ -115,7 +117,7 @@ describe 'puppetserver (JRuby) with puppet-kicker' do
         'big=node2.example.com,node3.example.com missing=the default'
       )
       # Answered by the server's JRuby, through the ffi backend.
-      expect(resource(cat, 'Notify', 'puppet-kicker backend')['parameters']['message']).to match(/\Affi on jruby 9\.3\./)
+      expect(resource(cat, 'Notify', 'puppet-kicker backend')['parameters']['message']).to match(/\Affi on jruby #{PS_JRUBY}\./)
       # Applied by the agent: the rendered file is the catalog's.
       expect(File.read(File.join(out_dir(lb), 'haproxy.cfg'))).to eq(content)
     end
@@ -123,8 +125,9 @@ describe 'puppetserver (JRuby) with puppet-kicker' do
 
   it 'loads the C-ABI library in JRuby, keeps the index in $vardir, and logs no load error' do
     log = server_log
-    library = File.join(ROOT, 'lib', 'puppet_kicker', 'libpuppet_kicker_ffi.so')
-    expect(log).to match(/puppet-kicker: ffi backend loaded from #{Regexp.escape(library)} \(core [^)]+\), jruby 9\.3\./)
+    # The module installed from its package (script/test-puppetserver), libraries in native/.
+    library = File.join(File.realpath(File.join(@env.fetch('PK_PUPPETSERVER_MODULES'), 'kicker')), 'native', 'libpuppet_kicker_ffi.so')
+    expect(log).to match(/puppet-kicker: ffi backend loaded from #{Regexp.escape(library)} \(core [^)]+\), jruby #{PS_JRUBY}\./)
     expect(log).not_to match(/LoadError|cannot load puppet-kicker|Evaluation Error/)
     expect(File).to exist(File.join(@env.fetch('PK_PUPPETSERVER_VARDIR'), 'puppet_kicker', 'index.msgpack'))
   end

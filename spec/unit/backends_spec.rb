@@ -11,11 +11,11 @@ require 'tmpdir'
 describe 'the two backends' do
   exotic = {
     'fqdn' => 'odd.example.com', 'role' => 'odd', 'hostname' => 'odd',
-    'integers' => [0, -1, 2**31, 2**63 - 1, -2**63, 2**64 - 1], 'beyond_u64' => 2**70,
+    'integers' => [0, -1, 2**31, (2**63) - 1, -2**63, (2**64) - 1], 'beyond_u64' => 2**70,
     'floats' => [0.1, -2.5, 3.0, 1.0e300, 5.0e-324, -0.0, 123_456_789.123],
     'booleans' => [true, false], 'nothing' => nil, 'empty_string' => '', 'empty_array' => [], 'empty_hash' => {},
-    'strings' => ["quote \" backslash \\ slash /", "tab\tnewline\ncr\r", "nul\u0000bell\u0007", 'é ü ß 漢字 🎉',
-                  "\u2028\u2029", '<script>&amp;'],
+    'strings' => ['quote " backslash \\ slash /', "tab\tnewline\ncr\r", "nul\u0000bell\u0007", 'é ü ß 漢字 🎉',
+                  "\u2028\u2029", '<script>&amp;',],
     'json_class' => 'String', 'dotted.name' => 'x', 'unicode_ключ' => 'значение',
     # As deep as a fact file may nest: 64 levels, counting the document and `values`.
     'deep' => (1..61).reduce('bottom') { |inner, i| { "level#{i}" => inner } },
@@ -121,7 +121,7 @@ describe 'the two backends' do
   end
 
   it 'gives the same status, warnings and version' do
-    magnus, ffi = through_each { |n| n.status }
+    magnus, ffi = through_each(&:status)
     expect(ffi.keys).to eq(magnus.keys)
     expect(ffi.reject { |k, _| k == 'built_at' }).to eq(magnus.reject { |k, _| k == 'built_at' })
     expect([ffi['built_at'], magnus['built_at']]).to all(be_a(Integer))

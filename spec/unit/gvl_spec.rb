@@ -39,7 +39,7 @@ describe 'the magnus binding while the core waits' do
       'client_config' => File.join(@dir, 'client.cfg'), 'connector' => 'rabbitmq',
       'pool' => ["127.0.0.1:#{@silent_broker.addr[1]}"], 'user' => 'u', 'password' => 'p', 'psk' => 'k',
       'identity' => 'master', 'main_collective' => 'mcollective', 'collectives' => ['mcollective'],
-      'connect_timeout' => 30
+      'connect_timeout' => 30,
     }
     File.write(ENV.fetch('PUPPET_KICKER_CONFIG'), YAML.dump({ 'mcollective' => mcollective }.merge(settings)))
     PuppetKicker.configure(confdir: @dir, vardir: @dir, server_datadir: File.join(@dir, 'server_data'))
@@ -89,7 +89,7 @@ describe 'the magnus binding while the core waits' do
     write_config('cache' => { 'dir' => File.join(@dir, 'cache') },
                  'kick' => { 'coalesce' => '0s', 'exit_wait' => '2s' })
     report = { 'host' => 'node1.example.com', 'environment' => 'production', 'time' => (Time.now.to_f * 1000).to_i,
-               'kicks' => [{ 'resource' => 'Notify[kick -> web]', 'roles' => ['web'] }] }
+               'kicks' => [{ 'resource' => 'Notify[kick -> web]', 'roles' => ['web'] }], }
     PuppetKicker.native.kick_report(JSON.generate(report))
     lines = nil
     waited, counted = counting_while { lines = PuppetKicker.native.kick_flush }

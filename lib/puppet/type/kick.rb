@@ -46,15 +46,13 @@ Puppet::Type.newtype(:kick) do
   end
 
   validate do
-    if self[:role].nil? == self[:facts].nil?
-      raise Puppet::Error, "Kick[#{self[:name]}]: set exactly one of role and facts"
-    end
+    raise Puppet::Error, "Kick[#{self[:name]}]: set exactly one of role and facts" if self[:role].nil? == self[:facts].nil?
   end
 
   # Called by Puppet when this resource is notified. The report processor reads this
   # line back from the report, so it carries the parameters as JSON.
   def refresh
     data = { 'roles' => self[:role] && Array(self[:role]), 'facts' => self[:facts] && Array(self[:facts]), 'environment' => self[:environment] }
-    notice("puppet-kicker kick: #{JSON.generate(data.reject { |_, v| v.nil? })}")
+    notice("puppet-kicker kick: #{JSON.generate(data.compact)}")
   end
 end

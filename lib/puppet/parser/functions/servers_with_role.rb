@@ -5,6 +5,7 @@
 # reach the modern function in lib/puppet/functions, which this delegates to.
 Puppet::Parser::Functions.newfunction(:servers_with_role, type: :rvalue, arity: -2, doc: <<-DOC) do |args|
   Legacy entry point of `servers_with_role`; see lib/puppet/functions/servers_with_role.rb.
+  @return [Array[Hash]] what `servers_with_role` returns.
 DOC
   call_function('servers_with_role', args)
 end
