@@ -10,6 +10,7 @@
 # The backend is magnus on MRI and ffi elsewhere; PUPPET_KICKER_BACKEND=magnus|ffi
 # (or PuppetKicker.backend = ...) overrides it. Ruby 2.6 syntax (puppetserver's JRuby).
 require_relative 'puppet_kicker/version'
+require_relative 'puppet_kicker/libraries'
 require_relative 'puppet_kicker/helper'
 
 module PuppetKicker
@@ -22,12 +23,6 @@ module PuppetKicker
   # The index holds no server (see `on_no_data`).
   class NoDataError < Error; end
 
-  # Both libraries sit in native/, beside lib/: in the module (`rake compile`, the
-  # package) and in the gem (extconf.rb). Not under lib/, which pluginsync copies to
-  # every agent, and agents never load them. The only place looked in.
-  LIBRARY_DIR = File.expand_path('../native', __dir__)
-  NATIVE_LIBRARY = File.join(LIBRARY_DIR, 'puppet_kicker.so')
-  FFI_LIBRARY = File.join(LIBRARY_DIR, 'libpuppet_kicker_ffi.so')
   LIBRARIES = { 'magnus' => NATIVE_LIBRARY, 'ffi' => FFI_LIBRARY }.freeze
   BACKENDS = LIBRARIES.keys.freeze
   WHERE_LIBRARIES_ARE = "puppet-kicker looks for its libraries only in #{LIBRARY_DIR}/ (native/ beside the " \

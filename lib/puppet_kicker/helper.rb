@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require 'rbconfig'
+require_relative 'libraries'
 
 module PuppetKicker
   # The masterless helper. A `puppet apply` exits seconds after it starts; what it
@@ -56,7 +57,7 @@ module PuppetKicker
     def main(argv)
       confdir, vardir, server_datadir, config_file = argv
       # The library alone (it defines PuppetKicker's errors): not Puppet, not the facade.
-      require File.expand_path('../../native/puppet_kicker.so', __dir__)
+      require PuppetKicker::NATIVE_LIBRARY
       ending = PuppetKicker::Native.run_helper(confdir.to_s, vardir.to_s, server_datadir, config_file)
       $stdout.puts "#{Time.now.utc.strftime('%FT%TZ')} helper[#{Process.pid}]: #{ending}" if ending == 'AlreadyRunning'
       0
