@@ -38,7 +38,7 @@ module KickE2E
       FileUtils.mkdir_p(%w[manifests slow out cache modules/kicker].map { |d| File.join(@e2e, d) })
       # The module, copied: a `rake compile` elsewhere in the checkout must not replace
       # the library under a running `puppet apply`.
-      %w[lib templates metadata.json].each { |f| FileUtils.cp_r(File.join(ROOT, f), File.join(@e2e, 'modules', 'kicker')) }
+      %w[lib native templates metadata.json].each { |f| FileUtils.cp_r(File.join(ROOT, f), File.join(@e2e, 'modules', 'kicker')) }
       @times = []
     end
 

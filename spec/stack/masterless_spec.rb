@@ -13,7 +13,8 @@ require 'yaml'
 #
 # Run by script/test-masterless, which starts the stack (its own ports and directory)
 # and sets PK_MASTERLESS_STACK_DIR.
-module Masterless # the constants' namespace
+# The constants' namespace.
+module Masterless
   RSpec.describe 'masterless: refreshes and pending kicks complete without a master', order: :defined do
     stack = ENV.fetch('PK_MASTERLESS_STACK_DIR') { raise 'PK_MASTERLESS_STACK_DIR is not set: run script/test-masterless' }
 
@@ -33,8 +34,9 @@ module Masterless # the constants' namespace
       @client_cfg = File.join(stack, 'client.cfg')
       FileUtils.rm_rf(@e2e)
       FileUtils.mkdir_p(%w[manifests slow out cache modules/kicker].map { |d| File.join(@e2e, d) })
-      %w[lib templates metadata.json].each { |f| FileUtils.cp_r(File.join(ROOT, f), File.join(@e2e, 'modules', 'kicker')) }
+      %w[lib native templates metadata.json].each { |f| FileUtils.cp_r(File.join(ROOT, f), File.join(@e2e, 'modules', 'kicker')) }
       @times = []
+      @scenarios = []
     end
 
     after(:all) do
@@ -42,6 +44,7 @@ module Masterless # the constants' namespace
     end
 
     after do |example|
+      release_held_run
       next unless example.exception && @stack
 
       warn "\n===== masterless failure: #{example.description}"
@@ -82,8 +85,12 @@ module Masterless # the constants' namespace
 
     # A scenario: its own cache dir, manifests and counts from here on. Default kick
     # settings; the fact source as a masterless operator would set it up.
+    # Each example is a new object: what ran before is in @scenarios (before(:all)).
+    # The previous scenario must have settled (its helper done, its kicks delivered)
+    # before this one counts runs, even when its example failed.
     def scenario(name, node_pp:, haproxy_pp:)
-      settle! if @scenario
+      settle! if (@scenario = @scenarios.last)
+      @scenarios << name
       @scenario = name
       @t0 = Time.now.to_f
       File.write(File.join(@e2e, 'puppet_kicker.yaml'), {
@@ -138,7 +145,7 @@ module Masterless # the constants' namespace
     # One `puppet apply` of `id` run here, as cron would run it (not through mco).
     def apply(id)
       env = { 'PK_PUPPET_IDENTITY' => id, 'PK_PUPPET_STATEDIR' => File.join(@stack, 'nodes', id),
-              'PK_PUPPET_OPTIONS' => '--cron' }
+              'PK_PUPPET_OPTIONS' => '--cron', }
       sh(File.join(ROOT, 'spec/fixtures/kick_e2e/run-puppet'), env: env)
     end
 
@@ -180,6 +187,12 @@ module Masterless # the constants' namespace
       status = kick_status
       SERVERS.none? { |id| running?(id) } && !helper_alive? &&
         Array(status['pending']).empty? && Array(status['running']).empty?
+    end
+
+    # Ends a run held by `hold` (see run-puppet), also when an example failed first.
+    def release_held_run
+      File.write(File.join(@e2e, 'slow', "#{@held}.release"), '') if @held
+      @held = nil
     end
 
     def settle!
@@ -263,8 +276,10 @@ module Masterless # the constants' namespace
       scenario('sigkill', haproxy_pp: '', node_pp: <<~'PUPPET')
         if $facts['fqdn'] =~ /^node1/ { notify { 'kick -> haproxy': } }
       PUPPET
-      # lb1 is busy with a long run of its own: node1's kick is refused and retried in 30 s.
-      File.write(File.join(@e2e, 'slow', LB1), "20\n")
+      # lb1 is busy with a long run of its own, held until the test releases it:
+      # node1's kick is refused and retried (30 s, then 60 s later).
+      File.write(File.join(@e2e, 'slow', LB1), "hold\n")
+      @held = LB1
       runonce(LB1)
       wait_for("#{LB1}'s long run to start") { runs(LB1).first }
       runonce(NODE1)
@@ -279,7 +294,9 @@ module Masterless # the constants' namespace
       expect(kick_status['pending'].map { |p| p['target'] }).to eq([LB1]), 'the pending kick survived'
 
       runonce(NODE2) # the next apply; node2 kicks nobody
-      wait_for("#{LB1}'s kicked run to end") { runs(LB1)[1]&.key?(:end) }
+      wait_for("#{NODE2}'s run to end") { runs(NODE2).first&.key?(:end) }
+      release_held_run # lb1's own run may end now
+      wait_for("#{LB1}'s kicked run to end", 2 * WAIT) { runs(LB1)[1]&.key?(:end) }
       settle!
       expect(SERVERS.to_h { |id| [id, runs(id).size] }).to eq(NODE1 => 1, NODE2 => 1, LB1 => 2, WEB1 => 0)
       expect(runs(LB1).map { |r| r[:kicked] }).to eq([false, true])
