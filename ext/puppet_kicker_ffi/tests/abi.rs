@@ -164,7 +164,11 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     assert!(
         raw.starts_with(r#"{"ok":{"servers":4,"built_at":"#) && raw.contains(r#","last_error":null,"config_file":""#)
     );
-    assert!(raw.contains(r#"","cache_dir":""#) && raw.ends_with(r#","failures":0,"retry_at":null,"work_left":[],"helper":null}}"#), "{raw}");
+    assert!(
+        raw.contains(r#"","cache_dir":""#)
+            && raw.ends_with(r#","failures":0,"retry_at":null,"work_left":[],"helper":null}}"#),
+        "{raw}"
+    );
     assert_eq!(status["servers"], 4);
     assert!(status["config_file"].as_str().unwrap().ends_with("etc/puppet_kicker.yaml"));
     assert!(ok(take(pk_take_warnings())).is_array());
