@@ -264,6 +264,24 @@ enum BodyEnd {
     Nul { scanned: usize },
 }
 
+/// Where the blank line ending command and headers is in `head` (which starts at a
+/// command, never at an EOL), searching from `scanned` bytes already known to hold
+/// none; `None` if it has not arrived yet.
+fn head_end(head: &[u8], scanned: usize) -> Option<usize> {
+    let from = scanned.saturating_sub(2);
+    let rest = &head[from.min(head.len())..];
+    let mut at = 0;
+    while let Some(nl) = rest[at..].iter().position(|&b| b == b'\n') {
+        let i = at + nl + 1;
+        match rest.get(i) {
+            Some(b'\n') => return Some(from + i + 1),
+            Some(b'\r') if rest.get(i + 1) == Some(&b'\n') => return Some(from + i + 2),
+            _ => at = i,
+        }
+    }
+    None
+}
+
 /// Parses command + headers at the start of `buf`. `Ok(None)`: need more bytes.
 fn parse_head(buf: &[u8], version: Version, limits: &Limits) -> Result<Option<(Frame, BodyEnd, usize)>> {
     let mut pos = 0;
@@ -368,6 +386,9 @@ pub struct FrameReader<R> {
     inner: R,
     buf: Vec<u8>,
     start: usize,
+    /// Bytes after `start` known not to end the command and headers, so a head
+    /// arriving in small reads is scanned once, not once per read.
+    head_scanned: usize,
     pending: Option<(Frame, BodyEnd)>,
     version: Version,
     limits: Limits,
@@ -376,7 +397,7 @@ pub struct FrameReader<R> {
 impl<R: Read> FrameReader<R> {
     /// A reader speaking STOMP 1.0 until [`FrameReader::set_version`].
     pub fn new(inner: R, limits: Limits) -> FrameReader<R> {
-        FrameReader { inner, buf: Vec::new(), start: 0, pending: None, version: Version::V1_0, limits }
+        FrameReader { inner, buf: Vec::new(), start: 0, head_scanned: 0, pending: None, version: Version::V1_0, limits }
     }
 
     /// Switches header unescaping after negotiation.
@@ -403,6 +424,16 @@ impl<R: Read> FrameReader<R> {
     fn try_frame(&mut self) -> Result<Option<Frame>> {
         if self.pending.is_none() {
             self.start += skip_heartbeats(&self.buf[self.start..]);
+            let head = &self.buf[self.start..];
+            match head_end(head, self.head_scanned) {
+                Some(_) => {}
+                None if head.len() > self.limits.max_header_bytes => {}
+                None => {
+                    self.head_scanned = head.len();
+                    return Ok(None);
+                }
+            }
+            self.head_scanned = 0;
             match parse_head(&self.buf[self.start..], self.version, &self.limits)? {
                 None => return Ok(None),
                 Some((frame, end, used)) => {
@@ -671,6 +702,55 @@ mod tests {
         };
         assert!(timeouts > 10);
         assert_eq!(frame.body, b"x\0y");
+    }
+
+    /// Gives the bytes `step` at a time (the last read may be shorter).
+    struct Pieces<'a>(&'a [u8], usize);
+
+    impl Read for Pieces<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            let n = self.1.min(out.len()).min(self.0.len());
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn frames_cut_anywhere_read_the_same() {
+        let stream: &[u8] =
+            b"\n\r\nMESSAGE\r\nk:v\r\n\r\nbody\0\nRECEIPT\nreceipt-id:1\n\n\0SEND\ncontent-length:3\n\na\0b\0";
+        let whole: Vec<Frame> = {
+            let mut r = FrameReader::new(stream, lim());
+            (0..3).map(|_| r.read_frame().unwrap()).collect()
+        };
+        assert_eq!(whole.iter().map(|f| f.command.as_str()).collect::<Vec<_>>(), ["MESSAGE", "RECEIPT", "SEND"]);
+        for step in 1..stream.len() {
+            let mut r = FrameReader::new(Pieces(stream, step), lim());
+            let cut: Vec<Frame> = (0..3).map(|_| r.read_frame().unwrap()).collect();
+            assert_eq!(cut, whole, "reads of {step} bytes");
+        }
+    }
+
+    #[test]
+    fn a_head_trickled_byte_by_byte_is_held_to_its_limit() {
+        let small = Limits { max_header_bytes: 64, max_headers: 8, max_body: 16 };
+        // Exactly at the limit: the command and header lines are 64 bytes (the blank
+        // line that ends them is not counted).
+        let at_limit = [b"SEND\nk:".as_slice(), &[b'a'; 56], b"\n\n\0"].concat();
+        assert_eq!(at_limit.len() - 2, 64);
+        let mut r = FrameReader::new(Pieces(&at_limit, 1), small);
+        assert_eq!(r.read_frame().unwrap().get("k").map(str::len), Some(56));
+        // One byte over, and a head that never ends: refused once past the limit.
+        let over = [b"SEND\nk:".as_slice(), &[b'a'; 57], b"\n\n\0"].concat();
+        let mut r = FrameReader::new(Pieces(&over, 1), small);
+        assert!(matches!(r.read_frame(), Err(Error::Frame(_))));
+        let endless = [b"SEND\nk:".as_slice(), &[b'a'; 1000]].concat();
+        let mut r = FrameReader::new(Pieces(&endless, 1), small);
+        assert!(matches!(r.read_frame(), Err(Error::Frame(m)) if m.contains("exceed 64 bytes")));
+        // A malformed command is still refused, once its head is complete.
+        let mut r = FrameReader::new(Pieces(b"message\nk:v\n\n\0", 1), small);
+        assert!(matches!(r.read_frame(), Err(Error::Frame(m)) if m.contains("malformed command")));
     }
 
     #[test]
