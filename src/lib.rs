@@ -28,7 +28,7 @@ pub mod yaml;
 pub use config::{Config, PuppetSettings};
 pub use error::{Error, Result};
 pub use facts::Node;
-pub use index::{Freshness, Index, RoleSelector};
+pub use index::{Freshness, Index};
 pub use service::{Kicker, Selection, Status};
 
-pub use query::Query;
+pub use query::{Query, RoleSelector};
