@@ -20,7 +20,9 @@ pub mod query;
 pub mod service;
 pub mod snapshot;
 pub mod source;
-/// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests.
+/// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests
+/// (the `synthetic` feature; the shipped libraries leave it out).
+#[cfg(feature = "synthetic")]
 pub mod synthetic;
 pub mod time;
 pub mod yaml;

@@ -1,10 +1,28 @@
 # frozen_string_literal: true
 
 require 'benchmark'
+require 'fileutils'
+require 'tmpdir'
 
-# Timing shared by the Ruby benchmarks.
+# What the Ruby benchmarks share: the repository, the synthetic fleet, timing.
 module BenchSupport
+  ROOT = File.expand_path('../..', __dir__)
+
   module_function
+
+  # A new temporary directory, removed when the benchmark exits.
+  def scratch_dir(name)
+    dir = Dir.mktmpdir(name)
+    at_exit { FileUtils.rm_rf(dir) }
+    dir
+  end
+
+  # Writes a synthetic fleet of `servers` as puppetserver's JSON fact cache into
+  # `facts_dir`, with the generator built (release, `synthetic` feature) by cargo.
+  def synthetic_fleet(facts_dir, servers, seed, out: $stdout)
+    system('cargo', 'run', '--quiet', '--release', '--locked', '-p', 'puppet-kicker', '--features', 'synthetic',
+           '--bin', 'pk-synthetic-facts', '--', facts_dir, servers.to_s, seed.to_s, chdir: ROOT, out: out, exception: true)
+  end
 
   # A warm-up call, then one call per sample until `seconds` have passed (at least
   # `min_samples`): median and mean seconds per call. Garbage collection is included:
