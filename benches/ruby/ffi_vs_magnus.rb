@@ -17,16 +17,7 @@ ENVIRONMENT = 'production'
 MEASURE = 1.0 # seconds of samples per case
 MIN_SAMPLES = 5
 
-# The facade logs through Puppet; outside Puppet, to stderr.
-unless defined?(Puppet)
-  module Puppet
-    def self.warning(message)
-      warn("warning: #{message}")
-    end
-  end
-end
-
-require File.join(ROOT, 'lib', 'puppet_kicker')
+BenchSupport.require_facade
 
 abort 'benches/ruby/ffi_vs_magnus.rb: run it with MRI, where both bindings load' unless RUBY_ENGINE == 'ruby'
 PuppetKicker::LIBRARIES.each_value do |path|

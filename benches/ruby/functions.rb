@@ -19,21 +19,9 @@ MAX_AGE = 7 * 86_400 # puppet_kicker.yaml's default max_age
 MEASURE = 1.0 # seconds of samples per case
 MIN_SAMPLES = 3
 
-# Outside Puppet: the settings PuppetKicker.configure reads on every call (set
-# below, like Puppet.settings, a Hash of confdir/vardir/server_datadir) and warnings.
-unless defined?(Puppet)
-  module Puppet
-    class << self
-      attr_accessor :settings
-    end
-
-    def self.warning(message)
-      warn("warning: #{message}")
-    end
-  end
-end
-
-require File.join(ROOT, 'lib', 'puppet_kicker')
+# Puppet.settings, set below, is what PuppetKicker.configure reads on every call (a
+# Hash of confdir/vardir/server_datadir, like Puppet's).
+BenchSupport.require_facade
 
 abort "benches/ruby/functions.rb: #{PuppetKicker::NATIVE_LIBRARY} is missing; run `rake compile` first" unless File.exist?(PuppetKicker::NATIVE_LIBRARY)
 

@@ -10,6 +10,17 @@ module BenchSupport
 
   module_function
 
+  # Loads the PuppetKicker facade. Outside Puppet, a stand-in Puppet module gives it
+  # what it reads there: `Puppet.settings` (set by the benchmark) and warnings, to stderr.
+  def require_facade
+    unless defined?(::Puppet)
+      puppet = Object.const_set(:Puppet, Module.new)
+      puppet.singleton_class.send(:attr_accessor, :settings)
+      puppet.define_singleton_method(:warning) { |message| warn("warning: #{message}") }
+    end
+    require File.join(ROOT, 'lib', 'puppet_kicker')
+  end
+
   # A new temporary directory, removed when the benchmark exits.
   def scratch_dir(name)
     dir = Dir.mktmpdir(name)
