@@ -90,20 +90,8 @@ fn main() {
         drop(frames);
 
         let t = Instant::now();
-        let replies: Vec<RpcReply> = outers
-            .into_iter()
-            .map(|reply| {
-                let status = RpcStatus::from_value(&reply.inner(DecodeLimits::default()).unwrap()).unwrap();
-                RpcReply {
-                    sender: reply.senderid,
-                    agent: reply.senderagent,
-                    msgtime: reply.msgtime,
-                    statuscode: status.statuscode,
-                    statusmsg: status.statusmsg,
-                    data: status.data,
-                }
-            })
-            .collect();
+        let replies: Vec<RpcReply> =
+            outers.into_iter().map(|reply| RpcReply::from_reply(reply, DecodeLimits::default()).unwrap()).collect();
         times[2] = t.elapsed();
 
         let t = Instant::now();

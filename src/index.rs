@@ -4,10 +4,10 @@
 //! A refresh builds a new `Index` and swaps it in whole; nothing here is ever
 //! mutated after `build`, so readers need no lock.
 
-use crate::error::{Error, Result};
 use crate::facts::Node;
 use crate::query::Query;
-use regex::Regex;
+// Its old home: `crate::index::RoleSelector` keeps working for callers.
+pub use crate::query::RoleSelector;
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -31,40 +31,6 @@ pub struct Index {
 struct EnvironmentEntry {
     all: Positions,
     by_role: HashMap<String, Positions>,
-}
-
-/// Which roles `servers_with_role` asks for: any of `names` exactly, or any role
-/// matching one of `patterns` (written `/…/` in the function's argument).
-#[derive(Clone, Debug, Default)]
-pub struct RoleSelector {
-    pub names: Vec<String>,
-    pub patterns: Vec<Regex>,
-}
-
-impl RoleSelector {
-    /// Reads role arguments: `/…/` is a regex on the role fact, anything else a name.
-    pub fn parse<S: AsRef<str>>(roles: &[S]) -> Result<RoleSelector> {
-        let mut selector = RoleSelector::default();
-        if roles.is_empty() {
-            return Err(Error::Query("no role given".into()));
-        }
-        for role in roles.iter().map(AsRef::as_ref) {
-            if role.is_empty() {
-                return Err(Error::Query("a role name cannot be empty".into()));
-            }
-            match role.strip_prefix('/').and_then(|r| r.strip_suffix('/')) {
-                Some(pattern) if role.len() >= 2 => selector
-                    .patterns
-                    .push(Regex::new(pattern).map_err(|e| Error::Query(format!("role {role}: invalid regex: {e}")))?),
-                _ => selector.names.push(role.to_string()),
-            }
-        }
-        Ok(selector)
-    }
-
-    pub fn names<S: Into<String>>(names: impl IntoIterator<Item = S>) -> RoleSelector {
-        RoleSelector { names: names.into_iter().map(Into::into).collect(), patterns: Vec::new() }
-    }
 }
 
 /// Leaves out servers whose facts are older than `max_age` seconds at `now`.
@@ -260,8 +226,6 @@ mod tests {
         assert_eq!(certnames(&idx, idx.with_role(&pattern, "production", FRESH)), ["lb1"]);
         let mixed = RoleSelector::parse(&["/^hap/", "node", "node"]).unwrap();
         assert_eq!(certnames(&idx, idx.with_role(&mixed, "production", FRESH)), ["web1", "lb1", "web3"]);
-        assert!(RoleSelector::parse(&["/(?=x)/"]).unwrap_err().to_string().contains("role /(?=x)/: invalid regex"));
-        assert!(RoleSelector::parse::<&str>(&[]).is_err());
         assert_eq!(certnames(&idx, idx.with_role(&names, "staging", FRESH)), ["stage"]);
         assert!(idx.with_role(&names, "nowhere", FRESH).is_empty());
     }

@@ -20,7 +20,9 @@ pub mod query;
 pub mod service;
 pub mod snapshot;
 pub mod source;
-/// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests.
+/// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests
+/// (the `synthetic` feature; the shipped libraries leave it out).
+#[cfg(feature = "synthetic")]
 pub mod synthetic;
 pub mod time;
 pub mod yaml;
@@ -28,7 +30,7 @@ pub mod yaml;
 pub use config::{Config, PuppetSettings};
 pub use error::{Error, Result};
 pub use facts::Node;
-pub use index::{Freshness, Index, RoleSelector};
+pub use index::{Freshness, Index};
 pub use service::{Kicker, Selection, Status};
 
-pub use query::Query;
+pub use query::{Query, RoleSelector};

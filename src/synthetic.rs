@@ -10,6 +10,7 @@
 //! benchmark the real load path (`pk-synthetic-facts DIR N [SEED]` on the command line).
 
 use crate::facts::{Facts, Node};
+use crate::time::CalendarTime;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::fs;
@@ -623,24 +624,8 @@ pub fn write_puppet_cache(dir: &Path, nodes: &[Node]) -> std::io::Result<u64> {
 
 /// `2026-11-20T10:15:30.123456789+00:00`, as puppetserver writes fact timestamps.
 pub fn rfc3339(secs: i64, nanos: u32) -> String {
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
-    let (hour, minute, second) = (rest / 3600, rest / 60 % 60, rest % 60);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{nanos:09}+00:00")
-}
-
-/// The proleptic Gregorian date of a day number since 1970-01-01 (Howard Hinnant's).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    let t = CalendarTime::utc(secs);
+    format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{nanos:09}+00:00", t.year, t.month, t.day, t.hour, t.minute, t.second)
 }
 
 #[cfg(test)]

@@ -61,6 +61,41 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// The UTC calendar date and time of day of a Unix time, to write timestamps with
+/// (the helper's log lines, the synthetic fleet's fact caches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CalendarTime {
+    pub year: i64,
+    pub month: i64,
+    pub day: i64,
+    pub hour: i64,
+    pub minute: i64,
+    pub second: i64,
+}
+
+impl CalendarTime {
+    pub fn utc(unix_seconds: i64) -> CalendarTime {
+        let (days, rest) = (unix_seconds.div_euclid(86_400), unix_seconds.rem_euclid(86_400));
+        let (year, month, day) = civil_from_days(days);
+        CalendarTime { year, month, day, hour: rest / 3600, minute: rest / 60 % 60, second: rest % 60 }
+    }
+}
+
+/// The proleptic Gregorian date of a day number since 1970-01-01 (Howard Hinnant's
+/// algorithm, the inverse of [`days_from_civil`]).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 /// Parses a duration: whole seconds, or a number with `s`, `m`, `h`, `d` or `w`.
 pub fn parse_duration(text: &str) -> Option<u64> {
     let s = text.trim();
@@ -95,6 +130,21 @@ mod tests {
         assert_eq!(parse_timestamp("1970-01-01T00:00:00Z"), Some(0));
         assert_eq!(parse_timestamp("2026-13-01T00:00:00Z"), None);
         assert_eq!(parse_timestamp("yesterday"), None);
+    }
+
+    #[test]
+    fn calendar_time_is_the_inverse_of_parsing() {
+        let at = CalendarTime::utc(1_795_169_730);
+        assert_eq!(at, CalendarTime { year: 2026, month: 11, day: 20, hour: 10, minute: 15, second: 30 });
+        assert_eq!(CalendarTime::utc(951_782_400).day, 29); // 2000 is a leap year
+        assert_eq!(
+            CalendarTime::utc(-1),
+            CalendarTime { year: 1969, month: 12, day: 31, hour: 23, minute: 59, second: 59 }
+        );
+        for days in (-800_000..800_000).step_by(997) {
+            let (year, month, day) = civil_from_days(days);
+            assert_eq!(days_from_civil(year, month, day), days, "{year}-{month}-{day}");
+        }
     }
 
     #[test]

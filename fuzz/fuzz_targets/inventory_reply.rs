@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use puppet_kicker::mcollective::marshal::DecodeLimits;
-use puppet_kicker::mcollective::message::{Reply, RpcStatus};
+use puppet_kicker::mcollective::message::Reply;
 use puppet_kicker::mcollective::RpcReply;
 use puppet_kicker::source::mcollective::observation;
 
@@ -29,14 +29,6 @@ fuzz_target!(|input: &[u8]| {
         reply.encode(PSK).expect("a reply with fixed fields encodes")
     };
     let Ok(reply) = Reply::decode_verified(&outer, PSK, limits) else { return };
-    let Ok(status) = reply.inner(limits).and_then(|v| RpcStatus::from_value(&v)) else { return };
-    let rpc = RpcReply {
-        sender: reply.senderid,
-        agent: reply.senderagent,
-        msgtime: reply.msgtime,
-        statuscode: status.statuscode,
-        statusmsg: status.statusmsg,
-        data: status.data,
-    };
+    let Ok(rpc) = RpcReply::from_reply(reply, limits) else { return };
     let _ = observation(&rpc, 1_700_000_000, "mcollective");
 });

@@ -5,10 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
-    let Ok(text) = std::str::from_utf8(input) else { return };
-    let mut lines = text.split('\n');
-    let environment = lines.next().unwrap_or_default();
-    let clauses: Vec<&str> = lines.take(32).collect();
+    let Some((environment, clauses)) = puppet_kicker_fuzz::environment_and_arguments(input) else { return };
     if let Ok(selection) = puppet_kicker_fuzz::fleet().servers_with_facts(&clauses, environment) {
         for node in selection.nodes() {
             std::hint::black_box(node.entries().count());

@@ -42,3 +42,12 @@ pub fn fleet() -> &'static Kicker {
     static FLEET: OnceLock<Kicker> = OnceLock::new();
     FLEET.get_or_init(|| Kicker::start(fleet_settings("")).expect("the fixture fleet starts"))
 }
+
+/// The input of the query targets: the first line is the environment, the next (at
+/// most 32) are the function's arguments. `None` unless the input is UTF-8.
+pub fn environment_and_arguments(input: &[u8]) -> Option<(&str, Vec<&str>)> {
+    let text = std::str::from_utf8(input).ok()?;
+    let mut lines = text.split('\n');
+    let environment = lines.next().unwrap_or_default();
+    Some((environment, lines.take(32).collect()))
+}

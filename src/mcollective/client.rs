@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::config::{BrokerHost, Config};
 use super::connector::{Connector, RequestRoute};
 use super::error::{Error, Result};
-use super::marshal::Value;
+use super::marshal::{DecodeLimits, Value};
 use super::message::{self, Filter, Reply, Request, RpcStatus};
 use super::stomp::{negotiated_version, Frame, FrameReader, FrameWriter, Version};
 use super::tls::BrokerStream;
@@ -87,6 +87,22 @@ pub struct RpcReply {
     pub statusmsg: String,
     /// The agent's outputs (Hash with symbol keys).
     pub data: Value,
+}
+
+impl RpcReply {
+    /// The RPC reply inside a verified `reply`: its inner body read as
+    /// `{:statuscode, :statusmsg, :data}`.
+    pub fn from_reply(reply: Reply, limits: DecodeLimits) -> Result<RpcReply> {
+        let status = RpcStatus::from_value(&reply.inner(limits)?)?;
+        Ok(RpcReply {
+            sender: reply.senderid,
+            agent: reply.senderagent,
+            msgtime: reply.msgtime,
+            statuscode: status.statuscode,
+            statusmsg: status.statusmsg,
+            data: status.data,
+        })
+    }
 }
 
 /// The verified replies of an RPC call.
@@ -247,16 +263,8 @@ impl Client {
     fn rpc_outcome(&self, collected: Collected, nodes: Option<&[String]>) -> RpcOutcome {
         let mut out = RpcOutcome { ambiguous: collected.ambiguous.into_iter().collect(), ..RpcOutcome::default() };
         for reply in collected.replies.into_values() {
-            let status = reply.inner(self.config.marshal_limits).and_then(|v| RpcStatus::from_value(&v));
-            match status {
-                Ok(s) => out.replies.push(RpcReply {
-                    sender: reply.senderid,
-                    agent: reply.senderagent,
-                    msgtime: reply.msgtime,
-                    statuscode: s.statuscode,
-                    statusmsg: s.statusmsg,
-                    data: s.data,
-                }),
+            match RpcReply::from_reply(reply, self.config.marshal_limits) {
+                Ok(rpc) => out.replies.push(rpc),
                 Err(_) => bump(&self.counters.malformed),
             }
         }

@@ -5,7 +5,8 @@
 //! Layers, bottom up: [`stomp`] frames, [`marshal`] values, [`psk`]
 //! signatures, [`message`] bodies, [`config`] file, [`connector`]
 //! destinations/headers, [`tls`] broker connections, [`client`] I/O. Wire facts:
-//! `mcollective-wire.md`.
+//! each module's doc, and `tests/fixtures/frames/README.md` for the captured traffic
+//! they are byte-exact with (versions, brokers, destinations, body layers).
 
 pub mod client;
 pub mod config;

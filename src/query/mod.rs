@@ -1,10 +1,13 @@
-//! The query language of `servers_with_facts`: clauses, ANDed.
+//! The query language of `servers_with_facts` (clauses, ANDed) and the role
+//! arguments of `servers_with_role`.
 
 mod clause;
 mod compare;
+mod role;
 
 pub use clause::{Clause, Op};
 pub use compare::Operand;
+pub use role::RoleSelector;
 
 use crate::error::Result;
 use crate::facts::Node;

@@ -3,17 +3,15 @@
 # What the `kick` report processor costs per report, next to Puppet's own `store`
 # processor (which every master runs) on the same report: a real in-process catalog
 # apply of 200 resources, one run with nothing to kick and one with a kick (dry run,
-# so nothing leaves the machine). Run after `rake compile`: ruby bench/report.rb
+# so nothing leaves the machine). Run after `rake compile`: ruby benches/ruby/report.rb
 require_relative 'support'
-require 'fileutils'
-require 'tmpdir'
 require 'yaml'
 require 'puppet'
 require 'puppet/reports'
 
-ROOT = File.expand_path('..', __dir__)
+ROOT = BenchSupport::ROOT
 $LOAD_PATH.unshift(File.join(ROOT, 'lib')) # where Puppet's autoloader finds reports/kick.rb
-work = Dir.mktmpdir('puppet-kicker-report-bench')
+work = BenchSupport.scratch_dir('puppet-kicker-report-bench')
 Puppet.initialize_settings(['--confdir', File.join(work, 'etc'), '--vardir', File.join(work, 'var'),
                             '--certname', 'node1.example.com', '--environment', 'production',])
 Puppet[:reportdir] = File.join(work, 'reports')
@@ -53,4 +51,3 @@ puts
 puts '| Report processor | Median per report |'
 puts '| --- | ---: |'
 rows.each { |name, us| puts format('| %s | %.0f µs |', name, us) }
-FileUtils.rm_rf(work)

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# `ruby bench/ffi_vs_magnus.rb [SERVERS]`, after `rake compile`, on MRI (where both
+# `ruby benches/ruby/ffi_vs_magnus.rb [SERVERS]`, after `rake compile`, on MRI (where both
 # bindings load): one function call through the magnus extension (Ruby objects built
 # by Rust) next to the same call through the C-ABI library and Ruby's ffi (JSON
 # written by Rust, copied, parsed by Ruby's JSON), on a synthetic fleet written by
@@ -8,32 +8,20 @@
 # ffi call is also split into its parts: the C call that returns the JSON (Rust
 # query + serialization + copy into a Ruby String) and JSON.parse. Standard library only.
 
-require 'benchmark'
-require_relative 'support'
-require 'fileutils'
 require 'json'
-require 'tmpdir'
+require_relative 'support'
 
-ROOT = File.expand_path('..', __dir__)
+ROOT = BenchSupport::ROOT
 SERVERS = Integer(ARGV.fetch(0, '1000'))
 ENVIRONMENT = 'production'
 MEASURE = 1.0 # seconds of samples per case
 MIN_SAMPLES = 5
 
-# The facade logs through Puppet; outside Puppet, to stderr.
-unless defined?(Puppet)
-  module Puppet
-    def self.warning(message)
-      warn("warning: #{message}")
-    end
-  end
-end
+BenchSupport.require_facade
 
-require File.join(ROOT, 'lib', 'puppet_kicker')
-
-abort 'bench/ffi_vs_magnus.rb: run it with MRI, where both bindings load' unless RUBY_ENGINE == 'ruby'
+abort 'benches/ruby/ffi_vs_magnus.rb: run it with MRI, where both bindings load' unless RUBY_ENGINE == 'ruby'
 PuppetKicker::LIBRARIES.each_value do |path|
-  abort "bench/ffi_vs_magnus.rb: #{path} is missing; run `rake compile` first" unless File.exist?(path)
+  abort "benches/ruby/ffi_vs_magnus.rb: #{path} is missing; run `rake compile` first" unless File.exist?(path)
 end
 
 def measure(&block)
@@ -44,12 +32,9 @@ def human(seconds)
   BenchSupport.human(seconds)
 end
 
-work = Dir.mktmpdir('puppet-kicker-bench-ffi')
-at_exit { FileUtils.rm_rf(work) }
+work = BenchSupport.scratch_dir('puppet-kicker-bench-ffi')
 facts = File.join(work, 'var', 'server_data', 'facts')
-target = ENV.fetch('CARGO_TARGET_DIR', File.join(ROOT, 'target'))
-system('cargo', 'build', '--release', '--quiet', '--bin', 'pk-synthetic-facts', chdir: ROOT, exception: true)
-system(File.join(target, 'release', 'pk-synthetic-facts'), facts, SERVERS.to_s, '1', out: File::NULL, exception: true)
+BenchSupport.synthetic_fleet(facts, SERVERS, 1, out: File::NULL)
 FileUtils.mkdir_p(File.join(work, 'etc'))
 
 backends = PuppetKicker::BACKENDS.to_h do |name|

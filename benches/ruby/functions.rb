@@ -1,0 +1,190 @@
+# frozen_string_literal: true
+
+# `ruby benches/ruby/functions.rb [SERVERS]`, after `rake compile`: the Puppet functions'
+# native path (PuppetKicker.servers_with_role / servers_with_facts, results converted
+# to Ruby hashes) next to the pure-Ruby alternative (every fact file parsed into Ruby
+# hashes once, then `select` + `sort_by` on every call), on a synthetic fleet written
+# by `pk-synthetic-facts` as puppetserver's JSON fact cache. Standard library only.
+
+require 'json'
+require 'time'
+require_relative 'support'
+
+ROOT = BenchSupport::ROOT
+SERVERS = Integer(ARGV.fetch(0, '10000'))
+SEED = 1
+ENVIRONMENT = 'production'
+CLAUSES = ['role=node', 'processors.count>=4', 'os.release.full>=11.2'].freeze
+MAX_AGE = 7 * 86_400 # puppet_kicker.yaml's default max_age
+MEASURE = 1.0 # seconds of samples per case
+MIN_SAMPLES = 3
+
+# Puppet.settings, set below, is what PuppetKicker.configure reads on every call (a
+# Hash of confdir/vardir/server_datadir, like Puppet's).
+BenchSupport.require_facade
+
+abort "benches/ruby/functions.rb: #{PuppetKicker::NATIVE_LIBRARY} is missing; run `rake compile` first" unless File.exist?(PuppetKicker::NATIVE_LIBRARY)
+
+Server = Struct.new(:certname, :environment, :timestamp, :facts)
+
+# The pure-Ruby alternative, written for this one query shape (no clause parser),
+# which is the cheapest a Ruby implementation could be.
+module PureRuby
+  module_function
+
+  def load(dir)
+    Dir.glob(File.join(dir, '*.json')).map do |path|
+      document = JSON.parse(File.read(path))
+      facts = document['values']
+      facts['certname'] ||= document['name']
+      environment = facts['environment'] || facts['agent_specified_environment'] || 'production'
+      Server.new(document['name'], environment, Time.iso8601(document['timestamp']).to_i, facts)
+    end
+  end
+
+  def servers_with_role(servers, role, environment)
+    oldest = Time.now.to_i - MAX_AGE
+    servers.select do |s|
+      next false unless s.environment == environment && s.timestamp >= oldest
+
+      value = s.facts['role']
+      value == role || (value.is_a?(Array) && value.include?(role))
+    end.sort_by { |s| s.facts['fqdn'] || s.certname }.map(&:facts)
+  end
+
+  MIN_RELEASE = [11, 2].freeze
+
+  # role=node, processors.count>=4, os.release.full>=11.2 (as a version).
+  def servers_with_facts(servers, environment)
+    oldest = Time.now.to_i - MAX_AGE
+    servers.select do |s|
+      next false unless s.environment == environment && s.timestamp >= oldest
+
+      facts = s.facts
+      count = facts.dig('processors', 'count')
+      release = facts.dig('os', 'release', 'full')
+      facts['role'] == 'node' && count.is_a?(Integer) && count >= 4 &&
+        release.is_a?(String) && (release.split('.').map(&:to_i) <=> MIN_RELEASE) >= 0
+    end.sort_by { |s| s.facts['fqdn'] || s.certname }.map(&:facts)
+  end
+end
+
+def measure(&block)
+  BenchSupport.measure(seconds: MEASURE, min_samples: MIN_SAMPLES, &block)
+end
+
+def human(seconds)
+  BenchSupport.human(seconds)
+end
+
+def rss_mb
+  File.read('/proc/self/status')[/^VmRSS:\s+(\d+)/, 1].to_i / 1024.0
+rescue SystemCallError
+  0.0
+end
+
+def ratio(base, row)
+  row <= base ? format('%.1fx faster', base / row) : format('%.1fx slower', row / base)
+end
+
+# rows: [name, :ours | :alternative | :info, stats]; speed-up compares the row's
+# median with the alternative's (none for :info rows, which answer another question).
+def print_table(title, rows)
+  baseline = rows.find { |_, kind, _| kind == :alternative }[2][:median]
+  width = [rows.map { |name, _, _| name.size + 2 }.max, 16].max
+  puts title
+  puts format("  %-#{width}s  %10s  %10s  %7s  %15s", 'implementation', 'median', 'mean', 'samples', 'speed-up')
+  rows.each do |name, kind, stats|
+    marker, relative = { alternative: ['* ', '(alternative)'], ours: ['> ', ratio(baseline, stats[:median])],
+                         info: ['  ', ''], }.fetch(kind)
+    puts format("  %-#{width}s  %10s  %10s  %7d  %15s",
+                marker + name, human(stats[:median]), human(stats[:mean]), stats[:samples], relative)
+  end
+  puts
+end
+
+def names(servers)
+  servers.map { |facts| facts['certname'] }
+end
+
+cpu = (File.exist?('/proc/cpuinfo') && File.read('/proc/cpuinfo')[/^model name\s*:\s*(.+)$/, 1]) || 'unknown'
+puts "puppet-kicker #{PuppetKicker::VERSION} Ruby benchmark (ruby benches/ruby/functions.rb)"
+puts "machine: nproc #{`nproc`.strip}, CPU #{cpu}, #{RUBY_DESCRIPTION}"
+puts "load average at start: #{File.read('/proc/loadavg').split.first(3).join(' ')}"
+
+dir = BenchSupport.scratch_dir('pk-bench-functions')
+facts_dir = File.join(dir, 'var', 'server_data', 'facts')
+BenchSupport.synthetic_fleet(facts_dir, SERVERS, SEED)
+# A long ttl, so that no background refresh competes with the measurements.
+config = File.join(dir, 'puppet_kicker.yaml')
+File.write(config, "cache:\n  ttl: 1d\n  cold_start_timeout: 5m\n")
+ENV['PUPPET_KICKER_CONFIG'] = config
+Puppet.settings = { confdir: File.join(dir, 'etc'), vardir: File.join(dir, 'var'), server_datadir: nil }
+puts "native library: #{PuppetKicker.native.version}"
+puts
+
+# The native path is measured first, before the pure-Ruby data exists: 10,000
+# preloaded fact hashes on the Ruby heap would slow every garbage collection the
+# native results trigger, which a real compile using the native path never has.
+rss = rss_mb
+first = nil
+cold = Benchmark.realtime do
+  PuppetKicker.configure(Puppet.settings)
+  first = PuppetKicker.servers_with_role('node', ENVIRONMENT).size
+end
+native_rss = rss_mb - rss
+status = PuppetKicker.status
+raise "the index holds #{status['servers']} servers, not #{SERVERS}" unless status['servers'] == SERVERS
+
+role_call = ->(role) { "servers_with_role('#{role}', '#{ENVIRONMENT}')" }
+facts_call = "servers_with_facts(#{CLAUSES.map { |c| "'#{c}'" }.join(', ')})"
+cases = %w[node haproxy].map do |role|
+  { title: role_call[role],
+    native: ['native: PuppetKicker.servers_with_role (index + conversion to Ruby)',
+             -> { PuppetKicker.servers_with_role(role, ENVIRONMENT) },],
+    info: ['native: PuppetKicker.server_with_role (same lookup, converts 1 server)',
+           -> { PuppetKicker.server_with_role(role, ENVIRONMENT) },],
+    ruby: ['pure Ruby: select + sort_by over preloaded hashes',
+           ->(servers) { PureRuby.servers_with_role(servers, role, ENVIRONMENT) },], }
+end
+cases << { title: facts_call,
+           native: ['native: PuppetKicker.servers_with_facts (index + conversion to Ruby)',
+                    -> { PuppetKicker.servers_with_facts(CLAUSES, ENVIRONMENT) },],
+           ruby: ['pure Ruby: select (hand-written test) + sort_by over preloaded hashes',
+                  ->(servers) { PureRuby.servers_with_facts(servers, ENVIRONMENT) },], }
+cases.each do |c|
+  c[:names] = names(c[:native][1].call)
+  c[:native_stats] = measure(&c[:native][1])
+  c[:info_stats] = measure(&c[:info][1]) if c[:info]
+end
+overhead = measure { PuppetKicker.servers_with_role('no-such-role', ENVIRONMENT) }
+
+GC.start
+rss = rss_mb
+servers = nil
+load = Benchmark.realtime { servers = PureRuby.load(facts_dir) }
+ruby_rss = rss_mb - rss
+cases.each do |c|
+  raise "#{c[:title]}: native and pure Ruby disagree" unless names(c[:ruby][1].call(servers)) == c[:names]
+
+  c[:ruby_stats] = measure { c[:ruby][1].call(servers) }
+end
+
+puts "one-time cost for #{SERVERS} servers (JSON fact cache, warm page cache; RSS growth includes allocator slack):"
+puts format('  > native: configure + first call (read JSON files, build index, snapshot, convert %d servers) %8s, RSS +%.0f MB',
+            first, human(cold), native_rss)
+puts format('  * pure Ruby: read and JSON.parse every file into hashes                                      %8s, RSS +%.0f MB',
+            human(load), ruby_rss)
+puts
+puts format('native call overhead (servers_with_role of a role no server has, empty result): median %s, mean %s',
+            human(overhead[:median]), human(overhead[:mean]))
+puts
+cases.each do |c|
+  rows = [[c[:native][0], :ours, c[:native_stats]], [c[:ruby][0], :alternative, c[:ruby_stats]]]
+  rows << [c[:info][0], :info, c[:info_stats]] if c[:info]
+  print_table("#{c[:title]}: #{c[:names].size} of #{SERVERS} servers, returned as Ruby hashes", rows)
+end
+
+puts "load average at end: #{File.read('/proc/loadavg').split.first(3).join(' ')}"
+puts 'Not measured: the original puppet-kicker ran a live mcollective discovery (rpcutil#inventory with fact'
+puts 'filters, 2 s discovery timeout) on every function call (README, "Differences from the original").'

@@ -1,0 +1,60 @@
+# frozen_string_literal: true
+
+require 'benchmark'
+require 'fileutils'
+require 'tmpdir'
+
+# What the Ruby benchmarks share: the repository, the synthetic fleet, timing.
+module BenchSupport
+  ROOT = File.expand_path('../..', __dir__)
+
+  module_function
+
+  # Loads the PuppetKicker facade. Outside Puppet, a stand-in Puppet module gives it
+  # what it reads there: `Puppet.settings` (set by the benchmark) and warnings, to stderr.
+  def require_facade
+    unless defined?(::Puppet)
+      puppet = Object.const_set(:Puppet, Module.new)
+      puppet.singleton_class.send(:attr_accessor, :settings)
+      puppet.define_singleton_method(:warning) { |message| warn("warning: #{message}") }
+    end
+    require File.join(ROOT, 'lib', 'puppet_kicker')
+  end
+
+  # A new temporary directory, removed when the benchmark exits.
+  def scratch_dir(name)
+    dir = Dir.mktmpdir(name)
+    at_exit { FileUtils.rm_rf(dir) }
+    dir
+  end
+
+  # Writes a synthetic fleet of `servers` as puppetserver's JSON fact cache into
+  # `facts_dir`, with the generator built (release, `synthetic` feature) by cargo.
+  def synthetic_fleet(facts_dir, servers, seed, out: $stdout)
+    system('cargo', 'run', '--quiet', '--release', '--locked', '-p', 'puppet-kicker', '--features', 'synthetic',
+           '--bin', 'pk-synthetic-facts', '--', facts_dir, servers.to_s, seed.to_s, chdir: ROOT, out: out, exception: true)
+  end
+
+  # A warm-up call, then one call per sample until `seconds` have passed (at least
+  # `min_samples`): median and mean seconds per call. Garbage collection is included:
+  # it is part of what a compile pays.
+  def measure(seconds: 1.0, min_samples: 3, &block)
+    yield
+    GC.start
+    samples = []
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    samples << Benchmark.realtime(&block) while samples.size < min_samples || Process.clock_gettime(Process::CLOCK_MONOTONIC) - started < seconds
+    samples.sort!
+    middle = samples.size / 2
+    median = samples.size.odd? ? samples[middle] : (samples[middle - 1] + samples[middle]) / 2
+    { median: median, mean: samples.sum / samples.size, samples: samples.size }
+  end
+
+  def human(seconds)
+    if seconds < 1e-3 then format('%.1f µs', seconds * 1e6)
+    elsif seconds < 1 then format('%.2f ms', seconds * 1e3)
+    else
+      format('%.2f s', seconds)
+    end
+  end
+end
