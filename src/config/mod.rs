@@ -96,7 +96,7 @@ impl Default for McollectiveSettings {
     }
 }
 
-redact::debug_showing!(McollectiveSettings { overrides, user, timeout, grace });
+redact::debug_showing!(McollectiveSettings: overrides, user, timeout, grace);
 
 impl McollectiveSettings {
     /// The operator's client.cfg with these overrides, `user` and `password` applied
