@@ -3,7 +3,8 @@
 //!
 //! From this one table come parsing and unknown-key errors ([`Config::parse`]), the
 //! defaults ([`Config::defaults`]), the redacted `Debug` of [`Config`] and the
-//! configuration reference tables of README.md (checked by a test: see [`readme_table`]).
+//! configuration reference tables of README.md (a test fails when they differ;
+//! `PK_WRITE_README=1 cargo test --lib readme_tables` rewrites them from this table).
 //!
 //! A key without a doc comment shares the row of the key before it in the README
 //! (`kick.retry_base`, `kick.retry_max`).

@@ -361,6 +361,37 @@ mod tests {
     }
 
     #[test]
+    fn errors_are_typed_and_name_the_file_and_key() {
+        use std::error::Error as _;
+        match parse("cache:\n  tll: 5\n").unwrap_err() {
+            ConfigError::UnknownKey { file, key, known } => {
+                assert_eq!((file.to_str(), key.as_str()), (Some("/etc/puppet/puppet_kicker.yaml"), "cache.tll"));
+                assert_eq!(
+                    known,
+                    ["cache.dir", "cache.ttl", "cache.cold_start_timeout", "cache.retry_min", "cache.retry_max"]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = parse("mcollective:\n  conector: rabbitmq\n").unwrap_err().to_string();
+        assert!(
+            e.contains("known keys: mcollective.client_config, mcollective.connector,") && !e.contains("kick."),
+            "{e}"
+        );
+        let e = parse("rolefact: x\n").unwrap_err().to_string();
+        assert!(e.contains("known keys: source, ") && e.contains("kick.exit_wait"), "{e}");
+        let e = parse("cache:\n  ttl: soon\n").unwrap_err();
+        assert_eq!(e.key(), Some("cache.ttl"));
+        assert!(matches!(e, ConfigError::BadValue { ref got, .. } if got == "\"soon\""), "{e:?}");
+        let named = PuppetSettings { config_file: Some("/nonexistent/pk.yaml".into()), ..settings() };
+        let e = Config::load(&named).unwrap_err();
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>()).expect("the io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        let core: crate::Error = e.into();
+        assert_eq!(core.kind(), "config");
+    }
+
+    #[test]
     fn a_missing_default_file_means_defaults_but_a_named_one_is_an_error() {
         let missing = PuppetSettings { confdir: "/nonexistent".into(), ..settings() };
         assert_eq!(Config::load(&missing).unwrap(), Config::defaults(&missing));
