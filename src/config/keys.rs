@@ -25,6 +25,8 @@ pub struct Key {
     pub name: &'static str,
     pub default: KeyDefault,
     /// The README's "Meaning" cell, one line per `///` line; empty: the row of the key before.
+    /// Only the README test reads it: the shipped libraries do not carry the text.
+    #[cfg(test)]
     pub doc: &'static [&'static str],
     /// Never shown by `Debug` (a password, the pre-shared key).
     pub secret: bool,
@@ -54,6 +56,7 @@ impl Key {
     }
 
     /// The README's Meaning cell (the doc lines joined).
+    #[cfg(test)]
     pub fn doc_text(&self) -> String {
         self.doc.iter().map(|line| line.trim()).collect::<Vec<_>>().join(" ")
     }
@@ -77,6 +80,7 @@ macro_rules! keys {
             Key {
                 name: $name,
                 default: KeyDefault::$kind($default),
+                #[cfg(test)]
                 doc: &[$($doc),*],
                 secret: matches!(Secrecy::$secrecy, Secrecy::Secret),
                 set: |$c: &mut Config, $v: &Value, $base: &Path| -> Result<(), Problem> {
@@ -338,6 +342,7 @@ keys! {
         show |c| &c.kick.exit_wait;
 }
 
+#[cfg(test)]
 /// The README's reference table of the keys `which` selects, one row per key or per run
 /// of keys sharing a doc.
 pub fn readme_table(which: impl Fn(&Key) -> bool) -> String {
