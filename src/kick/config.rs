@@ -1,38 +1,12 @@
-//! The `kick` section of `puppet_kicker.yaml`.
+//! The `kick` section of `puppet_kicker.yaml`: its keys are declared with all the
+//! others in [`crate::config::keys`]; here are the settings they fill and the check
+//! that spans two of them.
 
 use super::policy::{Policy, RateLimit};
 use super::transport::Agent;
-use super::KickConfig;
-use crate::config::duration;
-use serde_json::Value;
-use std::collections::BTreeMap;
+use super::{KickConfig, ReportBudget};
+use crate::config::Problem;
 use std::time::Duration;
-
-pub const KEYS: &[&str] = &[
-    "kick.agent",
-    "kick.force",
-    "kick.splay",
-    "kick.splaylimit",
-    "kick.coalesce",
-    "kick.retry_base",
-    "kick.retry_max",
-    "kick.max_attempts",
-    "kick.run_timeout",
-    "kick.max_hops",
-    "kick.policy",
-    "kick.environments",
-    "kick.budget.kicks",
-    "kick.budget.clauses",
-    "kick.budget.targets",
-    "kick.in_flight_timeout",
-    "kick.clock_skew",
-    "kick.role_graph_ttl",
-    "kick.rate_limit.max",
-    "kick.rate_limit.window",
-    "kick.dry_run",
-    "kick.reply_timeout",
-    "kick.exit_wait",
-];
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct KickSettings {
@@ -45,130 +19,88 @@ pub struct KickSettings {
 }
 
 impl Default for KickSettings {
+    /// The defaults of the `kick.*` keys.
     fn default() -> KickSettings {
+        crate::config::Config::defaults(&crate::config::PuppetSettings::default()).kick
+    }
+}
+
+impl Default for KickConfig {
+    fn default() -> KickConfig {
+        KickSettings::default().planner
+    }
+}
+
+impl Default for ReportBudget {
+    fn default() -> ReportBudget {
+        KickConfig::default().budget
+    }
+}
+
+impl KickSettings {
+    /// What the keys' defaults are applied to: the values no key sets, and zeros.
+    pub(crate) fn unset() -> KickSettings {
         KickSettings {
-            planner: KickConfig::default(),
-            agent: Agent::Puppet { force: true, splay: false, splaylimit: None },
-            reply_timeout: Duration::from_secs(10),
-            exit_wait: Duration::from_secs(15),
+            planner: KickConfig {
+                coalesce_ms: 0,
+                retry_base_ms: 0,
+                retry_max_ms: 0,
+                max_attempts: 0,
+                run_timeout_ms: 0,
+                max_hops: 0,
+                policy: Policy::allow_all(),
+                environments: Policy::allow_all(),
+                budget: ReportBudget { kicks: 0, clauses: 0, targets: 0 },
+                in_flight_timeout_ms: 0,
+                clock_skew_ms: 0,
+                role_graph_ttl_ms: 0,
+                rate_limit: RateLimit { max: 0, window_ms: 1 },
+                dry_run: false,
+                keep_outcomes: 200,
+            },
+            agent: Agent::Puppetd,
+            reply_timeout: Duration::ZERO,
+            exit_wait: Duration::ZERO,
         }
     }
-}
 
-impl KickSettings {
-    pub fn set(&mut self, key: &str, value: &Value) -> Result<(), String> {
-        let bad = |expected: &str| format!("'{key}' must be {expected}, got {value}");
-        let seconds = || duration(value).ok_or_else(|| bad("a duration (30, 10s, 5m)"));
-        let millis = || seconds().map(|s| (s as i64).saturating_mul(1000));
-        let count = || value.as_u64().filter(|n| *n > 0).ok_or_else(|| bad("a positive whole number"));
-        let flag = || value.as_bool().ok_or_else(|| bad("true or false"));
-        let p = &mut self.planner;
-        match key {
-            "kick.agent" => {
-                self.agent = match value.as_str() {
-                    Some("puppet") => Agent::Puppet { force: true, splay: false, splaylimit: None },
-                    Some("puppetd") => Agent::Puppetd,
-                    _ => return Err(bad("'puppet' or 'puppetd'")),
-                }
-            }
-            "kick.force" | "kick.splay" | "kick.splaylimit" => {
-                let Agent::Puppet { force, splay, splaylimit } = &mut self.agent else {
-                    return Err(format!("'{key}' applies to the puppet agent, not puppetd (set kick.agent first)"));
-                };
-                match key {
-                    "kick.force" => *force = flag()?,
-                    "kick.splay" => *splay = flag()?,
-                    _ => *splaylimit = Some(u32::try_from(seconds()?).map_err(|_| bad("a duration"))?),
-                }
-            }
-            "kick.coalesce" => p.coalesce_ms = millis()?,
-            "kick.retry_base" => p.retry_base_ms = millis()?,
-            "kick.retry_max" => p.retry_max_ms = millis()?,
-            "kick.run_timeout" => p.run_timeout_ms = millis()?,
-            "kick.max_attempts" => p.max_attempts = u32::try_from(count()?).map_err(|_| bad("a small number"))?,
-            "kick.max_hops" => p.max_hops = count()? as usize,
-            "kick.rate_limit.max" => p.rate_limit.max = u32::try_from(count()?).map_err(|_| bad("a small number"))?,
-            "kick.rate_limit.window" => p.rate_limit = RateLimit { window_ms: millis()?.max(1), ..p.rate_limit },
-            "kick.dry_run" => p.dry_run = flag()?,
-            "kick.reply_timeout" => self.reply_timeout = Duration::from_secs(seconds()?),
-            "kick.exit_wait" => self.exit_wait = Duration::from_secs(seconds()?),
-            "kick.policy" => {
-                p.policy = policy(value).ok_or_else(|| bad("a mapping of source role to a list of target roles"))?
-            }
-            "kick.environments" => {
-                p.environments = policy(value)
-                    .ok_or_else(|| bad("a mapping of source environment to a list of target environments"))?
-            }
-            "kick.budget.kicks" => p.budget.kicks = count()? as usize,
-            "kick.budget.clauses" => p.budget.clauses = count()? as usize,
-            "kick.budget.targets" => p.budget.targets = count()? as usize,
-            "kick.in_flight_timeout" => {
-                p.in_flight_timeout_ms =
-                    millis().and_then(|ms| Some(ms).filter(|ms| *ms > 0).ok_or_else(|| bad("a positive duration")))?
-            }
-            "kick.clock_skew" => p.clock_skew_ms = millis()?,
-            "kick.role_graph_ttl" => p.role_graph_ttl_ms = millis()?,
-            _ => return Err(format!("unknown key '{key}'")),
-        }
-        Ok(())
-    }
-}
-
-impl KickSettings {
     /// Checks what no single key can: a `runonce` must be answered (or given up)
     /// well within the time after which another process sends it again, or two
-    /// processes send the same kick.
-    pub fn validate(&self) -> Result<(), String> {
+    /// processes send the same kick. The problem is about `kick.reply_timeout`.
+    pub(crate) fn validate(&self) -> Result<(), Problem> {
         let in_flight = self.planner.in_flight_timeout_ms;
         let reply = self.reply_timeout.as_millis() as i64;
         if reply.saturating_mul(2) > in_flight {
-            return Err(format!(
-                "'kick.reply_timeout' ({}s) must be at most half of 'kick.in_flight_timeout' ({}s): \
+            return Err(Problem::Invalid(format!(
+                "({}s) must be at most half of 'kick.in_flight_timeout' ({}s): \
                  a kick unanswered for kick.in_flight_timeout is sent again by another process",
                 reply / 1000,
                 in_flight / 1000
-            ));
+            )));
         }
         Ok(())
     }
-}
-
-/// `{node: [haproxy], admin: '*'}`: a role name, `*`, or a list of them per source role.
-fn policy(value: &Value) -> Option<Policy> {
-    let mut rules = BTreeMap::new();
-    for (source, targets) in value.as_object()? {
-        let targets = match targets {
-            Value::String(s) => vec![s.clone()],
-            Value::Array(items) => items.iter().map(|i| i.as_str().map(str::to_string)).collect::<Option<Vec<_>>>()?,
-            Value::Null => Vec::new(),
-            _ => return None,
-        };
-        rules.insert(source.clone(), targets);
-    }
-    Some(Policy::from_rules(rules))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::config::{Config, PuppetSettings};
+    use std::path::Path;
+
+    fn parse(yaml: &str) -> Result<KickSettings, String> {
+        let settings = PuppetSettings::default();
+        Config::parse(yaml, Path::new("/etc/puppet/puppet_kicker.yaml"), &settings)
+            .map(|c| c.kick)
+            .map_err(|e| e.to_string())
+    }
 
     #[test]
     fn every_kick_key_is_read_and_bad_values_named() {
-        let mut k = KickSettings::default();
-        for (key, value) in [
-            ("kick.coalesce", json!("30s")),
-            ("kick.retry_base", json!(5)),
-            ("kick.max_attempts", json!(3)),
-            ("kick.max_hops", json!(2)),
-            ("kick.rate_limit.max", json!(4)),
-            ("kick.rate_limit.window", json!("10m")),
-            ("kick.dry_run", json!(true)),
-            ("kick.splaylimit", json!(30)),
-            ("kick.policy", json!({"node": ["haproxy"], "admin": "*"})),
-        ] {
-            k.set(key, &value).unwrap();
-        }
+        let k = parse(
+            "kick:\n  coalesce: 30s\n  retry_base: 5\n  max_attempts: 3\n  max_hops: 2\n  rate_limit:\n    max: 4\n    window: 10m\n  dry_run: true\n  splaylimit: 30\n  policy: {node: [haproxy], admin: '*'}\n",
+        )
+        .unwrap();
         assert_eq!(k.planner.coalesce_ms, 30_000);
         assert_eq!(k.planner.retry_base_ms, 5_000);
         assert_eq!((k.planner.max_attempts, k.planner.max_hops), (3, 2));
@@ -180,44 +112,46 @@ mod tests {
                 && !k.planner.policy.allows(Some("node"), Some("db"))
         );
 
-        assert!(k
-            .set("kick.max_hops", &json!(0))
+        assert!(parse("kick:\n  max_hops: 0\n")
             .unwrap_err()
             .contains("'kick.max_hops' must be a positive whole number"));
-        assert!(k.set("kick.agent", &json!("salt")).unwrap_err().contains("'puppet' or 'puppetd'"));
-        k.set("kick.agent", &json!("puppetd")).unwrap();
-        assert!(k.set("kick.force", &json!(true)).unwrap_err().contains("not puppetd"));
-        assert!(k.set("kick.policy", &json!(["x"])).unwrap_err().contains("mapping of source role"));
+        assert!(parse("kick:\n  agent: salt\n").unwrap_err().contains("'puppet' or 'puppetd'"));
+        assert_eq!(parse("kick:\n  agent: puppetd\n").unwrap().agent, Agent::Puppetd);
+        let e = parse("kick:\n  agent: puppetd\n  force: true\n").unwrap_err();
+        assert!(e.contains("'kick.force' applies to the puppet agent, not puppetd"), "{e}");
+        assert!(parse("kick:\n  policy: [x]\n").unwrap_err().contains("mapping of source role"));
     }
 
     #[test]
     fn new_keys_are_read_and_reply_timeout_must_fit_the_in_flight_timeout() {
-        let mut k = KickSettings::default();
-        for (key, value) in [
-            ("kick.environments", json!({"production": ["staging"], "*": []})),
-            ("kick.budget.kicks", json!(8)),
-            ("kick.budget.clauses", json!(16)),
-            ("kick.budget.targets", json!(500)),
-            ("kick.clock_skew", json!("1m")),
-            ("kick.role_graph_ttl", json!("1d")),
-            ("kick.in_flight_timeout", json!("4m")),
-            ("kick.reply_timeout", json!("2m")),
-        ] {
-            k.set(key, &value).unwrap();
-        }
-        assert_eq!(k.planner.budget, crate::kick::ReportBudget { kicks: 8, clauses: 16, targets: 500 });
+        let keys = "kick:\n  environments: {production: [staging], '*': []}\n  budget: {kicks: 8, clauses: 16, targets: 500}\n  clock_skew: 1m\n  role_graph_ttl: 1d\n  in_flight_timeout: 4m\n";
+        let k = parse(&format!("{keys}  reply_timeout: 2m\n")).expect("reply_timeout at half the in-flight timeout");
+        assert_eq!(k.planner.budget, ReportBudget { kicks: 8, clauses: 16, targets: 500 });
         assert_eq!((k.planner.clock_skew_ms, k.planner.role_graph_ttl_ms), (60_000, 86_400_000));
         assert!(k.planner.environments.allows(Some("production"), Some("staging")));
         assert!(!k.planner.environments.allows(Some("dev"), Some("production")));
-        assert_eq!(k.validate(), Ok(()), "reply_timeout at half the in-flight timeout");
-        k.set("kick.reply_timeout", &json!(121)).unwrap();
-        let e = k.validate().unwrap_err();
+        let e = parse(&format!("{keys}  reply_timeout: 121\n")).unwrap_err();
         assert!(
             e.contains("'kick.reply_timeout' (121s) must be at most half of 'kick.in_flight_timeout' (240s)"),
             "{e}"
         );
         assert!(KickSettings::default().validate().is_ok());
-        assert!(k.set("kick.in_flight_timeout", &json!(0)).unwrap_err().contains("a positive duration"));
-        assert!(k.set("kick.budget.kicks", &json!(0)).unwrap_err().contains("a positive whole number"));
+        assert!(parse("kick:\n  in_flight_timeout: 0\n").unwrap_err().contains("a positive duration"));
+        assert!(parse("kick:\n  budget:\n    kicks: 0\n").unwrap_err().contains("a positive whole number"));
+    }
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let k = KickSettings::default();
+        let p = &k.planner;
+        assert_eq!((p.coalesce_ms, p.retry_base_ms, p.retry_max_ms), (10_000, 30_000, 600_000));
+        assert_eq!((p.max_attempts, p.run_timeout_ms, p.max_hops), (6, 3_600_000, 5));
+        assert_eq!((p.in_flight_timeout_ms, p.clock_skew_ms, p.role_graph_ttl_ms), (120_000, 10_000, 604_800_000));
+        assert_eq!(p.rate_limit, RateLimit { max: 30, window_ms: 3_600_000 });
+        assert_eq!(p.budget, ReportBudget { kicks: 32, clauses: 128, targets: 1000 });
+        assert_eq!((p.dry_run, p.keep_outcomes), (false, 200));
+        assert_eq!((p.policy.clone(), p.environments.clone()), (Policy::allow_all(), Policy::allow_all()));
+        assert_eq!(k.agent, Agent::Puppet { force: true, splay: false, splaylimit: None });
+        assert_eq!((k.reply_timeout, k.exit_wait), (Duration::from_secs(10), Duration::from_secs(15)));
     }
 }

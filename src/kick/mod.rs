@@ -15,7 +15,7 @@ mod transport;
 mod wire;
 
 pub use chain::Chain;
-pub use config::{KickSettings, KEYS as CONFIG_KEYS};
+pub use config::KickSettings;
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target};
 pub use policy::{Policy, RateLedger, RateLimit};
@@ -64,7 +64,8 @@ pub struct ReportKicks {
     pub reporter_pid: Option<u32>,
 }
 
-/// Tunables, from `puppet_kicker.yaml`'s `kick` section.
+/// Tunables, from `puppet_kicker.yaml`'s `kick` section (defaults: the `kick.*` keys of
+/// [`crate::config::KEYS`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KickConfig {
     /// Kicks of one server within this window become one run.
@@ -100,28 +101,6 @@ pub struct KickConfig {
     pub keep_outcomes: usize,
 }
 
-impl Default for KickConfig {
-    fn default() -> KickConfig {
-        KickConfig {
-            coalesce_ms: 10_000,
-            retry_base_ms: 30_000,
-            retry_max_ms: 600_000,
-            max_attempts: 6,
-            run_timeout_ms: 3_600_000,
-            max_hops: 5,
-            policy: Policy::allow_all(),
-            environments: Policy::allow_all(),
-            budget: ReportBudget::default(),
-            in_flight_timeout_ms: 120_000,
-            clock_skew_ms: 10_000,
-            role_graph_ttl_ms: 7 * 24 * 3_600_000,
-            rate_limit: RateLimit { max: 30, window_ms: 3_600_000 },
-            dry_run: false,
-            keep_outcomes: 200,
-        }
-    }
-}
-
 /// What one report may make the master do; past a limit, the rest of the report's
 /// kicks are suppressed and logged as over budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,12 +111,6 @@ pub struct ReportBudget {
     pub clauses: usize,
     /// Servers all the report's kicks resolve to.
     pub targets: usize,
-}
-
-impl Default for ReportBudget {
-    fn default() -> ReportBudget {
-        ReportBudget { kicks: 32, clauses: 128, targets: 1000 }
-    }
 }
 
 #[cfg(test)]

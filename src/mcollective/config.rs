@@ -74,17 +74,8 @@ impl BrokerHost {
     }
 }
 
-impl std::fmt::Debug for BrokerHost {
-    // The password stays out of logs.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BrokerHost")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("user", &self.user)
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
-    }
-}
+// The password stays out of logs.
+crate::config::redact::debug_showing!(BrokerHost: host, port, user, tls);
 
 /// Everything the client needs, resolved.
 #[derive(Clone, PartialEq)]
@@ -136,26 +127,9 @@ impl Default for ReplyLimits {
     }
 }
 
-impl std::fmt::Debug for Config {
-    // The PSK stays out of logs.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("connector", &self.connector)
-            .field("pool", &self.pool)
-            .field("vhost", &self.vhost)
-            .field("identity", &self.identity)
-            .field("main_collective", &self.main_collective)
-            .field("collectives", &self.collectives)
-            .field("callerid", &self.callerid)
-            .field("ttl", &self.ttl)
-            .field("discovery_timeout", &self.discovery_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("stomp_versions", &self.stomp_versions)
-            .field("reply_limits", &self.reply_limits)
-            .field("source", &self.source)
-            .finish_non_exhaustive()
-    }
-}
+// The PSK stays out of logs.
+crate::config::redact::debug_showing!(Config: connector, pool, vhost, identity, main_collective, collectives,
+    callerid, ttl, discovery_timeout, connect_timeout, stomp_versions, reply_limits, source);
 
 /// Caller-supplied values that win over the file.
 #[derive(Clone, Default, PartialEq)]
@@ -181,20 +155,9 @@ pub struct Overrides {
     pub reply_limits: Option<ReplyLimits>,
 }
 
-impl std::fmt::Debug for Overrides {
-    // The psk stays out of logs (brokers' passwords are hidden by BrokerHost).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Overrides")
-            .field("config_path", &self.config_path)
-            .field("connector", &self.connector)
-            .field("pool", &self.pool)
-            .field("identity", &self.identity)
-            .field("main_collective", &self.main_collective)
-            .field("collectives", &self.collectives)
-            .field("callerid", &self.callerid)
-            .finish_non_exhaustive()
-    }
-}
+// The psk stays out of logs (brokers' passwords are hidden by BrokerHost).
+crate::config::redact::debug_showing!(Overrides: config_path, connector, pool, identity, main_collective, collectives,
+    callerid);
 
 /// `key = value` lines with the line number each came from.
 struct Raw {
