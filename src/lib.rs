@@ -14,12 +14,14 @@ pub mod facts;
 pub mod helper;
 pub mod index;
 pub mod kick;
+pub mod log;
 pub mod mcollective;
 pub mod process;
 pub mod query;
 pub mod service;
 pub mod snapshot;
 pub mod source;
+pub mod sync;
 /// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests.
 pub mod synthetic;
 pub mod time;

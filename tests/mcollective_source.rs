@@ -14,7 +14,7 @@
 use puppet_kicker::facts::Node;
 use puppet_kicker::mcollective::connector::Connector;
 use puppet_kicker::mcollective::marshal::{self, DecodeLimits, Value};
-use puppet_kicker::mcollective::message::{self, Reply, Request, RpcStatus};
+use puppet_kicker::mcollective::message::{Reply, Request, RpcStatus};
 use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits, Version};
 use puppet_kicker::mcollective::Overrides;
 use puppet_kicker::mcollective::{Client, ConnectorKind};
@@ -448,7 +448,7 @@ impl Rogue {
                         senderid: identity.to_string(),
                         requestid: request.requestid.clone(),
                         senderagent: request.agent.clone(),
-                        msgtime: message::now_epoch(),
+                        msgtime: puppet_kicker::time::now(),
                         body,
                     };
                     let bytes = reply.encode(psk).unwrap();
