@@ -14,7 +14,7 @@ use puppet_kicker::query::ClauseCache;
 use puppet_kicker::snapshot::{self, SnapshotRef};
 use puppet_kicker::source::puppet_cache;
 use puppet_kicker::time::now;
-use puppet_kicker::{synthetic, Freshness, Index, Kicker, PuppetSettings, Query, RoleSelector};
+use puppet_kicker::{synthetic, Freshness, Index, PuppetSettings, Query, RoleSelector, Service};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
@@ -135,7 +135,7 @@ fn fact_queries(index: &Index, fresh: Freshness) {
 
 /// (c) the same through `Kicker`, the service the Ruby functions call.
 fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
-    let kicker = Kicker::start(scratch_master(root)).expect("start the service");
+    let kicker = Service::start(scratch_master(root)).expect("start the service");
     let cold = Instant::now();
     assert!(kicker.refresh_and_wait(Duration::from_secs(300)), "the first refresh did not finish");
     let cold = cold.elapsed();

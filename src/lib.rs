@@ -3,7 +3,7 @@
 //! keeps it across processes.
 //!
 //! Nothing here knows about Ruby: the Ruby extension (`ext/puppet_kicker`) and the
-//! C-ABI library for JRuby only convert values in and out of [`Kicker`].
+//! C-ABI library for JRuby only convert values in and out of [`seam`].
 
 pub mod atomic_file;
 pub mod bounded_read;
@@ -18,6 +18,7 @@ pub mod log;
 pub mod mcollective;
 pub mod process;
 pub mod query;
+pub mod seam;
 pub mod service;
 pub mod snapshot;
 pub mod source;
@@ -31,6 +32,10 @@ pub use config::{Config, PuppetSettings};
 pub use error::{Error, Result};
 pub use facts::Node;
 pub use index::{Freshness, Index, RoleSelector};
-pub use service::{Kicker, Selection, Status};
+pub use service::{IndexService, Selection, Service, Status};
+
+/// The old name of [`Service`].
+#[deprecated(note = "renamed `Service`")]
+pub type Kicker = Service;
 
 pub use query::Query;
