@@ -129,7 +129,10 @@ module PuppetKicker
       # A query's servers, each deep-frozen, in an Array of the caller's own, as the
       # magnus extension returns them. Parsing a server's facts costs far more than
       # finding it, so servers are kept per index generation and only those not yet
-      # seen are fetched (pk_servers_at). The lock covers multithreaded JRuby.
+      # seen are fetched (pk_servers_at). The cache must be of Ruby objects (the
+      # frozen Hashes JRuby hands to templates), so it cannot live in Rust; the rule
+      # it follows (one cache per index generation, positions from the seam) is the
+      # magnus extension's `converted`. The lock covers multithreaded JRuby.
       def servers(query)
         SELECT_ATTEMPTS.times do
           selected = request(:pk_select, query)
