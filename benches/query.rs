@@ -3,7 +3,7 @@
 //!
 //! (a) `servers_with_role`: inverted index vs a scan of every server;
 //! (b) a three-clause `servers_with_facts`: index vs a scan with `Query::matches`;
-//! (c) both through the whole `Kicker` service a compile calls (clause cache included);
+//! (c) both through the whole `Service` a compile calls (clause cache included);
 //! (d) building the index, the snapshot, vs re-reading the JSON fact cache.
 //!
 //! No criterion: each case warms up, then runs batches for about a second (at least
@@ -14,7 +14,7 @@ use puppet_kicker::query::ClauseCache;
 use puppet_kicker::snapshot::{self, SnapshotRef};
 use puppet_kicker::source::puppet_cache;
 use puppet_kicker::time::now;
-use puppet_kicker::{synthetic, Freshness, Index, Kicker, PuppetSettings, Query, RoleSelector};
+use puppet_kicker::{synthetic, Freshness, Index, PuppetSettings, Query, RoleSelector, Service};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
@@ -133,15 +133,15 @@ fn fact_queries(index: &Index, fresh: Freshness) {
     table.print();
 }
 
-/// (c) the same through `Kicker`, the service the Ruby functions call.
+/// (c) the same through `Service`, the service the Ruby functions call.
 fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
-    let kicker = Kicker::start(scratch_master(root)).expect("start the service");
+    let kicker = Service::start(scratch_master(root)).expect("start the service");
     let cold = Instant::now();
     assert!(kicker.refresh_and_wait(Duration::from_secs(300)), "the first refresh did not finish");
     let cold = cold.elapsed();
     assert_eq!(kicker.status().servers, SERVERS);
     println!(
-        "(c) through Kicker, the service the Ruby binding calls (results not yet converted to Ruby); \
+        "(c) through Service, the service the Ruby binding calls (results not yet converted to Ruby); \
          its first refresh (read {SERVERS} JSON files, build, write the snapshot) took {}",
         human(cold.as_nanos() as f64)
     );
@@ -155,8 +155,10 @@ fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
         let roles = RoleSelector::parse(&role_args).unwrap();
         kicker.servers_with_role(&roles, ENVIRONMENT).unwrap()
     };
-    table
-        .ours("Kicker::servers_with_role (parses the role argument per call, as the binding does)", measure(with_role));
+    table.ours(
+        "Service::servers_with_role (parses the role argument per call, as the binding does)",
+        measure(with_role),
+    );
     table.alternative(
         "linear scan: environment, freshness, role == \"node\" on every server",
         measure(|| scan_role(index.nodes(), "node", fresh)),
@@ -167,7 +169,7 @@ fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
     assert_eq!(selected.len(), index.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh).len());
     let mut table = Table::new(format!("    servers_with_facts({}): {} servers", quoted(&CLAUSES), selected.len()));
     table.ours(
-        "Kicker::servers_with_facts (clause cache hits)",
+        "Service::servers_with_facts (clause cache hits)",
         measure(|| kicker.servers_with_facts(&CLAUSES, ENVIRONMENT).unwrap()),
     );
     table.alternative(
@@ -181,7 +183,7 @@ fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
     for clauses in [&CLAUSES[..], &REGEX_CLAUSES[..]] {
         cache.compile(clauses).unwrap();
         let mut table = Table::new(format!("    compiling the clauses of one call: {}", quoted(clauses)));
-        table.ours("ClauseCache::compile (hit, as Kicker does)", measure(|| cache.compile(clauses).unwrap()));
+        table.ours("ClauseCache::compile (hit, as Service does)", measure(|| cache.compile(clauses).unwrap()));
         table.alternative("Query::parse (compiled on every call)", measure(|| Query::parse(clauses).unwrap()));
         table.print();
     }

@@ -12,6 +12,7 @@
 require_relative 'puppet_kicker/version'
 require_relative 'puppet_kicker/libraries'
 require_relative 'puppet_kicker/helper'
+require_relative 'puppet_kicker/kick'
 
 module PuppetKicker
   # Base of every error the core raises; the functions turn it into Puppet::ParseError.
@@ -22,6 +23,14 @@ module PuppetKicker
   class ConfigError < Error; end
   # The index holds no server (see `on_no_data`).
   class NoDataError < Error; end
+  # A kick report the `kick` processor cannot read.
+  class ReportError < Error; end
+
+  # The one list of error kinds (the core's seam::Kind) and the class each raises;
+  # both backends look kinds up here. Any other kind (io, request, internal) raises
+  # PuppetKicker::Error.
+  ERRORS = { 'query' => QueryError, 'config' => ConfigError, 'no_data' => NoDataError,
+             'report' => ReportError }.freeze
 
   LIBRARIES = { 'magnus' => NATIVE_LIBRARY, 'ffi' => FFI_LIBRARY }.freeze
   BACKENDS = LIBRARIES.keys.freeze
@@ -123,6 +132,25 @@ module PuppetKicker
       call { native.status }
     end
 
+    # The `kick` report processor's work: hand the report's kicks (Kicks) to the
+    # core, which records them and dispatches in the background, and log what it
+    # decided. Every report goes through, kicks or not: it may end a kicked run.
+    def process_report(report)
+      call do
+        pid = Helper.masterless? ? Process.pid : nil
+        log_lines(native.kick_report(Kicks.payload(report, Kicks.from_report(report), pid: pid)))
+        # A short-lived process (puppet apply) waits, bounded, for due kicks to be sent
+        # (what remains goes to the helper at exit); a master dispatches in the background.
+        log_lines(native.kick_flush) unless Puppet.run_mode.name == :server
+      end
+    end
+
+    # The kick status document (pending kicks, recent outcomes, role cycles).
+    def kick_status
+      configure
+      JSON.parse(native.kick_status)
+    end
+
     private
 
     def call
@@ -135,8 +163,13 @@ module PuppetKicker
       raise
     end
 
+    # The core's one log drain: refresh warnings and kick lines.
     def log_warnings
-      native.take_warnings.each { |warning| Puppet.warning("puppet-kicker: #{warning}") }
+      log_lines(native.take_log)
+    end
+
+    def log_lines(lines)
+      lines.each { |level, message| Puppet.send(level.to_sym, "puppet-kicker: #{message}") }
     end
 
     # puppetserver's fact cache lives in $server_datadir/facts; the setting comes from
@@ -192,7 +225,9 @@ module PuppetKicker
       scope.environment.name.to_s
     end
 
-    def compile(scope, function)
+    # Runs a function's query for the node being compiled: notes the node's
+    # environment and turns core errors into the compile error Puppet reports.
+    def answer(scope, function)
       result = yield
       node = scope.compiler.node
       PuppetKicker.note_environment(node.name, environment_of(scope)) if node

@@ -1,37 +1,78 @@
-//! One error type for the core. Every message names the input it is about, because it
+//! The core's error type. Every message names the input it is about, because it
 //! ends up in front of an operator as a `Puppet::ParseError` or a log line.
+//!
+//! Each variant is one [`Kind`]; the bindings report the kind (the C ABI as a
+//! string, the magnus extension as the class `lib/puppet_kicker.rb` maps it to), so
+//! Ruby raises the right `PuppetKicker::*Error` for every kind.
 
 use std::fmt;
 
 /// What went wrong, by kind, so bindings can map it to the right Ruby exception.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// A query clause or function argument a user wrote is malformed.
     Query(String),
-    /// `puppet_kicker.yaml` has an unknown key or a bad value.
+    /// A setting is unusable (outside `puppet_kicker.yaml`'s own checks).
     Config(String),
+    /// `puppet_kicker.yaml` cannot be read, or has an unknown key or a bad value.
+    ConfigFile(crate::config::ConfigError),
     /// The index holds no server and no source could fill it.
     NoData(String),
+    /// A kick report the `kick` processor cannot read.
+    Report(String),
     /// A fact source or the snapshot could not be read or written.
     Io(String),
+    /// The operating system refused what `context` describes.
+    System { context: String, source: std::io::Error },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
-    /// Short machine-readable kind, used by the C ABI and the Ruby facade.
-    pub fn kind(&self) -> &'static str {
+/// The kinds of failure a binding reports: the core's, and the bindings' own.
+/// [`Kind::as_str`] is the C ABI's `kind` and the key of `PuppetKicker::ERRORS`
+/// in `lib/puppet_kicker.rb`, the one list of Ruby exception classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    Query,
+    Config,
+    NoData,
+    Report,
+    Io,
+    /// A malformed request through the C ABI: a bug in the caller.
+    Request,
+    /// A panic caught, or an invariant broken, in the binding or the core.
+    Internal,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
         match self {
-            Error::Query(_) => "query",
-            Error::Config(_) => "config",
-            Error::NoData(_) => "no_data",
-            Error::Io(_) => "io",
+            Kind::Query => "query",
+            Kind::Config => "config",
+            Kind::NoData => "no_data",
+            Kind::Report => "report",
+            Kind::Io => "io",
+            Kind::Request => "request",
+            Kind::Internal => "internal",
         }
     }
+}
 
-    pub fn message(&self) -> &str {
+impl Error {
+    /// An operating-system error, with what was being done.
+    pub fn system(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::System { context: context.into(), source }
+    }
+
+    pub fn kind(&self) -> Kind {
         match self {
-            Error::Query(m) | Error::Config(m) | Error::NoData(m) | Error::Io(m) => m,
+            Error::Query(_) => Kind::Query,
+            Error::Config(_) | Error::ConfigFile(_) => Kind::Config,
+            Error::NoData(_) => Kind::NoData,
+            Error::Report(_) => Kind::Report,
+            Error::Io(_) | Error::System { .. } => Kind::Io,
         }
     }
 }
@@ -49,8 +90,21 @@ pub fn internal_error_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.message())
+        match self {
+            Error::Query(m) | Error::Config(m) | Error::NoData(m) | Error::Report(m) | Error::Io(m) => f.write_str(m),
+            Error::ConfigFile(e) => e.fmt(f),
+            Error::System { context, source } => write!(f, "{context}: {source}"),
+        }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::System { source, .. } => Some(source),
+            // The file error's message is this one's; its cause comes next.
+            Error::ConfigFile(e) => std::error::Error::source(e),
+            _ => None,
+        }
+    }
+}

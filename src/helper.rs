@@ -28,9 +28,9 @@
 
 use crate::config::{Config, PuppetSettings};
 use crate::error::{Error, Result};
-use crate::kick::{KickService, Level, STATE_FILE};
+use crate::kick::{KickService, STATE_FILE};
 use crate::process;
-use crate::service::Kicker;
+use crate::service::Service;
 use serde_json::{json, Value};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -111,7 +111,7 @@ pub fn run_with(settings: PuppetSettings, options: &Options) -> Result<Ending> {
     let config = Config::load(&settings)?;
     let dir = config.cache_dir.clone();
     crate::cache_dir::ensure(&dir).map_err(Error::Io)?;
-    let kicker = Kicker::start(settings)?;
+    let kicker = Service::start(settings)?;
     let wanted = dir.join(REFRESH_WANTED);
     if stale(&kicker) {
         // Seen by the helper already running, if there is one.
@@ -218,12 +218,12 @@ pub fn describe(cache_dir: &Path) -> Value {
 }
 
 /// Whether the index is missing or older than `cache.ttl`.
-fn stale(kicker: &Kicker) -> bool {
+fn stale(kicker: &Service) -> bool {
     let ttl = kicker.config().cache_ttl as i64;
     kicker.status().built_at.is_none_or(|built| crate::time::now() - built >= ttl)
 }
 
-fn refresh(kicker: &Kicker, log: &mut HelperLog) {
+fn refresh(kicker: &Service, log: &mut HelperLog) {
     let started = Instant::now();
     let done = kicker.refresh_and_wait(kicker.refresh_worst_case().saturating_mul(2));
     let status = kicker.status();
@@ -237,7 +237,7 @@ fn refresh(kicker: &Kicker, log: &mut HelperLog) {
 }
 
 /// The kick service, once there is kick state to look at.
-fn kick_service<'a>(kicker: &'a Kicker, dir: &Path) -> Result<Option<&'a KickService>> {
+fn kick_service<'a>(kicker: &'a Service, dir: &Path) -> Result<Option<&'a KickService>> {
     if !dir.join(STATE_FILE).exists() {
         return Ok(None);
     }
@@ -246,18 +246,12 @@ fn kick_service<'a>(kicker: &'a Kicker, dir: &Path) -> Result<Option<&'a KickSer
 
 fn drain_log(kicks: &KickService, log: &mut HelperLog) {
     for line in kicks.take_log() {
-        let level = match line.level {
-            Level::Info => "info",
-            Level::Notice => "notice",
-            Level::Warning => "warning",
-            Level::Err => "err",
-        };
-        log.line(&format!("{level}: {}", line.message));
+        log.line(&format!("{}: {}", line.level.as_str(), line.message));
     }
 }
 
 fn lock_error(dir: &Path, e: std::io::Error) -> Error {
-    Error::Io(format!("cannot lock {}: {e}", dir.join(HELPER_LOCK).display()))
+    Error::system(format!("cannot lock {}", dir.join(HELPER_LOCK).display()), e)
 }
 
 /// `helper.log`: appended to, mode 0600, rotated once past [`MAX_LOG_BYTES`].

@@ -3,7 +3,7 @@
 //! keeps it across processes.
 //!
 //! Nothing here knows about Ruby: the Ruby extension (`ext/puppet_kicker`) and the
-//! C-ABI library for JRuby only convert values in and out of [`Kicker`].
+//! C-ABI library for JRuby only convert values in and out of [`seam`].
 
 pub mod atomic_file;
 pub mod bounded_read;
@@ -14,12 +14,15 @@ pub mod facts;
 pub mod helper;
 pub mod index;
 pub mod kick;
+pub mod log;
 pub mod mcollective;
 pub mod process;
 pub mod query;
+pub mod seam;
 pub mod service;
 pub mod snapshot;
 pub mod source;
+pub mod sync;
 /// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests
 /// (the `synthetic` feature; the shipped libraries leave it out).
 #[cfg(feature = "synthetic")]
@@ -31,6 +34,6 @@ pub use config::{Config, PuppetSettings};
 pub use error::{Error, Result};
 pub use facts::Node;
 pub use index::{Freshness, Index};
-pub use service::{Kicker, Selection, Status};
+pub use service::{IndexService, Selection, Service, Status};
 
 pub use query::{Query, RoleSelector};

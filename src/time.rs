@@ -5,8 +5,14 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The core's one clock: milliseconds since the Unix epoch (0 before it).
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)).unwrap_or(0)
+}
+
+/// [`now_ms`] in whole seconds.
 pub fn now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    now_ms() / 1000
 }
 
 /// Parses `YYYY-MM-DD[T ]HH:MM:SS[.frac][ ](Z|±HH:MM|±HHMM)`; no offset means UTC.

@@ -5,7 +5,7 @@
 
 use puppet_kicker::helper::{self, Ending, Options};
 use puppet_kicker::kick::{KickConfig, PlannerState, STATE_FILE};
-use puppet_kicker::{Kicker, PuppetSettings};
+use puppet_kicker::{PuppetSettings, Service};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -139,7 +139,7 @@ fn a_refresh_waits_for_another_process_refreshing_and_takes_its_fresher_snapshot
     let (root, settings) = setup("refresh-lock", &["web1"], "");
     let cache = root.join("cache");
     fs::create_dir_all(&cache).unwrap();
-    let kicker = Kicker::start(settings).unwrap();
+    let kicker = Service::start(settings).unwrap();
     let held = puppet_kicker::process::try_lock(&cache.join(puppet_kicker::service::REFRESH_LOCK)).unwrap().unwrap();
     assert!(!kicker.refresh_and_wait(Duration::from_millis(500)), "waits while another process refreshes");
 

@@ -381,7 +381,7 @@ fn a_hostile_report_over_a_large_fleet_is_cut_to_its_budget_quickly() {
     std::fs::write(root.join("etc/puppet_kicker.yaml"), "kick:\n  dry_run: true\n").unwrap();
     let settings =
         puppet_kicker::PuppetSettings { confdir: root.join("etc"), vardir: root.join("var"), ..Default::default() };
-    let kicker = puppet_kicker::Kicker::start(settings).unwrap();
+    let kicker = puppet_kicker::Service::start(settings).unwrap();
     let roles: Vec<String> = (0..64).map(|i| format!("/^(role{}|r.*o.*l.*e.*x)$/", i % 16)).collect();
     let kicks: Vec<serde_json::Value> =
         (0..256).map(|k| serde_json::json!({"resource": format!("Kick[k{k}]"), "roles": roles})).collect();
@@ -430,7 +430,7 @@ fn index_warnings_beyond_the_pending_limit_are_counted_in_one_line() {
     }
     let settings =
         puppet_kicker::PuppetSettings { confdir: root.join("etc"), vardir: root.join("var"), ..Default::default() };
-    let kicker = puppet_kicker::Kicker::start(settings).unwrap();
+    let kicker = puppet_kicker::Service::start(settings).unwrap();
     assert!(kicker.refresh_and_wait(Duration::from_secs(30)));
     let warnings = kicker.take_warnings();
     assert_eq!(warnings.len(), 256 + 1, "{:?}", warnings.last());

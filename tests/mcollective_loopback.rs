@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use puppet_kicker::mcollective::config::{BrokerHost, Config, ConnectorKind, Overrides};
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
-use puppet_kicker::mcollective::message::{self, Reply, Request, RpcStatus};
+use puppet_kicker::mcollective::message::{Reply, Request, RpcStatus};
 use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits, Version};
 use puppet_kicker::mcollective::{Client, Error, FactFilter, Filter, ReplyLimits};
 
@@ -276,7 +276,7 @@ fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mu
             senderid: sender.into(),
             requestid: requestid.into(),
             senderagent: req.agent.clone(),
-            msgtime: message::now_epoch(),
+            msgtime: puppet_kicker::time::now(),
             body,
         }
         .encode(psk)
@@ -380,7 +380,7 @@ fn flood(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>) -> Result
             senderid: format!("flood-{i:07}.example.com"),
             requestid: req.requestid.clone(),
             senderagent: req.agent.clone(),
-            msgtime: message::now_epoch(),
+            msgtime: puppet_kicker::time::now(),
             body,
         }
         .encode(PSK)?;
@@ -443,7 +443,7 @@ fn rabbitmq_discovery_waits_the_timeout_and_drops_junk() {
     let (req, _) = Request::decode(&send.body, DecodeLimits::default()).unwrap();
     assert_eq!(req.filter.collective.as_deref(), Some("mcollective"));
     assert_eq!((req.callerid.as_str(), req.ttl), ("uid=999", 60));
-    assert!((req.msgtime - message::now_epoch()).abs() < 5);
+    assert!((req.msgtime - puppet_kicker::time::now()).abs() < 5);
 }
 
 #[test]
@@ -789,7 +789,7 @@ fn flood_reply_size(pad: usize) -> usize {
         senderid: "flood-0000000.example.com".into(),
         requestid: "0".repeat(32),
         senderagent: "rpcutil".into(),
-        msgtime: message::now_epoch(),
+        msgtime: puppet_kicker::time::now(),
         body,
     };
     reply.encode(PSK).unwrap().len()

@@ -14,12 +14,12 @@
 use puppet_kicker::facts::Node;
 use puppet_kicker::mcollective::connector::Connector;
 use puppet_kicker::mcollective::marshal::{self, DecodeLimits, Value};
-use puppet_kicker::mcollective::message::{self, Reply, Request, RpcStatus};
+use puppet_kicker::mcollective::message::{Reply, Request, RpcStatus};
 use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits, Version};
 use puppet_kicker::mcollective::Overrides;
 use puppet_kicker::mcollective::{Client, ConnectorKind};
 use puppet_kicker::snapshot;
-use puppet_kicker::{Kicker, PuppetSettings, RoleSelector, Selection};
+use puppet_kicker::{PuppetSettings, RoleSelector, Selection, Service};
 use serde_json::{json, Value as Json};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -49,8 +49,8 @@ impl Master {
         PuppetSettings { confdir: self.root.join("etc"), vardir: self.root.join("var"), ..Default::default() }
     }
 
-    fn start(&self) -> Kicker {
-        Kicker::start(self.settings()).unwrap()
+    fn start(&self) -> Service {
+        Service::start(self.settings()).unwrap()
     }
 
     fn snapshot_path(&self) -> PathBuf {
@@ -66,23 +66,23 @@ fn certnames(selection: &Selection) -> Vec<String> {
     selection.nodes().map(|n| n.certname.clone()).collect()
 }
 
-fn role(kicker: &Kicker, role: &str, environment: &str) -> Vec<String> {
+fn role(kicker: &Service, role: &str, environment: &str) -> Vec<String> {
     certnames(&kicker.servers_with_role(&RoleSelector::names([role]), environment).unwrap())
 }
 
-fn facts(kicker: &Kicker, clauses: &[&str], environment: &str) -> Vec<String> {
+fn facts(kicker: &Service, clauses: &[&str], environment: &str) -> Vec<String> {
     certnames(&kicker.servers_with_facts(clauses, environment).unwrap())
 }
 
 /// The indexed server `certname`, whatever its environment.
-fn node(kicker: &Kicker, certname: &str) -> Node {
+fn node(kicker: &Service, certname: &str) -> Node {
     let all = kicker.servers_with_facts(&["environment=/./"], "production").unwrap();
     let found = all.nodes().find(|n| n.certname == certname).cloned();
     found.unwrap_or_else(|| panic!("{certname} is not indexed"))
 }
 
 /// Refreshes now and fails with the service's own error if that refresh failed.
-fn refresh(kicker: &Kicker) -> Duration {
+fn refresh(kicker: &Service) -> Duration {
     let started = Instant::now();
     assert!(kicker.refresh_and_wait(Duration::from_secs(60)), "the refresh did not finish within 60 s");
     let status = kicker.status();
@@ -119,7 +119,7 @@ fn a_security_provider_other_than_psk_is_a_configuration_error() {
         "source: mcollective\nmcollective:\n  client_config: client.cfg\n",
     )
     .unwrap();
-    let e = Kicker::start(master.settings()).err().expect("must fail").to_string();
+    let e = Service::start(master.settings()).err().expect("must fail").to_string();
     assert!(e.contains("source: mcollective"), "{e}");
     assert!(e.contains(&cfg.display().to_string()) && e.contains("line 4"), "{e}");
     assert!(e.contains("securityprovider") && e.contains("\"ssl\" is not supported (only psk)"), "{e}");
@@ -129,7 +129,7 @@ fn a_security_provider_other_than_psk_is_a_configuration_error() {
         "source: mcollective\nmcollective:\n  client_config: missing.cfg\n",
     )
     .unwrap();
-    let e = Kicker::start(master.settings()).err().expect("must fail").to_string();
+    let e = Service::start(master.settings()).err().expect("must fail").to_string();
     assert!(e.contains("missing.cfg") && e.contains("cannot read"), "{e}");
 }
 
@@ -448,7 +448,7 @@ impl Rogue {
                         senderid: identity.to_string(),
                         requestid: request.requestid.clone(),
                         senderagent: request.agent.clone(),
-                        msgtime: message::now_epoch(),
+                        msgtime: puppet_kicker::time::now(),
                         body,
                     };
                     let bytes = reply.encode(psk).unwrap();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use puppet_kicker::mcollective::config::{BrokerHost, Config, ConnectorKind, Overrides};
 use puppet_kicker::mcollective::marshal::{self, DecodeLimits, Value};
-use puppet_kicker::mcollective::message::{self, Reply, Request};
+use puppet_kicker::mcollective::message::{Reply, Request};
 use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits};
 use puppet_kicker::mcollective::tls::{TlsSettings, MAX_PEM_FILE_BYTES};
 use puppet_kicker::mcollective::{Client, Filter};
@@ -183,7 +183,7 @@ fn serve(tls: Tls, seen: &Mutex<Seen>) -> Result<(), String> {
                     senderid: "node1.example.com".into(),
                     requestid: req.requestid,
                     senderagent: req.agent,
-                    msgtime: message::now_epoch(),
+                    msgtime: puppet_kicker::time::now(),
                     body: marshal::encode(&Value::str("pong")).unwrap(),
                 }
                 .encode(PSK)

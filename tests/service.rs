@@ -2,7 +2,7 @@
 //! no-data policy, and queries racing refreshes.
 
 use puppet_kicker::error::Error;
-use puppet_kicker::{Kicker, PuppetSettings, RoleSelector};
+use puppet_kicker::{PuppetSettings, RoleSelector, Service};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,8 +38,8 @@ impl Master {
         PuppetSettings { confdir: self.root.join("etc"), vardir: self.root.join("var"), ..Default::default() }
     }
 
-    fn kicker(&self) -> Kicker {
-        Kicker::start(self.settings()).unwrap()
+    fn kicker(&self) -> Service {
+        Service::start(self.settings()).unwrap()
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -141,7 +141,7 @@ fn a_corrupt_snapshot_is_ignored_with_a_warning_and_rebuilt() {
 #[test]
 fn bad_configuration_names_the_key() {
     let master = Master::new("badconfig", "cache:\n  tll: 5\n");
-    let err = Kicker::start(master.settings()).err().unwrap().to_string();
+    let err = Service::start(master.settings()).err().unwrap().to_string();
     assert!(err.contains("puppet_kicker.yaml") && err.contains("unknown key 'cache.tll'"), "{err}");
 }
 

@@ -53,11 +53,16 @@ cases = [
 
 ffi = backends.fetch('ffi')
 lib = ffi.instance_variable_get(:@lib)
-raw = lambda do |request|
+call_raw = lambda do |function, request|
   json = JSON.generate(request)
-  text, pointer = lib.pk_query(json, json.bytesize)
+  text, pointer = lib.send(function, json, json.bytesize)
   lib.pk_free(pointer)
   text
+end
+# Without the backend's server cache: select, then fetch every server selected.
+raw = lambda do |request|
+  selected = JSON.parse(call_raw.call(:pk_select, request))['ok']
+  call_raw.call(:pk_servers_at, 'generation' => selected['generation'], 'positions' => selected['positions'])
 end
 requests = {
   'server_with_role: 1 server' => { 'op' => 'server_with_role', 'roles' => ['haproxy'], 'environment' => ENVIRONMENT },

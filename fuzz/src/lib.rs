@@ -1,7 +1,7 @@
 //! What the fuzz targets share: a small fixed fleet to query, configured in a scratch
 //! directory of the fuzzing process.
 
-use puppet_kicker::{Kicker, PuppetSettings};
+use puppet_kicker::{Service, PuppetSettings};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -38,9 +38,9 @@ pub fn fleet_settings(config: &str) -> PuppetSettings {
 }
 
 /// The fixture fleet, indexed once per process.
-pub fn fleet() -> &'static Kicker {
-    static FLEET: OnceLock<Kicker> = OnceLock::new();
-    FLEET.get_or_init(|| Kicker::start(fleet_settings("")).expect("the fixture fleet starts"))
+pub fn fleet() -> &'static Service {
+    static FLEET: OnceLock<Service> = OnceLock::new();
+    FLEET.get_or_init(|| Service::start(fleet_settings("")).expect("the fixture fleet starts"))
 }
 
 /// The input of the query targets: the first line is the environment, the next (at

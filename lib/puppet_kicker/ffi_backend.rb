@@ -12,13 +12,9 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 2
+    ABI_VERSION = 3
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
-
-    # Error kinds of the ABI, to the facade's exception classes; any other kind
-    # (io, request, unsupported, internal) is a PuppetKicker::Error.
-    ERRORS = { 'query' => 'QueryError', 'config' => 'ConfigError', 'no_data' => 'NoDataError' }.freeze
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = { max_nesting: false, create_additions: false }.freeze
@@ -84,17 +80,14 @@ module PuppetKicker
         decode(@lib.pk_kick_flush)
       end
 
-      def take_kick_log
-        decode(@lib.pk_take_kick_log)
-      end
-
       # The kick status document's JSON text.
       def kick_status
         decode(@lib.pk_kick_status)
       end
 
-      def take_warnings
-        decode(@lib.pk_take_warnings)
+      # Refresh warnings and kick lines: [[level, message], ...] to log.
+      def take_log
+        decode(@lib.pk_take_log)
       end
 
       def status
@@ -118,11 +111,10 @@ module PuppetKicker
         # :strptr returns [copy of the NUL-terminated reply, pointer to free].
         lib.attach_function :pk_version, [], :strptr
         lib.attach_function :pk_status, [], :strptr
-        lib.attach_function :pk_take_warnings, [], :strptr
+        lib.attach_function :pk_take_log, [], :strptr
         lib.attach_function :pk_kick_flush, [], :strptr
-        lib.attach_function :pk_take_kick_log, [], :strptr
         lib.attach_function :pk_kick_status, [], :strptr
-        %i[pk_configure pk_query pk_select pk_servers_at pk_note_environment pk_kick].each do |name|
+        %i[pk_configure pk_select pk_servers_at pk_note_environment pk_kick].each do |name|
           lib.attach_function name, %i[string size_t], :strptr
         end
         lib.attach_function :pk_free, [:pointer], :void
@@ -136,7 +128,10 @@ module PuppetKicker
       # A query's servers, each deep-frozen, in an Array of the caller's own, as the
       # magnus extension returns them. Parsing a server's facts costs far more than
       # finding it, so servers are kept per index generation and only those not yet
-      # seen are fetched (pk_servers_at). The lock covers multithreaded JRuby.
+      # seen are fetched (pk_servers_at). The cache must be of Ruby objects (the
+      # frozen Hashes JRuby hands to templates), so it cannot live in Rust; the rule
+      # it follows (one cache per index generation, positions from the seam) is the
+      # magnus extension's `converted`. The lock covers multithreaded JRuby.
       def servers(query)
         SELECT_ATTEMPTS.times do
           selected = request(:pk_select, query)
@@ -173,7 +168,7 @@ module PuppetKicker
         return document['ok'] if document.key?('ok')
 
         error = document['error'] || {}
-        raise PuppetKicker.const_get(ERRORS.fetch(error['kind'], 'Error')), error['message'].to_s.dup
+        raise PuppetKicker::ERRORS.fetch(error['kind'], PuppetKicker::Error), error['message'].to_s.dup
       end
     end
   end

@@ -3,7 +3,7 @@
 require 'json'
 
 module PuppetKicker
-  # Finds the kicks in a Puppet report. Ruby 2.6 syntax: puppetserver runs this.
+  # Finds the kicks in a Puppet report, for PuppetKicker.process_report. Ruby 2.6 syntax: puppetserver runs this.
   module Kicks
     # `kick -> haproxy`, `kick->haproxy`, `kick -> web, db`, `kick -> /^web/`
     NOTIFY_TITLE = /\A\s*kick\s*->\s*(.*?)\s*\z/m.freeze
@@ -75,33 +75,6 @@ module PuppetKicker
       }
       fields['pid'] = pid if pid
       JSON.generate(fields)
-    end
-  end
-
-  class << self
-    # The `kick` report processor's work: hand the report's kicks to the core (which
-    # records them and dispatches in the background) and log what it decided. Every
-    # report goes through, kicks or not: it may end a kicked run.
-    def process_report(report)
-      configure
-      pid = Helper.masterless? ? Process.pid : nil
-      log_lines(native.kick_report(Kicks.payload(report, Kicks.from_report(report), pid: pid)))
-      # A short-lived process (puppet apply) waits, bounded, for due kicks to be sent
-      # (what remains goes to the helper at exit); a master dispatches in the background.
-      log_lines(native.kick_flush) unless Puppet.run_mode.name == :server
-      log_lines(native.take_kick_log)
-    end
-
-    # The kick status document (pending kicks, recent outcomes, role cycles).
-    def kick_status
-      configure
-      JSON.parse(native.kick_status)
-    end
-
-    private
-
-    def log_lines(lines)
-      lines.each { |level, message| Puppet.send(level.to_sym, "puppet-kicker: #{message}") }
     end
   end
 end

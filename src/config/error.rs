@@ -103,6 +103,6 @@ impl std::error::Error for ConfigError {
 /// The core's error kind for the bindings: a configuration error.
 impl From<ConfigError> for crate::error::Error {
     fn from(e: ConfigError) -> Self {
-        crate::error::Error::Config(e.to_string())
+        crate::error::Error::ConfigFile(e)
     }
 }

@@ -388,7 +388,7 @@ mod tests {
         let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>()).expect("the io::Error");
         assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
         let core: crate::Error = e.into();
-        assert_eq!(core.kind(), "config");
+        assert_eq!(core.kind(), crate::error::Kind::Config);
     }
 
     #[test]

@@ -14,8 +14,12 @@ use serde_json::json;
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+pub use crate::log::{Level, LogLine};
+use crate::sync::lock;
+pub use crate::time::now_ms;
 
 pub const STATE_FILE: &str = "kicks.msgpack";
 pub const STATUS_FILE: &str = "kick-status.json";
@@ -36,21 +40,6 @@ const SAVE_RETRY: Duration = Duration::from_secs(5);
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
 /// How often the dispatcher looks whether a process holding a server's kicks exited.
 pub const HOLD_POLL: Duration = Duration::from_secs(1);
-
-/// A line for Puppet's log, at the level it deserves.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogLine {
-    pub level: Level,
-    pub message: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Info,
-    Notice,
-    Warning,
-    Err,
-}
 
 pub struct KickService {
     inner: Arc<Inner>,
@@ -78,10 +67,6 @@ struct Inner {
     /// (this process) holds its agent's lock, so a kick of it cannot start before this
     /// process exits: `flush` does not wait for one.
     reporters: Mutex<BTreeSet<String>>,
-}
-
-pub fn now_ms() -> Millis {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
 }
 
 impl KickService {
@@ -568,10 +553,6 @@ fn status_json(planner: &Planner, now: Millis, helper: serde_json::Value) -> ser
         "holds": state.holds.iter().map(|(target, h)| json!({"target": target, "pid": h.pid, "since": h.since})).collect::<Vec<_>>(),
         "helper": helper,
     })
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

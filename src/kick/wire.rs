@@ -44,7 +44,7 @@ struct WireKick {
 }
 
 pub fn parse_report(json: &[u8]) -> Result<ReportKicks> {
-    let bad = |what: String| Error::Query(format!("kick report: {what}"));
+    let bad = |what: String| Error::Report(format!("kick report: {what}"));
     if json.len() > MAX_BYTES {
         return Err(bad(format!("{} bytes, more than {MAX_BYTES}", json.len())));
     }

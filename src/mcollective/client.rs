@@ -303,7 +303,7 @@ impl Client {
         expected: Option<usize>,
         timeout: Duration,
     ) -> Result<Collected> {
-        let now = message::now_epoch();
+        let now = crate::time::now();
         let request = Request {
             senderid: self.config.identity.clone(),
             requestid: message::new_request_id()?,
@@ -402,7 +402,7 @@ impl Client {
                 continue;
             }
             let oldest = expect.sent.saturating_sub(expect.ttl);
-            let newest = message::now_epoch().max(expect.sent).saturating_add(expect.ttl);
+            let newest = crate::time::now().max(expect.sent).saturating_add(expect.ttl);
             if !(oldest..=newest).contains(&reply.msgtime) {
                 bump(&self.counters.bad_msgtime);
                 continue;

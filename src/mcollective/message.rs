@@ -7,8 +7,6 @@
 //! string encodings, shared String objects) so they are byte-identical to
 //! captured traffic for the same inputs.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use super::error::{Error, Result};
 use super::marshal::{self, DecodeLimits, Encoder, Node, Value};
 use super::psk;
@@ -266,11 +264,6 @@ pub fn new_request_id() -> Result<String> {
     let mut raw = [0u8; 16];
     getrandom::fill(&mut raw).map_err(|e| Error::InvalidInput(format!("no OS randomness: {e}")))?;
     Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Seconds since the epoch, as `:msgtime` carries it.
-pub fn now_epoch() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)).unwrap_or(0)
 }
 
 /// The inner body of discovery: the String "ping".

@@ -14,7 +14,11 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+// A panic elsewhere cannot leave rustls' state half-updated in a way that matters
+// more than the error the next call reports: a poisoned session is used anyway.
+use crate::sync::lock;
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
@@ -271,12 +275,6 @@ impl Write for BrokerStream {
             BrokerStream::Tls { session, .. } => lock(session).flush_tls(),
         }
     }
-}
-
-/// A panic elsewhere cannot leave rustls' state half-updated in a way that
-/// matters more than the error the next call reports: use it anyway.
-fn lock(session: &Mutex<TlsSession>) -> MutexGuard<'_, TlsSession> {
-    session.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn timed_out(what: &str) -> io::Error {

@@ -10,209 +10,116 @@ mod gvl;
 use magnus::value::{Lazy, ReprValue};
 use magnus::RString;
 use magnus::{function, prelude::*, Error, ExceptionClass, RArray, RHash, RModule, Ruby, Value};
-use puppet_kicker::kick::{Level, LogLine};
-use puppet_kicker::{Kicker, Node, PuppetSettings, RoleSelector, Selection};
+use puppet_kicker::log::LogLine;
+use puppet_kicker::seam::{self, Entry, Failure, NoteEnvironment, Query, Selected, Server, Settings};
 use serde_json::Value as Json;
-use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// `PuppetKicker::<name>`, looked up rather than kept: the lookup cannot panic, and a
-/// missing class (a broken load) degrades to `RuntimeError` instead of `fatal`.
-fn error_class(ruby: &Ruby, name: &str) -> ExceptionClass {
-    ruby.class_object()
-        .const_get::<_, RModule>("PuppetKicker")
-        .and_then(|module| module.const_get::<_, ExceptionClass>(name))
-        .unwrap_or_else(|_| ruby.exception_runtime_error())
+/// The exception class for a failure: `PuppetKicker::ERRORS[kind]`, the one list
+/// (lib/puppet_kicker.rb), else `PuppetKicker::Error`. Looked up rather than kept:
+/// the lookup cannot panic, and a missing class (a broken load) degrades to
+/// `RuntimeError` instead of `fatal`.
+fn error_class(ruby: &Ruby, kind: seam::Kind) -> ExceptionClass {
+    let module = ruby.class_object().const_get::<_, RModule>("PuppetKicker").ok();
+    let listed = module.and_then(|m| m.const_get::<_, RHash>("ERRORS").ok());
+    listed
+        .and_then(|errors| errors.lookup::<_, Option<ExceptionClass>>(kind.as_str()).ok().flatten())
+        .or_else(|| module.and_then(|m| m.const_get::<_, ExceptionClass>("Error").ok()))
+        .unwrap_or_else(|| ruby.exception_runtime_error())
 }
 
-/// `PuppetKicker::Error` for a panic caught in the binding or the core.
-fn internal_error(ruby: &Ruby, panic: &(dyn Any + Send)) -> Error {
-    Error::new(error_class(ruby, "Error"), puppet_kicker::error::internal_error_message(panic))
+fn raise(ruby: &Ruby, failure: Failure) -> Error {
+    Error::new(error_class(ruby, failure.kind), failure.message)
 }
 
 /// Runs a whole entry point, conversions to and from Ruby included: a panic anywhere
 /// in it becomes `PuppetKicker::Error`. `body` must not let Ruby raise through it
 /// (magnus's calls return Ruby exceptions as `Err`), so only Rust frames unwind here.
 fn entry<T>(ruby: &Ruby, body: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| Err(internal_error(ruby, &*panic)))
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| Err(raise(ruby, Failure::panic(&*panic))))
 }
 
-/// Runs core code without the GVL, turning its errors into PuppetKicker exceptions
-/// and its panics into `PuppetKicker::Error` ("internal error").
+/// Runs a seam call without the GVL, its errors and panics raised as
+/// `PuppetKicker::*Error`.
 fn core<T: Send>(ruby: &Ruby, body: impl FnOnce() -> Result<T, puppet_kicker::Error> + Send) -> Result<T, Error> {
     match gvl::without_gvl(body) {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => {
-            let class = match e {
-                puppet_kicker::Error::Query(_) => "QueryError",
-                puppet_kicker::Error::Config(_) => "ConfigError",
-                puppet_kicker::Error::NoData(_) => "NoDataError",
-                puppet_kicker::Error::Io(_) => "Error",
-            };
-            Err(Error::new(error_class(ruby, class), e.to_string()))
-        }
-        Err(gvl::Failure::Panic(panic)) => Err(internal_error(ruby, &*panic)),
+        Ok(Err(e)) => Err(raise(ruby, e.into())),
+        Err(gvl::Failure::Panic(panic)) => Err(raise(ruby, Failure::panic(&*panic))),
         Err(gvl::Failure::Interrupted) => {
-            Err(Error::new(error_class(ruby, "Error"), "puppet-kicker: interrupted before the call could start"))
+            Err(raise(ruby, Failure::internal("interrupted before the call could start")))
         }
     }
 }
 
-fn configure(
+/// A seam call whose value converts to Ruby.
+fn call<T: Send>(
     ruby: &Ruby,
-    confdir: String,
-    vardir: String,
-    server_datadir: Option<String>,
-    config_file: Option<String>,
-) -> Result<(), Error> {
-    entry(ruby, || {
-        let settings = PuppetSettings {
-            confdir: PathBuf::from(confdir),
-            vardir: PathBuf::from(vardir),
-            server_datadir: server_datadir.map(PathBuf::from),
-            config_file: config_file.filter(|f| !f.is_empty()).map(PathBuf::from),
-        };
-        core(ruby, || Kicker::configure(settings).map(|_| ()))
-    })
+    body: impl FnOnce() -> Result<T, puppet_kicker::Error> + Send,
+    convert: impl FnOnce(&Ruby, T) -> Result<Value, Error>,
+) -> Result<Value, Error> {
+    entry(ruby, || convert(ruby, core(ruby, body)?))
 }
 
-fn servers_with_role(ruby: &Ruby, roles: Vec<String>, environment: String) -> Result<RArray, Error> {
-    entry(ruby, || {
-        let selection = core(ruby, || {
-            let roles = RoleSelector::parse(&roles)?;
-            Kicker::global()?.servers_with_role(&roles, &environment)
-        })?;
-        servers(ruby, &selection)
-    })
+fn settings(confdir: String, vardir: String, server_datadir: Option<String>, config_file: Option<String>) -> Settings {
+    Settings { confdir, vardir, server_datadir, config_file }
 }
 
-fn server_with_role(ruby: &Ruby, roles: Vec<String>, environment: String) -> Result<Value, Error> {
-    entry(ruby, || {
-        let selection = core(ruby, || {
-            let roles = RoleSelector::parse(&roles)?;
-            Kicker::global()?.servers_with_role(&roles, &environment)
-        })?;
-        match selection.positions().1.first() {
-            Some(position) => converted(ruby, &selection, *position),
+fn servers(ruby: &Ruby, query: Query) -> Result<Value, Error> {
+    call(
+        ruby,
+        || seam::select(query),
+        |ruby, selected| {
+            let array = ruby.ary_new_capa(selected.positions().len());
+            for position in selected.positions() {
+                array.push(converted(ruby, &selected, *position)?)?;
+            }
+            Ok(array.as_value())
+        },
+    )
+}
+
+fn first(ruby: &Ruby, query: Query) -> Result<Value, Error> {
+    call(
+        ruby,
+        || seam::select(query),
+        |ruby, selected| match selected.positions().first() {
+            Some(position) => converted(ruby, &selected, *position),
             None => Ok(ruby.qnil().as_value()),
-        }
-    })
+        },
+    )
 }
 
-fn servers_with_facts(ruby: &Ruby, clauses: Vec<String>, environment: String) -> Result<RArray, Error> {
-    entry(ruby, || {
-        let selection = core(ruby, || Kicker::global()?.servers_with_facts(&clauses, &environment))?;
-        servers(ruby, &selection)
-    })
+fn nil(ruby: &Ruby, _: ()) -> Result<Value, Error> {
+    Ok(ruby.qnil().as_value())
 }
 
-fn note_environment(ruby: &Ruby, certname: String, environment: String) -> Result<(), Error> {
-    entry(ruby, || core(ruby, || Kicker::global().map(|k| k.note_environment(&certname, &environment))))
-}
-
-fn take_warnings(ruby: &Ruby) -> Result<Vec<String>, Error> {
-    entry(ruby, || core(ruby, || Ok(Kicker::global().map(|k| k.take_warnings()).unwrap_or_default())))
-}
-
-fn status(ruby: &Ruby) -> Result<RHash, Error> {
-    entry(ruby, || {
-        let (status, work_left, helper) = core(ruby, || {
-            let kicker = Kicker::global()?;
-            let helper = puppet_kicker::helper::describe(&kicker.config().cache_dir);
-            Ok((kicker.status(), kicker.work_left(), helper))
-        })?;
-        let hash = ruby.hash_new();
-        hash.aset("servers", status.servers)?;
-        hash.aset("built_at", status.built_at)?;
-        hash.aset("last_error", status.last_error)?;
-        hash.aset("config_file", status.config_file.map(|f| f.display().to_string()))?;
-        hash.aset("cache_dir", status.cache_dir.display().to_string())?;
-        hash.aset("failures", status.failures)?;
-        hash.aset("retry_at", status.retry_at)?;
-        // Masterless: what this process leaves undone at exit, and the helper finishing it.
-        hash.aset("work_left", work_left)?;
-        hash.aset("helper", to_ruby(ruby, &helper)?)?;
-        Ok(hash)
-    })
+fn string(ruby: &Ruby, text: impl AsRef<str>) -> Result<Value, Error> {
+    Ok(ruby.str_new(text.as_ref()).as_value())
 }
 
 /// `[[level, message], ...]` for Puppet's logger.
-fn log_lines(ruby: &Ruby, lines: Vec<LogLine>) -> Result<RArray, Error> {
+fn log_lines(ruby: &Ruby, lines: Vec<LogLine>) -> Result<Value, Error> {
     let array = ruby.ary_new_capa(lines.len());
     for line in lines {
-        let level = match line.level {
-            Level::Info => "info",
-            Level::Notice => "notice",
-            Level::Warning => "warning",
-            Level::Err => "err",
-        };
-        array.push((level, line.message))?;
+        array.push((line.level.as_str(), line.message))?;
     }
-    Ok(array)
+    Ok(array.as_value())
 }
 
-fn kick_report(ruby: &Ruby, report: RString) -> Result<RArray, Error> {
-    entry(ruby, || {
-        // SAFETY: the bytes are copied before any Ruby code can run.
-        let bytes = unsafe { report.as_slice() }.to_vec();
-        let lines = core(ruby, || {
-            let report = puppet_kicker::kick::parse_report(&bytes)?;
-            Kicker::global()?.kick_report(&report)
-        })?;
-        log_lines(ruby, lines)
-    })
-}
-
-fn kick_flush(ruby: &Ruby) -> Result<RArray, Error> {
-    entry(ruby, || {
-        let lines = core(ruby, || Ok(Kicker::global().map(|k| k.kick_flush()).unwrap_or_default()))?;
-        log_lines(ruby, lines)
-    })
-}
-
-fn take_kick_log(ruby: &Ruby) -> Result<RArray, Error> {
-    entry(ruby, || {
-        let lines = core(ruby, || Ok(Kicker::global().map(|k| k.take_kick_log()).unwrap_or_default()))?;
-        log_lines(ruby, lines)
-    })
-}
-
-fn kick_status(ruby: &Ruby) -> Result<String, Error> {
-    entry(ruby, || core(ruby, || Kicker::global()?.kick_status().map(|s| s.to_string())))
-}
-
-/// The masterless helper's one call (lib/puppet_kicker/helper.rb): finishes the cache
-/// dir's refresh and pending kicks, then returns how it ended. Never called by a master.
-fn run_helper(
-    ruby: &Ruby,
-    confdir: String,
-    vardir: String,
-    server_datadir: Option<String>,
-    config_file: Option<String>,
-) -> Result<String, Error> {
-    entry(ruby, || {
-        let settings = PuppetSettings {
-            confdir: PathBuf::from(confdir),
-            vardir: PathBuf::from(vardir),
-            server_datadir: server_datadir.filter(|d| !d.is_empty()).map(PathBuf::from),
-            config_file: config_file.filter(|f| !f.is_empty()).map(PathBuf::from),
-        };
-        core(ruby, || puppet_kicker::helper::run(settings).map(|ending| format!("{ending:?}")))
-    })
-}
-
-fn version(ruby: &Ruby) -> Result<String, Error> {
-    entry(ruby, || Ok(puppet_kicker::service::version().to_string()))
-}
-
-fn servers(ruby: &Ruby, selection: &Selection) -> Result<RArray, Error> {
-    let array = ruby.ary_new_capa(selection.len());
-    for position in selection.positions().1 {
-        array.push(converted(ruby, selection, *position)?)?;
+fn status(ruby: &Ruby, status: seam::Status) -> Result<Value, Error> {
+    let hash = ruby.hash_new();
+    for (name, value) in status.fields() {
+        hash.aset(name, to_ruby(ruby, &value)?)?;
     }
-    Ok(array)
+    Ok(hash.as_value())
+}
+
+/// The report's bytes, copied before any Ruby code can run.
+fn bytes(report: RString) -> Vec<u8> {
+    // SAFETY: copied at once, with no Ruby call in between.
+    unsafe { report.as_slice() }.to_vec()
 }
 
 /// Servers converted for the current index generation, by position: building a
@@ -222,9 +129,9 @@ fn servers(ruby: &Ruby, selection: &Selection) -> Result<RArray, Error> {
 static CONVERTED: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
 static CONVERTED_GENERATION: AtomicU64 = AtomicU64::new(0);
 
-fn converted(ruby: &Ruby, selection: &Selection, position: u32) -> Result<Value, Error> {
+fn converted(ruby: &Ruby, selected: &Selected, position: u32) -> Result<Value, Error> {
     let cache = ruby.get_inner(&CONVERTED);
-    let generation = selection.positions().0;
+    let generation = selected.generation();
     if CONVERTED_GENERATION.load(Ordering::Relaxed) != generation {
         cache.clear()?;
         CONVERTED_GENERATION.store(generation, Ordering::Relaxed);
@@ -233,25 +140,23 @@ fn converted(ruby: &Ruby, selection: &Selection, position: u32) -> Result<Value,
     if !cached.is_nil() {
         return Ok(cached);
     }
-    let Some(node) = selection.node_at(position) else {
-        let message = format!("puppet-kicker internal error: no server at position {position} of index {generation}");
-        return Err(Error::new(error_class(ruby, "Error"), message));
+    let Some(server) = selected.server_at(position) else {
+        let what = format!("no server at position {position} of index {generation}");
+        return Err(raise(ruby, Failure::internal(what)));
     };
-    let hash = server(ruby, node)?.as_value();
+    let hash = server_hash(ruby, server)?.as_value();
     cache.store(position as isize, hash)?;
     Ok(hash)
 }
 
-/// A server as the functions return it: its facts, what its source reported beside
-/// them (`mcollective::classes`, ...: names no fact can have), plus `certname` unless
-/// a fact already has that name.
-fn server(ruby: &Ruby, node: &Node) -> Result<RHash, Error> {
+fn server_hash(ruby: &Ruby, server: Server) -> Result<RHash, Error> {
     let hash = ruby.hash_new();
-    for (name, value) in node.entries() {
-        hash.aset(ruby.str_new(name), to_ruby(ruby, value)?)?;
-    }
-    if !node.facts.contains_key("certname") {
-        hash.aset(ruby.str_new("certname"), frozen(ruby.str_new(&node.certname).as_value()))?;
+    for (name, entry) in server.entries() {
+        let value = match entry {
+            Entry::Value(value) => to_ruby(ruby, value)?,
+            Entry::Certname(certname) => frozen(ruby.str_new(certname).as_value()),
+        };
+        hash.aset(ruby.str_new(name), value)?;
     }
     hash.freeze();
     Ok(hash)
@@ -295,26 +200,23 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     entry(ruby, || define(ruby))
 }
 
+/// `PuppetKicker::Native`, one line per function. The exception classes are
+/// lib/puppet_kicker.rb's, which loads this library.
+#[rustfmt::skip]
 fn define(ruby: &Ruby) -> Result<(), Error> {
-    let module = ruby.define_module("PuppetKicker")?;
-    let base = module.define_error("Error", ruby.exception_standard_error())?;
-    for name in ["QueryError", "ConfigError", "NoDataError"] {
-        module.define_error(name, base)?;
-    }
-    let native = module.define_module("Native")?;
-    native.define_module_function("configure", function!(configure, 4))?;
-    native.define_module_function("servers_with_role", function!(servers_with_role, 2))?;
-    native.define_module_function("server_with_role", function!(server_with_role, 2))?;
-    native.define_module_function("servers_with_facts", function!(servers_with_facts, 2))?;
-    native.define_module_function("note_environment", function!(note_environment, 2))?;
-    native.define_module_function("take_warnings", function!(take_warnings, 0))?;
-    native.define_module_function("status", function!(status, 0))?;
-    native.define_module_function("version", function!(version, 0))?;
-    native.define_module_function("kick_report", function!(kick_report, 1))?;
-    native.define_module_function("kick_flush", function!(kick_flush, 0))?;
-    native.define_module_function("take_kick_log", function!(take_kick_log, 0))?;
-    native.define_module_function("kick_status", function!(kick_status, 0))?;
-    native.define_module_function("run_helper", function!(run_helper, 4))?;
+    let native = ruby.define_module("PuppetKicker")?.define_module("Native")?;
+    native.define_module_function("configure", function!(|r: &Ruby, c, v, d, f| call(r, || seam::configure(settings(c, v, d, f)), nil), 4))?;
+    native.define_module_function("servers_with_role", function!(|r: &Ruby, roles, environment| servers(r, Query::ServersWithRole { roles, environment }), 2))?;
+    native.define_module_function("server_with_role", function!(|r: &Ruby, roles, environment| first(r, Query::ServerWithRole { roles, environment }), 2))?;
+    native.define_module_function("servers_with_facts", function!(|r: &Ruby, clauses, environment| servers(r, Query::ServersWithFacts { clauses, environment }), 2))?;
+    native.define_module_function("note_environment", function!(|r: &Ruby, certname, environment| call(r, || seam::note_environment(NoteEnvironment { certname, environment }), nil), 2))?;
+    native.define_module_function("take_log", function!(|r: &Ruby| call(r, seam::take_log, log_lines), 0))?;
+    native.define_module_function("status", function!(|r: &Ruby| call(r, seam::status, status), 0))?;
+    native.define_module_function("version", function!(|r: &Ruby| call(r, seam::version, string), 0))?;
+    native.define_module_function("kick_report", function!(|r: &Ruby, report: RString| { let report = bytes(report); call(r, move || seam::kick_report(&report), log_lines) }, 1))?;
+    native.define_module_function("kick_flush", function!(|r: &Ruby| call(r, seam::kick_flush, log_lines), 0))?;
+    native.define_module_function("kick_status", function!(|r: &Ruby| call(r, seam::kick_status, string), 0))?;
+    native.define_module_function("run_helper", function!(|r: &Ruby, c, v, d, f| call(r, || seam::run_helper(settings(c, v, d, f)), string), 4))?;
     Ok(())
 }
 
@@ -324,21 +226,39 @@ fn define(ruby: &Ruby) -> Result<(), Error> {
 mod tests {
     use super::*;
     use std::fs;
+    use std::path::PathBuf;
 
     #[test]
     fn no_panic_or_broken_invariant_reaches_ruby_as_fatal() {
         // SAFETY: the only VM of this test process, started and used on this thread.
         let _cleanup = unsafe { magnus::embed::init() };
         let ruby = Ruby::get().unwrap();
+        // The exception classes are the facade's: load it as Puppet does.
+        let _: bool = ruby.require(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lib/puppet_kicker.rb")).unwrap();
         define(&ruby).unwrap();
 
+        each_failure_kind_raises_the_class_the_facade_lists(&ruby);
         a_panic_in_an_entry_point_is_a_puppet_kicker_error(&ruby);
         a_panic_in_the_core_without_the_gvl_is_a_puppet_kicker_error(&ruby);
         a_server_past_the_end_of_its_index_is_a_puppet_kicker_error(&ruby);
     }
 
+    fn each_failure_kind_raises_the_class_the_facade_lists(ruby: &Ruby) {
+        use seam::Kind;
+        for (kind, class) in [
+            (Kind::Query, "PuppetKicker::QueryError"),
+            (Kind::Config, "PuppetKicker::ConfigError"),
+            (Kind::NoData, "PuppetKicker::NoDataError"),
+            (Kind::Report, "PuppetKicker::ReportError"),
+            (Kind::Io, "PuppetKicker::Error"),
+            (Kind::Internal, "PuppetKicker::Error"),
+        ] {
+            assert_eq!(unsafe { error_class(ruby, kind).name() }, class, "{kind:?}");
+        }
+    }
+
     fn assert_puppet_kicker_error(ruby: &Ruby, error: Error, message: &str) {
-        let class = error_class(ruby, "Error");
+        let class = error_class(ruby, seam::Kind::Internal);
         assert!(error.is_kind_of(class), "{error} is not a PuppetKicker::Error");
         assert!(!error.is_kind_of(ruby.exception_fatal()), "{error} is fatal");
         assert!(error.to_string().contains(message), "{error:?} does not say {message:?}");
@@ -364,20 +284,16 @@ mod tests {
         let document = r#"{"name":"web1.example.com","values":{"role":"web"},
             "timestamp":"2099-01-01T00:00:00.000000000+00:00","expiration":"2099-01-01T00:00:00.000000000+00:00"}"#;
         fs::write(facts.join("web1.example.com.json"), document).unwrap();
-        let settings = PuppetSettings {
-            confdir: dir.join("etc"),
-            vardir: dir.join("var"),
-            server_datadir: None,
-            config_file: None,
-        };
-        let kicker = Kicker::start(settings).unwrap();
-        let selection = kicker.servers_with_role(&RoleSelector::parse(&["web"]).unwrap(), "production").unwrap();
-        assert_eq!(selection.len(), 1, "the fixture server is found");
+        let path = |p: PathBuf| p.display().to_string();
+        seam::configure(settings(path(dir.join("etc")), path(dir.join("var")), None, None)).unwrap();
+        let query = Query::ServersWithRole { roles: vec!["web".into()], environment: "production".into() };
+        let selected = seam::select(query).unwrap();
+        assert_eq!(selected.positions().len(), 1, "the fixture server is found");
 
-        let past_the_end = selection.len() as u32 + 1000;
-        let error = converted(ruby, &selection, past_the_end).unwrap_err();
+        let past_the_end = selected.positions().len() as u32 + 1000;
+        let error = converted(ruby, &selected, past_the_end).unwrap_err();
         assert_puppet_kicker_error(ruby, error, &format!("no server at position {past_the_end}"));
-        let found = converted(ruby, &selection, selection.positions().1[0]).unwrap();
+        let found = converted(ruby, &selected, selected.positions()[0]).unwrap();
         assert!(RHash::from_value(found).is_some(), "the server at a valid position is a Hash");
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 2. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 3. See ext/puppet_kicker_ffi/src/lib.rs.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -10,8 +10,8 @@
  *     {"ok": VALUE}
  * or  {"error": {"kind": KIND, "message": MESSAGE}}
  * with KIND one of: "query" (a malformed clause or role), "config" (puppet_kicker.yaml,
- * or not configured yet), "no_data" (the index holds no server), "io", "request" (a
- * malformed request: a bug in the caller), "unsupported", "internal" (a Rust panic,
+ * or not configured yet), "no_data" (the index holds no server), "report" (a malformed
+ * kick report), "io", "request" (a malformed request: a bug in the caller), "internal" (a Rust panic,
  * caught). No function unwinds or aborts: errors are data.
  *
  * A server is an object of its facts, in the core's order, then "certname" unless a
@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (1); check it before any other call. */
+/* The ABI version this library implements (3); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 1)", the core's version. */
@@ -46,13 +46,10 @@ char *pk_configure(const uint8_t *req, size_t len);
 /* req: {"op": "servers_with_role", "roles": [s, ...], "environment": s}
  *    | {"op": "server_with_role",  "roles": [s, ...], "environment": s}
  *    | {"op": "servers_with_facts", "clauses": [s, ...], "environment": s}
- * ok: [server, ...] in fqdn-then-certname order; server_with_role: the first server
- * or null. A role is a name or "/regex/". */
-char *pk_query(const uint8_t *req, size_t len);
-
-/* req: as pk_query. ok: {"generation": n, "positions": [n, ...]}: the selection as
- * the index generation and positions (at most one for server_with_role), so that a
- * caller keeping the servers it converted per generation fetches only new ones. */
+ * A role is a name or "/regex/". ok: {"generation": n, "positions": [n, ...]}: the
+ * selection, in fqdn-then-certname order, as the index generation and positions (at
+ * most one for server_with_role), so that a caller keeping the servers it converted
+ * per generation fetches only new ones. */
 char *pk_select(const uint8_t *req, size_t len);
 
 /* req: {"generation": n, "positions": [n, ...]}. ok: [server, ...] at those positions
@@ -62,11 +59,13 @@ char *pk_servers_at(const uint8_t *req, size_t len);
 /* req: {"certname": s, "environment": s}: where a node compiles. ok: null. */
 char *pk_note_environment(const uint8_t *req, size_t len);
 
-/* ok: ["warning", ...], the core's warnings since the last call, to log. */
-char *pk_take_warnings(void);
+/* ok: [[level, message], ...] to log since the last call: the core's warnings, then
+ * what the kick dispatcher logged. */
+char *pk_take_log(void);
 
 /* ok: {"servers": n, "built_at": n|null, "last_error": s|null,
- *      "config_file": s|null, "cache_dir": s, "failures": n, "retry_at": n|null}. */
+ *      "config_file": s|null, "cache_dir": s, "failures": n, "retry_at": n|null,
+ *      "work_left": [s, ...], "helper": {...}|null}. */
 char *pk_status(void);
 
 /* The kick report processor. req: a report's kicks, {"host": s, "environment": s,
@@ -78,9 +77,6 @@ char *pk_kick(const uint8_t *req, size_t len);
 /* Waits, bounded by kick.exit_wait, for due kicks to be sent (a process about to
  * exit). ok: [[level, message], ...]. */
 char *pk_kick_flush(void);
-
-/* ok: [[level, message], ...], what the kick dispatcher logged since the last call. */
-char *pk_take_kick_log(void);
 
 /* ok: the kick status document's JSON text, as a string. */
 char *pk_kick_status(void);

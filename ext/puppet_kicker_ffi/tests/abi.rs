@@ -98,6 +98,26 @@ fn fleet() -> Vec<(&'static str, Value)> {
     ]
 }
 
+/// A query's servers as the Ruby side fetches them, through pk_select then
+/// pk_servers_at: `{"ok": [server, ..]}` (the first server or null for
+/// `server_with_role`), or pk_select's error. Selects again when the index was
+/// replaced in between, as the Ruby side does.
+fn query(request: &Value) -> Value {
+    for _ in 0..100 {
+        let selected = call(pk_select, request);
+        let Some(at) = selected.get("ok") else { return selected };
+        let servers = call(pk_servers_at, &json!({"generation": at["generation"], "positions": at["positions"]}));
+        if servers["ok"].is_null() {
+            continue;
+        }
+        return match request["op"].as_str() {
+            Some("server_with_role") => json!({"ok": servers["ok"].get(0).cloned().unwrap_or(Value::Null)}),
+            _ => servers,
+        };
+    }
+    panic!("the index kept changing while {request} was read")
+}
+
 fn hostnames(servers: &Value) -> Vec<&str> {
     servers.as_array().unwrap().iter().map(|s| s["hostname"].as_str().unwrap()).collect()
 }
@@ -116,13 +136,14 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     let master = Master::new("queries", "", &fleet());
     assert_eq!(ok(master.configure()), Value::Null);
 
-    let web = ok(call(pk_query, &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"})));
+    let web = ok(query(&json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"})));
     assert_eq!(hostnames(&web), ["web1", "web2"]);
     // Every fact, in the core's order, then certname; values of every JSON type intact.
     let web1 = web[0].as_object().unwrap();
     assert_eq!(web1["certname"], "web1.example.com");
-    let request = br#"{"op":"servers_with_role","roles":["web"],"environment":"production"}"#;
-    let reply = unsafe { pk_query(request.as_ptr(), request.len()) };
+    let selected = ok(call(pk_select, &json!({"op":"servers_with_role","roles":["web"],"environment":"production"})));
+    let request = serde_json::to_vec(&selected).unwrap();
+    let reply = unsafe { pk_servers_at(request.as_ptr(), request.len()) };
     let raw = unsafe { CStr::from_ptr(reply) }.to_str().unwrap().to_string();
     unsafe { pk_free(reply) };
     assert!(
@@ -139,18 +160,16 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     assert_eq!(web1["os"]["release"]["full"], "12.5");
 
     // A fact named certname wins over the certname.
-    let db = ok(call(pk_query, &json!({"op": "server_with_role", "roles": ["/^d/"], "environment": "production"})));
+    let db = ok(query(&json!({"op": "server_with_role", "roles": ["/^d/"], "environment": "production"})));
     assert_eq!(db["certname"], "db1-from-fact");
-    let none = ok(call(pk_query, &json!({"op": "server_with_role", "roles": ["nobody"], "environment": "production"})));
+    let none = ok(query(&json!({"op": "server_with_role", "roles": ["nobody"], "environment": "production"})));
     assert_eq!(none, Value::Null);
 
-    let big = ok(call(
-        pk_query,
+    let big = ok(query(
         &json!({"op": "servers_with_facts", "clauses": ["uptime_days>10", "os.family=Debian"], "environment": "production"}),
     ));
     assert_eq!(hostnames(&big), ["web1"]);
-    let staging =
-        ok(call(pk_query, &json!({"op": "servers_with_role", "roles": ["haproxy"], "environment": "staging"})));
+    let staging = ok(query(&json!({"op": "servers_with_role", "roles": ["haproxy"], "environment": "staging"})));
     assert_eq!(staging[0]["certname"], "lb1.example.com");
 
     assert_eq!(
@@ -171,7 +190,7 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     );
     assert_eq!(status["servers"], 4);
     assert!(status["config_file"].as_str().unwrap().ends_with("etc/puppet_kicker.yaml"));
-    assert!(ok(take(pk_take_warnings())).is_array());
+    assert!(ok(take(pk_take_log())).is_array());
 }
 
 #[test]
@@ -180,15 +199,12 @@ fn errors_are_data_with_the_cores_kind_and_message() {
     let master = Master::new("errors", "", &fleet());
     master.configure();
 
-    let reply = call(
-        pk_query,
-        &json!({"op": "servers_with_facts", "clauses": ["role=web", "uptime"], "environment": "production"}),
-    );
+    let reply =
+        query(&json!({"op": "servers_with_facts", "clauses": ["role=web", "uptime"], "environment": "production"}));
     let (kind, message) = error(&reply);
     assert_eq!(kind, "query");
     assert!(message.starts_with("clause 'uptime': no operator"), "{message}");
-    let (kind, message) =
-        error(&call(pk_query, &json!({"op": "servers_with_role", "roles": ["/(?=x)/"], "environment": "p"})));
+    let (kind, message) = error(&query(&json!({"op": "servers_with_role", "roles": ["/(?=x)/"], "environment": "p"})));
     assert_eq!(kind, "query");
     assert!(message.starts_with("role /(?=x)/: invalid regex"), "{message}");
 
@@ -201,8 +217,7 @@ fn errors_are_data_with_the_cores_kind_and_message() {
     // No data at all: the no_data kind, with the policy's explanation.
     let empty = Master::new("empty", "cache:\n  cold_start_timeout: 2\n", &[]);
     empty.configure();
-    let (kind, message) =
-        error(&call(pk_query, &json!({"op": "servers_with_role", "roles": ["web"], "environment": "p"})));
+    let (kind, message) = error(&query(&json!({"op": "servers_with_role", "roles": ["web"], "environment": "p"})));
     assert_eq!(kind, "no_data");
     assert!(message.contains("on_no_data: empty"), "{message}");
 
@@ -210,17 +225,17 @@ fn errors_are_data_with_the_cores_kind_and_message() {
     for request in
         [&b"not json"[..], br#"{"op":"drop_tables"}"#, br#"{"op":"servers_with_role","roles":[1],"environment":"p"}"#]
     {
-        let (kind, message) = error(&take(unsafe { pk_query(request.as_ptr(), request.len()) }));
+        let (kind, message) = error(&take(unsafe { pk_select(request.as_ptr(), request.len()) }));
         assert_eq!(kind, "request", "{message}");
         assert!(message.starts_with("malformed request: "), "{message}");
     }
-    let (kind, _) = error(&take(unsafe { pk_query(std::ptr::null(), 5) }));
+    let (kind, _) = error(&take(unsafe { pk_select(std::ptr::null(), 5) }));
     assert_eq!(kind, "request");
-    let (kind, _) = error(&take(unsafe { pk_query(std::ptr::null(), 0) }));
+    let (kind, _) = error(&take(unsafe { pk_select(std::ptr::null(), 0) }));
     assert_eq!(kind, "request");
-    // A kick payload the core cannot read is a query error, as through magnus.
+    // A kick payload the core cannot read is a report error, as through magnus.
     let (kind, message) = error(&call(pk_kick, &json!({"host": 1})));
-    assert_eq!(kind, "query");
+    assert_eq!(kind, "report");
     assert!(message.starts_with("kick report: "), "{message}");
 }
 
@@ -240,7 +255,7 @@ fn parallel_calls_while_the_index_is_refreshed_agree() {
         json!({"op": "server_with_role", "roles": ["/^hap/"], "environment": "staging"}),
         json!({"op": "servers_with_facts", "clauses": ["hostname=/^web/", "role!=db"], "environment": "production"}),
     ];
-    let expected: Vec<Value> = requests.iter().map(|r| call(pk_query, r)).collect();
+    let expected: Vec<Value> = requests.iter().map(query).collect();
     assert_eq!(hostnames(&expected[0]["ok"]), ["db1", "web1", "web2"]);
 
     let threads = 8;
@@ -253,14 +268,14 @@ fn parallel_calls_while_the_index_is_refreshed_agree() {
                 barrier.wait();
                 for i in 0..400 {
                     let k = (i + t) % requests.len();
-                    assert_eq!(call(pk_query, &requests[k]), expected[k], "thread {t}, call {i}");
+                    assert_eq!(query(&requests[k]), expected[k], "thread {t}, call {i}");
                     match i % 50 {
                         0 => assert_eq!(ok(master.configure()), Value::Null),
                         10 => {
                             ok(call(pk_note_environment, &json!({"certname": format!("n{t}"), "environment": "dev"})));
                         }
                         20 => assert_eq!(ok(take(pk_status()))["servers"], 4),
-                        30 => assert!(ok(take(pk_take_warnings())).is_array()),
+                        30 => assert!(ok(take(pk_take_log())).is_array()),
                         _ => {}
                     }
                 }
@@ -277,19 +292,19 @@ fn selections_are_fetched_by_generation_and_go_stale_with_a_new_index() {
     let _core = serial();
     let master = Master::new("select", "cache:\n  ttl: 1h\n", &fleet());
     assert_eq!(ok(master.configure()), Value::Null);
-    let query = json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"});
-    let selected = ok(call(pk_select, &query));
+    let web = json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"});
+    let selected = ok(call(pk_select, &web));
     let generation = selected["generation"].clone();
     assert_eq!(selected["positions"].as_array().unwrap().len(), 2);
     let servers = ok(call(pk_servers_at, &json!({"generation": generation, "positions": selected["positions"]})));
-    assert_eq!(servers, ok(call(pk_query, &query)), "the same servers as pk_query, in order");
+    assert_eq!(servers, ok(query(&web)), "the same servers as a query, in order");
     let first = ok(call(pk_select, &json!({"op": "server_with_role", "roles": ["web"], "environment": "production"})));
     assert_eq!(first["positions"], json!([selected["positions"][0]]));
 
     // Another configuration means another index: the old generation is refused.
     let other = Master::new("select-other", "", &fleet());
     assert_eq!(ok(other.configure()), Value::Null);
-    ok(call(pk_select, &query));
+    ok(call(pk_select, &web));
     let stale = ok(call(pk_servers_at, &json!({"generation": generation, "positions": [0]})));
     assert_eq!(stale, Value::Null);
     let (kind, _) = error(&call(pk_servers_at, &json!({"generation": "x"})));

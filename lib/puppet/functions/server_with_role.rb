@@ -19,7 +19,7 @@ Puppet::Functions.create_function(:server_with_role) do
   end
 
   def server_with_role(role, default = nil)
-    PuppetKicker::Functions.compile(closure_scope, 'server_with_role') do
+    PuppetKicker::Functions.answer(closure_scope, 'server_with_role') do
       server = PuppetKicker.server_with_role(role, PuppetKicker::Functions.environment_of(closure_scope))
       server.nil? ? default : server
     end

@@ -26,7 +26,7 @@ Puppet::Functions.create_function(:servers_with_facts) do
   end
 
   def servers_with_facts(*clauses)
-    PuppetKicker::Functions.compile(closure_scope, 'servers_with_facts') do
+    PuppetKicker::Functions.answer(closure_scope, 'servers_with_facts') do
       PuppetKicker.servers_with_facts(clauses, PuppetKicker::Functions.environment_of(closure_scope))
     end
   end

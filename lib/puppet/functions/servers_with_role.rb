@@ -33,7 +33,7 @@ Puppet::Functions.create_function(:servers_with_role) do
   end
 
   def servers_with_role(role, environment = nil)
-    PuppetKicker::Functions.compile(closure_scope, 'servers_with_role') do
+    PuppetKicker::Functions.answer(closure_scope, 'servers_with_role') do
       PuppetKicker.servers_with_role(role, environment || PuppetKicker::Functions.environment_of(closure_scope))
     end
   end

@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
 require_relative '../../puppet_kicker'
-require_relative '../../puppet_kicker/kick'
 
 Puppet::Reports.register_report(:kick) do
   desc <<-DESC

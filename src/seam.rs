@@ -1,0 +1,330 @@
+//! The one door both bindings use: the magnus extension (`ext/puppet_kicker`) and
+//! the C-ABI library (`ext/puppet_kicker_ffi`) call these functions and only
+//! convert values, so a rule about what Ruby sees lives here, once.
+//!
+//! - Requests are Rust types ([`Settings`], [`Query`], ...), deserializable so the
+//!   C ABI takes them as JSON and the magnus extension builds them from arguments.
+//! - Replies are Rust types that serialize to what Ruby gets: [`Selected`],
+//!   [`Server`] (a server's entries, `certname` added), [`Status`], [`LogLine`].
+//! - Failures carry one [`Kind`]; `PuppetKicker::ERRORS` in `lib/puppet_kicker.rb`
+//!   maps each kind's name to the exception class Ruby raises.
+//!
+//! A new function: its core code, a function here, one line per binding, the
+//! Puppet function file.
+
+use crate::config::PuppetSettings;
+use crate::error::{internal_error_message, Error, Result};
+use crate::facts::Node;
+use crate::index::RoleSelector;
+use crate::log::{Level, LogLine};
+use crate::service::{Selection, Service};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value as Json;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+pub use crate::error::Kind;
+
+/// Puppet's settings as strings, as both bindings receive them; an empty
+/// `server_datadir` or `config_file` means not given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub confdir: String,
+    pub vardir: String,
+    #[serde(default)]
+    pub server_datadir: Option<String>,
+    #[serde(default)]
+    pub config_file: Option<String>,
+}
+
+impl From<Settings> for PuppetSettings {
+    fn from(s: Settings) -> PuppetSettings {
+        let given = |path: Option<String>| path.filter(|p| !p.is_empty()).map(PathBuf::from);
+        PuppetSettings {
+            confdir: PathBuf::from(s.confdir),
+            vardir: PathBuf::from(s.vardir),
+            server_datadir: given(s.server_datadir),
+            config_file: given(s.config_file),
+        }
+    }
+}
+
+/// A query function's call, by name (`op` in JSON).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Query {
+    ServersWithRole {
+        roles: Vec<String>,
+        environment: String,
+    },
+    /// The first server only, or none.
+    ServerWithRole {
+        roles: Vec<String>,
+        environment: String,
+    },
+    ServersWithFacts {
+        clauses: Vec<String>,
+        environment: String,
+    },
+}
+
+/// Servers to fetch by position from index `generation` (the C ABI's cache).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServersAt {
+    pub generation: u64,
+    pub positions: Vec<u32>,
+}
+
+/// `note_environment`'s arguments.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoteEnvironment {
+    pub certname: String,
+    pub environment: String,
+}
+
+/// A failure as it crosses into Ruby: its kind and its message.
+#[derive(Debug, Serialize)]
+pub struct Failure {
+    #[serde(serialize_with = "kind_name")]
+    pub kind: Kind,
+    pub message: String,
+}
+
+fn kind_name<S: Serializer>(kind: &Kind, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+    serializer.serialize_str(kind.as_str())
+}
+
+impl Failure {
+    /// A panic caught in a binding or the core.
+    pub fn panic(panic: &(dyn std::any::Any + Send)) -> Failure {
+        Failure { kind: Kind::Internal, message: internal_error_message(panic) }
+    }
+
+    /// A request the C ABI cannot read: a bug in the caller.
+    pub fn request(message: String) -> Failure {
+        Failure { kind: Kind::Request, message }
+    }
+
+    pub fn internal(what: impl std::fmt::Display) -> Failure {
+        Failure { kind: Kind::Internal, message: format!("puppet-kicker internal error: {what}") }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        Failure { kind: e.kind(), message: e.to_string() }
+    }
+}
+
+/// Configures the process-wide service; a no-op while the settings are unchanged.
+pub fn configure(settings: Settings) -> Result<()> {
+    Service::configure(settings.into()).map(drop)
+}
+
+/// A query's servers: by index generation and position, so a binding can convert
+/// each server once per index.
+pub fn select(query: Query) -> Result<Selected> {
+    let service = Service::global()?;
+    let (selection, first_only) = match query {
+        Query::ServersWithRole { roles, environment } => {
+            (service.servers_with_role(&RoleSelector::parse(&roles)?, &environment)?, false)
+        }
+        Query::ServerWithRole { roles, environment } => {
+            (service.servers_with_role(&RoleSelector::parse(&roles)?, &environment)?, true)
+        }
+        Query::ServersWithFacts { clauses, environment } => {
+            (service.servers_with_facts(&clauses, &environment)?, false)
+        }
+    };
+    Ok(Selected { selection, first_only })
+}
+
+/// The servers at `at.positions` of index `at.generation`, or `None` once that
+/// index has been replaced (the caller selects again).
+pub fn servers_at(at: ServersAt) -> Result<Option<Servers>> {
+    Ok(Service::global()?.servers_at(at.generation, &at.positions).map(Servers))
+}
+
+/// Records the environment a certname compiles in.
+pub fn note_environment(note: NoteEnvironment) -> Result<()> {
+    Service::global()?.note_environment(&note.certname, &note.environment);
+    Ok(())
+}
+
+/// Everything to log since the last call: refresh and snapshot warnings, then what
+/// the kick dispatcher logged (nothing before the service is configured).
+pub fn take_log() -> Result<Vec<LogLine>> {
+    let Ok(service) = Service::global() else { return Ok(Vec::new()) };
+    let mut lines: Vec<LogLine> =
+        service.take_warnings().into_iter().map(|warning| LogLine::new(Level::Warning, warning)).collect();
+    lines.append(&mut service.take_kick_log());
+    Ok(lines)
+}
+
+/// The index's size and age, the last refresh error, the configuration in use and
+/// what this process leaves undone.
+pub fn status() -> Result<Status> {
+    let service = Service::global()?;
+    let index = service.status();
+    // A master starts no helper; the same fields all the same.
+    let helper = crate::helper::describe(&index.cache_dir);
+    Ok(Status { index, work_left: service.work_left(), helper })
+}
+
+/// The `kick` report processor: a report's kicks (the JSON `lib/puppet_kicker/kick.rb`
+/// builds) to the planner; returns what to log.
+pub fn kick_report(report: &[u8]) -> Result<Vec<LogLine>> {
+    let report = crate::kick::parse_report(report)?;
+    Service::global()?.kick_report(&report)
+}
+
+/// Waits (bounded by `kick.exit_wait`) for due kicks to be sent, for a process
+/// about to exit; returns what to log.
+pub fn kick_flush() -> Result<Vec<LogLine>> {
+    Ok(Service::global().map(|s| s.kick_flush()).unwrap_or_default())
+}
+
+/// The kick status document, as JSON text.
+pub fn kick_status() -> Result<String> {
+    Ok(Service::global()?.kick_status()?.to_string())
+}
+
+/// The masterless helper's one call (lib/puppet_kicker/helper.rb): finishes the
+/// cache dir's refresh and pending kicks, then says how it ended.
+pub fn run_helper(settings: Settings) -> Result<String> {
+    crate::helper::run(settings.into()).map(|ending| format!("{ending:?}"))
+}
+
+/// `<crate version> (index format N)`, for bindings that want the core they loaded.
+pub fn version() -> Result<&'static str> {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    Ok(VERSION
+        .get_or_init(|| format!("{} (index format {})", env!("CARGO_PKG_VERSION"), crate::snapshot::FORMAT_VERSION)))
+}
+
+/// A query's answer. Serialized (the C ABI's `pk_select`): `{"generation": G,
+/// "positions": [P, ..]}`.
+pub struct Selected {
+    selection: Selection,
+    first_only: bool,
+}
+
+impl Selected {
+    pub fn generation(&self) -> u64 {
+        self.selection.positions().0
+    }
+
+    /// The selected servers' positions: at most one for `server_with_role`.
+    pub fn positions(&self) -> &[u32] {
+        let positions = self.selection.positions().1;
+        if self.first_only {
+            &positions[..positions.len().min(1)]
+        } else {
+            positions
+        }
+    }
+
+    /// The server at `position` of this selection's index.
+    pub fn server_at(&self, position: u32) -> Option<Server<'_>> {
+        self.selection.node_at(position).map(Server)
+    }
+}
+
+impl Serialize for Selected {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("generation", &self.generation())?;
+        map.serialize_entry("positions", self.positions())?;
+        map.end()
+    }
+}
+
+/// Servers by position: serialized as an array of [`Server`].
+pub struct Servers(Selection);
+
+impl Serialize for Servers {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for node in self.0.nodes() {
+            seq.serialize_element(&Server(node))?;
+        }
+        seq.end()
+    }
+}
+
+/// A server as the functions return it: its facts and what its source reported
+/// beside them ([`Node::entries`]), then `certname` unless a fact already has that
+/// name.
+#[derive(Clone, Copy)]
+pub struct Server<'a>(&'a Node);
+
+/// One value of a [`Server`].
+pub enum Entry<'a> {
+    Value(&'a Json),
+    /// The certname, added when no fact has that name.
+    Certname(&'a str),
+}
+
+impl<'a> Server<'a> {
+    pub fn entries(self) -> impl Iterator<Item = (&'a str, Entry<'a>)> {
+        let node = self.0;
+        let certname =
+            Some(("certname", Entry::Certname(&node.certname))).filter(|_| !node.facts.contains_key("certname"));
+        node.entries().map(|(name, value)| (name.as_str(), Entry::Value(value))).chain(certname)
+    }
+}
+
+impl Serialize for Server<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        for (name, entry) in self.entries() {
+            match entry {
+                Entry::Value(value) => map.serialize_entry(name, value)?,
+                Entry::Certname(certname) => map.serialize_entry(name, certname)?,
+            }
+        }
+        map.end()
+    }
+}
+
+/// What `status` reports, for operators and tests.
+pub struct Status {
+    pub index: crate::service::Status,
+    /// Masterless: what this process leaves undone at exit (see [`Service::work_left`]).
+    pub work_left: Vec<&'static str>,
+    /// The masterless helper finishing that work, if any ([`crate::helper::describe`]).
+    pub helper: Json,
+}
+
+impl Status {
+    /// Its fields in the order Ruby's Hash has them.
+    pub fn fields(&self) -> [(&'static str, Json); 9] {
+        let s = &self.index;
+        [
+            ("servers", s.servers.into()),
+            ("built_at", s.built_at.into()),
+            ("last_error", s.last_error.clone().into()),
+            ("config_file", s.config_file.as_ref().map(|f| f.display().to_string()).into()),
+            ("cache_dir", s.cache_dir.display().to_string().into()),
+            ("failures", s.failures.into()),
+            ("retry_at", s.retry_at.into()),
+            ("work_left", self.work_left.clone().into()),
+            ("helper", self.helper.clone()),
+        ]
+    }
+}
+
+impl Serialize for Status {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let fields = self.fields();
+        let mut map = serializer.serialize_map(Some(fields.len()))?;
+        for (name, value) in &fields {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}

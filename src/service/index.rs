@@ -1,0 +1,361 @@
+//! The index service: the fact index every compile reads, kept fresh in the
+//! background (see [`super::refresh`]), and the no-data rule.
+//!
+//! A compile reads the current index through an atomic pointer and never waits for
+//! a refresh, except on a cold start with no snapshot at all.
+
+use super::refresh::{self, Refresh, RefreshState, Shared, Warnings};
+use super::MAX_PENDING_WARNINGS;
+use crate::config::{Config, OnNoData, PuppetSettings, SourceKind};
+use crate::error::{Error, Result};
+use crate::facts::Node;
+use crate::index::{Freshness, Index, RoleSelector};
+use crate::query::ClauseCache;
+use crate::snapshot;
+use crate::source::mcollective::McollectiveSource;
+use crate::sync::lock;
+use crate::time::now;
+use arc_swap::ArcSwapOption;
+use crossbeam_channel::Sender;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Distinct clauses kept compiled; manifests use a few dozen.
+const CLAUSE_CACHE_SIZE: usize = 1024;
+/// An empty index is not refreshed again on every compile: at most this often.
+const EMPTY_RETRY_SECONDS: i64 = 5;
+/// A refresh reading the fact cache has no network deadline; past this it is hung.
+const PUPPET_CACHE_WORST_CASE: Duration = Duration::from_secs(300);
+
+/// The fact index of one Puppet process, its refreshes and its queries.
+pub struct IndexService {
+    pub(super) settings: PuppetSettings,
+    pub(super) shared: Arc<Shared>,
+    pub(super) clauses: ClauseCache,
+    pub(super) refresh: Sender<Refresh>,
+}
+
+/// Servers selected by a query: positions into the index they were read from, which
+/// stays alive (and unchanged) as long as the selection does.
+pub struct Selection {
+    index: Option<Arc<Index>>,
+    positions: Vec<u32>,
+}
+
+impl Selection {
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// The index generation and positions of the selected servers, for bindings
+    /// that cache converted servers per generation.
+    pub fn positions(&self) -> (u64, &[u32]) {
+        (self.index.as_ref().map_or(0, |i| i.generation()), &self.positions)
+    }
+
+    /// The server at `position` of the index this selection came from.
+    pub fn node_at(&self, position: u32) -> Option<&Node> {
+        self.index.as_deref().filter(|i| (position as usize) < i.len()).map(|i| i.node(position))
+    }
+
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = &Node> + '_ {
+        let index = self.index.as_deref();
+        self.positions.iter().map(move |p| index.expect("positions come from an index").node(*p))
+    }
+}
+
+/// What `status` reports, for operators and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub servers: usize,
+    pub built_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub config_file: Option<PathBuf>,
+    pub cache_dir: PathBuf,
+    /// Refreshes failed in a row (0 after a good one).
+    pub failures: u32,
+    /// While failing: no refresh is started by a compile before this Unix second.
+    pub retry_at: Option<i64>,
+}
+
+impl IndexService {
+    /// Reads the configuration and the snapshot, and starts the refresh thread.
+    pub fn start(settings: PuppetSettings) -> Result<IndexService> {
+        let config = Config::load(&settings)?;
+        let mcollective = match config.source {
+            SourceKind::Mcollective => Some(McollectiveSource::open(&config.mcollective)?),
+            SourceKind::PuppetCache => None,
+        };
+        // Every network wait of a refresh is bounded; twice the worst case and a
+        // minute more means something below us (resolver, file system) hangs.
+        let worst_case = mcollective.as_ref().map_or(PUPPET_CACHE_WORST_CASE, McollectiveSource::worst_case);
+        let stuck_after = worst_case.saturating_mul(2).saturating_add(Duration::from_secs(60));
+        let (refresh, requests) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            current: ArcSwapOption::empty(),
+            refresh_state: Mutex::new(RefreshState {
+                in_flight: false,
+                waiters: Vec::new(),
+                ticket: 0,
+                since: None,
+                stuck_after,
+                abandoned: 0,
+            }),
+            last_finished: AtomicI64::new(0),
+            last_error: Mutex::new(None),
+            warnings: Mutex::new(Warnings::default()),
+            seen_environments: Mutex::new(BTreeMap::new()),
+            failures: AtomicU32::new(0),
+            retry_at: AtomicI64::new(0),
+            mcollective,
+            requests,
+            config,
+            worst_case,
+        });
+        match snapshot::read(&snapshot::path_in(&shared.config.cache_dir)) {
+            Ok(Some(snap)) => {
+                *lock(&shared.seen_environments) = snap.seen_environments;
+                let index = Index::build(snap.nodes, &shared.config.role_fact, snap.built_at);
+                shared.current.store(Some(Arc::new(index)));
+            }
+            Ok(None) => {}
+            Err(warning) => shared.warn(warning),
+        }
+        refresh::start_refresh_thread(&shared).map_err(|e| Error::system("cannot start the refresh thread", e))?;
+        Ok(IndexService { settings, shared, clauses: ClauseCache::new(CLAUSE_CACHE_SIZE), refresh })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// `servers_with_role`: servers of `environment` with any of the roles.
+    pub fn servers_with_role(&self, roles: &RoleSelector, environment: &str) -> Result<Selection> {
+        let Some(index) = self.index()? else {
+            return Ok(Selection::empty());
+        };
+        let positions = index.with_role(roles, environment, self.freshness());
+        Ok(Selection { index: Some(index), positions })
+    }
+
+    /// `servers_with_facts`: servers matching every clause.
+    pub fn servers_with_facts<S: AsRef<str>>(&self, clauses: &[S], environment: &str) -> Result<Selection> {
+        let query = self.clauses.compile(clauses)?;
+        let Some(index) = self.index()? else {
+            return Ok(Selection::empty());
+        };
+        let positions = index.with_facts(&query, environment, &self.shared.config.role_fact, self.freshness());
+        Ok(Selection { index: Some(index), positions })
+    }
+
+    /// The servers at `positions` of the current index, if it is still `generation`
+    /// (a binding fetching what it has not cached of an earlier selection).
+    pub fn servers_at(&self, generation: u64, positions: &[u32]) -> Option<Selection> {
+        let index = self.shared.current.load_full()?;
+        if index.generation() != generation || positions.iter().any(|p| *p as usize >= index.len()) {
+            return None;
+        }
+        Some(Selection { index: Some(index), positions: positions.to_vec() })
+    }
+
+    /// Records where a certname compiled, for servers whose facts name no environment.
+    pub fn note_environment(&self, certname: &str, environment: &str) {
+        let mut seen = lock(&self.shared.seen_environments);
+        if seen.get(certname).map(String::as_str) != Some(environment) {
+            seen.insert(certname.to_string(), environment.to_string());
+        }
+    }
+
+    /// Starts a refresh, or joins the one in flight, and waits up to `timeout` for
+    /// it to finish; true when it did.
+    pub fn refresh_and_wait(&self, timeout: Duration) -> bool {
+        refresh::refresh_and_wait(&self.shared, &self.refresh, timeout)
+    }
+
+    /// How long a refresh may take at worst (every network deadline added up).
+    pub fn refresh_worst_case(&self) -> Duration {
+        self.shared.worst_case
+    }
+
+    /// The index as it is now, if any was built or read yet.
+    pub(super) fn current(&self) -> Option<Arc<Index>> {
+        self.shared.current.load_full()
+    }
+
+    /// Whether a refresh is queued or running.
+    pub fn refreshing(&self) -> bool {
+        lock(&self.shared.refresh_state).in_flight
+    }
+
+    /// Waits up to `timeout` for a refresh, from a thread of the caller's own: what
+    /// the kick dispatcher does before each dispatch.
+    pub(super) fn refresher(&self, timeout: Duration) -> impl Fn() + Send + Sync + 'static {
+        let (shared, refresh) = (self.shared.clone(), self.refresh.clone());
+        move || {
+            refresh::refresh_and_wait(&shared, &refresh, timeout);
+        }
+    }
+
+    /// Warnings from refreshes and snapshot reads since the last call, for logging.
+    pub fn take_warnings(&self) -> Vec<String> {
+        let mut warnings = lock(&self.shared.warnings);
+        let mut pending = std::mem::take(&mut warnings.pending);
+        if warnings.left_out > 0 {
+            pending.push(format!(
+                "{} more puppet-kicker warnings left out (at most {MAX_PENDING_WARNINGS} wait to be logged)",
+                warnings.left_out
+            ));
+            warnings.left_out = 0;
+        }
+        pending
+    }
+
+    pub fn status(&self) -> Status {
+        let index = self.shared.current.load_full();
+        Status {
+            servers: index.as_ref().map_or(0, |i| i.len()),
+            built_at: index.as_ref().map(|i| i.built_at()),
+            last_error: lock(&self.shared.last_error).clone(),
+            config_file: self.shared.config.file.clone(),
+            cache_dir: self.shared.config.cache_dir.clone(),
+            failures: self.shared.failures.load(Ordering::SeqCst),
+            retry_at: Some(self.shared.retry_at.load(Ordering::SeqCst)).filter(|t| *t > 0),
+        }
+    }
+
+    /// The index to answer from, per the no-data policy. Never waits when any
+    /// non-empty index exists; starts a background refresh when it is older than
+    /// `cache.ttl`.
+    pub(super) fn index(&self) -> Result<Option<Arc<Index>>> {
+        let config = &self.shared.config;
+        let mut index = self.shared.current.load_full();
+        match &index {
+            Some(current) if !current.is_empty() => {
+                if now() - current.built_at() >= config.cache_ttl as i64 && self.backoff_over() {
+                    self.request_refresh();
+                }
+            }
+            _ => {
+                // No data: wait for a refresh, unless one just failed or found nothing.
+                let in_flight = lock(&self.shared.refresh_state).in_flight;
+                let last_finished = self.shared.last_finished.load(Ordering::SeqCst);
+                if in_flight || (now() - last_finished >= EMPTY_RETRY_SECONDS && self.backoff_over()) {
+                    self.refresh_and_wait(Duration::from_secs(config.cold_start_timeout));
+                    index = self.shared.current.load_full();
+                }
+            }
+        }
+        match index {
+            Some(index) if !index.is_empty() => Ok(Some(index)),
+            _ if config.on_no_data == OnNoData::Empty => Ok(None),
+            _ => Err(Error::NoData(self.no_data_message())),
+        }
+    }
+
+    fn no_data_message(&self) -> String {
+        let config = &self.shared.config;
+        let source = match config.source {
+            SourceKind::PuppetCache => format!(
+                "the puppet_cache source ({})",
+                config.puppet_cache_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+            SourceKind::Mcollective => self.shared.mcollective.as_ref().map_or_else(String::new, |m| m.describe()),
+        };
+        let why = match lock(&self.shared.last_error).as_deref() {
+            Some(error) => format!("the last refresh failed: {error}"),
+            None if self.shared.current.load().is_some() => format!("{source} holds no server"),
+            None => format!("{source} did not answer within {}s", config.cold_start_timeout),
+        };
+        let file = config.file.as_ref().map_or("puppet_kicker.yaml".to_string(), |f| f.display().to_string());
+        format!("puppet-kicker has no fact data, so it will not return an empty list of servers: {why}. Set `on_no_data: empty` in {file} to return [] instead")
+    }
+
+    /// False while failed refreshes back off.
+    fn backoff_over(&self) -> bool {
+        now() >= self.shared.retry_at.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn freshness(&self) -> Freshness {
+        Freshness { now: now(), max_age: self.shared.config.max_age }
+    }
+
+    fn request_refresh(&self) {
+        refresh::request_refresh(&self.shared, &self.refresh);
+    }
+}
+
+impl Selection {
+    fn empty() -> Selection {
+        Selection { index: None, positions: Vec::new() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::time::Instant;
+
+    /// A refresh that hangs (here: on a lock the test holds, as it could on a hung
+    /// file system) is declared hung once past `stuck_after`; the next request
+    /// starts a new refresh on a new thread instead of waiting forever, and the
+    /// hung one, when it ends, changes nothing.
+    #[test]
+    fn a_hung_refresh_never_blocks_later_ones() {
+        let root = std::env::temp_dir().join(format!("pk-service-hung-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let (etc, facts) = (root.join("etc"), root.join("facts"));
+        fs::create_dir_all(&etc).unwrap();
+        fs::create_dir_all(&facts).unwrap();
+        let config =
+            format!("puppet_cache:\n  dirs: [{}]\ncache:\n  dir: {}\n", facts.display(), root.join("cache").display());
+        fs::write(etc.join("puppet_kicker.yaml"), config).unwrap();
+        let settings = PuppetSettings { confdir: etc, vardir: root.join("var"), ..Default::default() };
+        let kicker = IndexService::start(settings).unwrap();
+        let state = || lock(&kicker.shared.refresh_state);
+        let counts = || {
+            let s = state();
+            (s.ticket, s.abandoned)
+        };
+        assert_eq!(state().stuck_after, Duration::from_secs(660));
+
+        let hang = lock(&kicker.shared.seen_environments);
+        kicker.request_refresh();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(state().in_flight);
+        // Within the limit, a request joins the refresh in flight.
+        assert!(!kicker.refresh_and_wait(Duration::from_millis(200)));
+        assert_eq!(counts(), (1, 0));
+        assert!(kicker.take_warnings().is_empty());
+
+        state().stuck_after = Duration::from_millis(100);
+        kicker.request_refresh();
+        assert_eq!(counts(), (2, 1));
+        let warnings = kicker.take_warnings();
+        assert!(
+            warnings.iter().any(|w| w.contains("is still running, far beyond") && w.contains("starting another")),
+            "{warnings:?}"
+        );
+
+        // The hang ends: the new refresh completes, the old one is discarded.
+        drop(hang);
+        let start = Instant::now();
+        while state().in_flight || counts().1 > 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "refreshes did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let warnings = kicker.take_warnings();
+        assert!(warnings.iter().any(|w| w.contains("finished after all; its result was discarded")), "{warnings:?}");
+        assert!(kicker.shared.current.load_full().is_some());
+        assert!(kicker.refresh_and_wait(Duration::from_secs(10)), "refreshes go on");
+        assert_eq!(state().ticket, 3);
+        let _ = fs::remove_dir_all(&root);
+    }
+}

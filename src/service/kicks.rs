@@ -1,0 +1,156 @@
+//! The service the bindings call: the index service composed with the kick
+//! service, which resolves a report's kicks in the index and dispatches them.
+
+use super::IndexService;
+use crate::config::PuppetSettings;
+use crate::error::{Error, Result};
+use crate::facts::Node;
+use crate::index::RoleSelector;
+use crate::kick::{KickService, McoTransport, ReportKicks, Selector, Target, Transport};
+use crate::log::{Level, LogLine};
+use std::ops::Deref;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// One Puppet process's puppet-kicker: its [`IndexService`] (reached through
+/// `Deref`: queries, refreshes, status) and, once a report brings kicks, its
+/// [`KickService`].
+pub struct Service {
+    index: IndexService,
+    /// Started by the first report that reaches the `kick` processor. The error is
+    /// kept as its message: every later report gets the same one.
+    kicks: OnceLock<std::result::Result<KickService, String>>,
+}
+
+impl Deref for Service {
+    type Target = IndexService;
+
+    fn deref(&self) -> &IndexService {
+        &self.index
+    }
+}
+
+impl Service {
+    /// Reads the configuration and the snapshot, and starts the refresh thread.
+    pub fn start(settings: PuppetSettings) -> Result<Service> {
+        Ok(Service { index: IndexService::start(settings)?, kicks: OnceLock::new() })
+    }
+
+    /// What this process leaves undone if it exits now: `refresh` while a refresh
+    /// is in flight, `kicks` while kicks wait to be delivered. A short-lived process
+    /// (`puppet apply`) hands these to the masterless helper (see [`crate::helper`]).
+    pub fn work_left(&self) -> Vec<&'static str> {
+        let mut work = Vec::new();
+        if self.index.refreshing() {
+            work.push("refresh");
+        }
+        if let Some(Ok(service)) = self.kicks.get() {
+            if service.undelivered() > 0 {
+                work.push("kicks");
+            }
+        }
+        work
+    }
+
+    /// The kick service, started if it is not yet (for the masterless helper).
+    pub fn kicks(&self) -> Result<&KickService> {
+        self.kick_service()
+    }
+
+    /// Takes in a report's kicks: resolves their targets in the index, lets the
+    /// planner decide, and returns what to log. Dispatch happens in the background.
+    pub fn kick_report(&self, report: &ReportKicks) -> Result<Vec<LogLine>> {
+        let service = self.kick_service()?;
+        let mut index = if report.kicks.is_empty() { self.current() } else { self.index.index()? };
+        // A server new to the index kicks on its first run: learn its role (policy,
+        // role graph) before deciding, bounded like a cold start.
+        if !report.kicks.is_empty() && index.as_deref().is_some_and(|i| i.by_certname(&report.host).is_none()) {
+            self.refresh_and_wait(Duration::from_secs(self.config().cold_start_timeout));
+            index = self.current().or(index);
+        }
+        let role_fact = &self.config().role_fact;
+        let role_of = |node: &Node| node.facts.get(role_fact).and_then(|r| r.as_str()).map(str::to_string);
+        let fresh = self.freshness();
+        let mut errors = Vec::new();
+        let resolve = |selector: &Selector, environment: &str| -> Vec<Target> {
+            let Some(index) = index.as_deref() else { return Vec::new() };
+            let positions = match selector {
+                Selector::Roles(roles) => RoleSelector::parse(roles).map(|r| index.with_role(&r, environment, fresh)),
+                Selector::Facts(clauses) => {
+                    self.index.clauses.compile(clauses).map(|q| index.with_facts(&q, environment, role_fact, fresh))
+                }
+            };
+            match positions {
+                Ok(positions) => positions
+                    .into_iter()
+                    .map(|p| index.node(p))
+                    .map(|node| Target { certname: node.certname.clone(), role: role_of(node) })
+                    .collect(),
+                Err(e) => {
+                    errors.push(LogLine::new(Level::Err, format!("kick from {}: {e}", report.host)));
+                    Vec::new()
+                }
+            }
+        };
+        let source_role = |host: &str| index.as_deref().and_then(|i| i.by_certname(host)).and_then(role_of);
+        let mut lines = service.report(report, resolve, source_role);
+        lines.append(&mut errors);
+        Ok(lines)
+    }
+
+    /// Waits (bounded by `kick.exit_wait`) for due kicks to be sent; for processes
+    /// about to exit. Returns what to log, including how many kicks wait for later.
+    pub fn kick_flush(&self) -> Vec<LogLine> {
+        let Some(Ok(service)) = self.kicks.get() else { return Vec::new() };
+        let undelivered = service.flush(self.config().kick.exit_wait);
+        let mut lines = service.take_log();
+        if undelivered > 0 {
+            let file = self.config().cache_dir.join(crate::kick::STATE_FILE);
+            lines.push(LogLine {
+                level: Level::Notice,
+                message: format!(
+                    "{undelivered} kick(s) not yet delivered, kept in {} for the next run",
+                    file.display()
+                ),
+            });
+        }
+        lines
+    }
+
+    /// Lines the kick dispatcher logged since the last call.
+    pub fn take_kick_log(&self) -> Vec<LogLine> {
+        match self.kicks.get() {
+            Some(Ok(service)) => service.take_log(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The kick status document, as in `kick-status.json`.
+    pub fn kick_status(&self) -> Result<serde_json::Value> {
+        Ok(self.kick_service()?.status())
+    }
+
+    fn kick_service(&self) -> Result<&KickService> {
+        let config = self.config();
+        let started = self.kicks.get_or_init(|| {
+            let transport: std::result::Result<Box<dyn Transport>, String> = if config.kick.planner.dry_run {
+                Err("dry run".to_string())
+            } else {
+                config
+                    .mcollective
+                    .client_config()
+                    .map(|mco| {
+                        let client = crate::mcollective::Client::new(mco);
+                        Box::new(McoTransport::new(client, config.kick.agent.clone(), config.kick.reply_timeout))
+                            as Box<dyn Transport>
+                    })
+                    .map_err(|e| format!("mcollective is not usable for kicks: {e}"))
+            };
+            // A kicked server must see what changed: refresh the index before each
+            // dispatch (bounded), so its compile (here, or from the snapshot) is fresh.
+            let before_dispatch = Box::new(self.index.refresher(Duration::from_secs(config.cold_start_timeout)));
+            KickService::start(config.kick.planner.clone(), &config.cache_dir, transport, before_dispatch)
+        });
+        started.as_ref().map_err(|e| Error::Io(e.clone()))
+    }
+}

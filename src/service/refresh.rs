@@ -1,0 +1,285 @@
+//! The index's refreshes: one background thread at a time reading the fact source,
+//! building a new index and swapping it in; backoff after failures; a refresh hung
+//! below us (a resolver, a file system) declared so and replaced.
+
+use super::{MAX_PENDING_WARNINGS, REFRESH_LOCK};
+use crate::config::{Config, SourceKind};
+use crate::error::{Error, Result};
+use crate::facts::Node;
+use crate::index::Index;
+use crate::snapshot::{self, SnapshotRef};
+use crate::source::mcollective::McollectiveSource;
+use crate::source::{puppet_cache, Harvest};
+use crate::sync::lock;
+use crate::time::now;
+use arc_swap::ArcSwapOption;
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Refresh threads declared hung that may linger; past this, no new one is started.
+const MAX_ABANDONED_REFRESHES: usize = 4;
+
+/// State the refresh thread and the compiles share.
+pub(super) struct Shared {
+    pub(super) config: Config,
+    pub(super) current: ArcSwapOption<Index>,
+    pub(super) refresh_state: Mutex<RefreshState>,
+    /// Unix seconds when the last refresh finished, well or not.
+    pub(super) last_finished: AtomicI64,
+    pub(super) last_error: Mutex<Option<String>>,
+    pub(super) warnings: Mutex<Warnings>,
+    pub(super) seen_environments: Mutex<BTreeMap<String, String>>,
+    /// Refreshes failed in a row, and the Unix second before which a compile does not
+    /// start another (0: no backoff).
+    pub(super) failures: AtomicU32,
+    pub(super) retry_at: AtomicI64,
+    /// `source: mcollective`: the client, from the operator's client.cfg.
+    pub(super) mcollective: Option<McollectiveSource>,
+    /// Where refresh threads take their work (a new thread replaces a hung one).
+    pub(super) requests: Receiver<Refresh>,
+    /// A refresh's worst case, network deadlines included.
+    pub(super) worst_case: Duration,
+}
+
+/// Warnings waiting for the bindings, and how many did not fit.
+#[derive(Default)]
+pub(super) struct Warnings {
+    pub(super) pending: Vec<String>,
+    pub(super) left_out: u64,
+}
+
+/// Wakes a refresh thread to run refresh number `.0` (see `RefreshState::ticket`).
+pub(super) struct Refresh(pub(super) u64);
+
+/// Whether a refresh is queued or running, and who waits for it to finish. One lock,
+/// so a waiter can never register just after the refresh it waits for has ended.
+pub(super) struct RefreshState {
+    pub(super) in_flight: bool,
+    pub(super) waiters: Vec<Sender<()>>,
+    /// The number of the latest refresh requested; an older one that finishes late
+    /// (declared hung) changes nothing.
+    pub(super) ticket: u64,
+    /// When the refresh in flight was requested.
+    pub(super) since: Option<Instant>,
+    /// A refresh in flight for longer is declared hung: far beyond its worst case.
+    pub(super) stuck_after: Duration,
+    /// Refresh threads declared hung and not finished yet.
+    pub(super) abandoned: usize,
+}
+
+/// Starts a refresh unless one is in flight. One in flight far beyond its worst
+/// case is declared hung: logged, left to finish on its own thread (its result is
+/// then discarded), and a new thread takes this refresh, so a hang below us (a
+/// resolver, a file system) never stops refreshes for good.
+pub(super) fn request_refresh(shared: &Arc<Shared>, refresh: &Sender<Refresh>) {
+    let mut state = lock(&shared.refresh_state);
+    if state.in_flight {
+        let running = state.since.map_or(Duration::ZERO, |since| since.elapsed());
+        if running < state.stuck_after || state.abandoned >= MAX_ABANDONED_REFRESHES {
+            return;
+        }
+        let started = match start_refresh_thread(shared) {
+            Ok(()) => "starting another",
+            Err(_) => "and no thread could be started for another",
+        };
+        shared.warn(format!(
+            "puppet-kicker: the refresh started {}s ago is still running, far beyond the {}s it may take (a hung resolver or file system?); {started}",
+            running.as_secs(),
+            state.stuck_after.as_secs()
+        ));
+        state.abandoned += 1;
+    }
+    state.in_flight = true;
+    state.ticket += 1;
+    state.since = Some(Instant::now());
+    let _ = refresh.send(Refresh(state.ticket));
+}
+
+pub(super) fn start_refresh_thread(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let worker = shared.clone();
+    std::thread::Builder::new().name("puppet-kicker-refresh".into()).spawn(move || refresh_loop(&worker)).map(drop)
+}
+
+pub(super) fn refresh_and_wait(shared: &Arc<Shared>, refresh: &Sender<Refresh>, timeout: Duration) -> bool {
+    let (done, finished) = crossbeam_channel::bounded(1);
+    lock(&shared.refresh_state).waiters.push(done);
+    request_refresh(shared, refresh);
+    finished.recv_timeout(timeout).is_ok()
+}
+
+impl Shared {
+    pub(super) fn warn(&self, warning: String) {
+        let mut warnings = lock(&self.warnings);
+        if warnings.pending.len() < MAX_PENDING_WARNINGS {
+            warnings.pending.push(warning);
+        } else {
+            warnings.left_out = warnings.left_out.saturating_add(1);
+        }
+    }
+
+    /// Whether refresh `ticket` is still the latest one (not declared hung).
+    fn is_current(&self, ticket: u64) -> bool {
+        lock(&self.refresh_state).ticket == ticket
+    }
+
+    /// Reads the source and swaps in a new index; the snapshot follows. Refresh
+    /// `ticket` changes nothing once a newer one replaced it.
+    fn refresh(&self, ticket: u64) -> Result<()> {
+        let lock_path = self.config.cache_dir.join(REFRESH_LOCK);
+        // A refused cache dir is warned about where the snapshot is written.
+        let lockable = crate::cache_dir::ensure(&self.config.cache_dir).is_ok();
+        let wait = self.worst_case.saturating_add(Duration::from_secs(10));
+        let requested = now();
+        let contended = lockable && matches!(crate::process::try_lock(&lock_path), Ok(None));
+        let taken = if lockable { crate::process::lock_within(&lock_path, wait) } else { Ok(None) };
+        let _held = match taken {
+            Ok(Some(file)) => Some(file),
+            Ok(None) if !lockable => None,
+            Ok(None) => {
+                return Err(Error::Io(format!(
+                    "another process has held {} for more than {}s; not refreshing meanwhile",
+                    lock_path.display(),
+                    wait.as_secs()
+                )))
+            }
+            Err(e) => {
+                // A cache dir we cannot lock in (read-only) still gets refreshes.
+                self.warn(format!("cannot lock {}: {e}; refreshing without it", lock_path.display()));
+                None
+            }
+        };
+        // Only a refresh that ran while this one waited is taken: one asked for
+        // without contention reads the source, as it always did.
+        if contended && self.adopt_fresher_snapshot(ticket, requested) {
+            return Ok(());
+        }
+        let started = now();
+        let harvest: Harvest = match (self.config.source, &self.mcollective) {
+            (SourceKind::Mcollective, Some(mcollective)) => {
+                mcollective.refresh(self.current.load().as_deref(), started)?
+            }
+            _ => puppet_cache::load(&self.config.puppet_cache_dirs)?,
+        };
+        for warning in harvest.warnings {
+            self.warn(warning);
+        }
+        let seen = lock(&self.seen_environments).clone();
+        let mut nodes: Vec<Node> = harvest
+            .observations
+            .into_iter()
+            .map(|o| {
+                let seen_env = seen.get(&o.certname).map(String::as_str);
+                o.into_node(seen_env)
+            })
+            .collect();
+        nodes.extend(harvest.kept);
+        let index = Index::build(nodes, &self.config.role_fact, started);
+        if !self.is_current(ticket) {
+            return Ok(());
+        }
+        let snap = SnapshotRef { built_at: started, nodes: index.nodes(), seen_environments: &seen };
+        if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
+            self.warn(warning);
+        }
+        let state = lock(&self.refresh_state);
+        if state.ticket == ticket {
+            self.current.store(Some(Arc::new(index)));
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// Takes the snapshot another process wrote while this one waited for the
+    /// refresh lock, when it is newer than the index and younger than `cache.ttl`:
+    /// that refresh just happened, and doing it again would only load the fleet.
+    fn adopt_fresher_snapshot(&self, ticket: u64, requested: i64) -> bool {
+        let path = snapshot::path_in(&self.config.cache_dir);
+        let current = self.current.load().as_ref().map_or(i64::MIN, |i| i.built_at());
+        let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        let written = written.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs() as i64);
+        if written.is_none_or(|w| w < current.max(requested) || now() - w >= self.config.cache_ttl as i64) {
+            return false;
+        }
+        let Ok(Some(snap)) = snapshot::read(&path) else { return false };
+        if snap.built_at <= current || now() - snap.built_at >= self.config.cache_ttl as i64 || snap.nodes.is_empty() {
+            return false;
+        }
+        let mut seen = lock(&self.seen_environments);
+        for (certname, environment) in snap.seen_environments {
+            seen.entry(certname).or_insert(environment);
+        }
+        drop(seen);
+        let index = Index::build(snap.nodes, &self.config.role_fact, snap.built_at);
+        let state = lock(&self.refresh_state);
+        if state.ticket == ticket {
+            self.current.store(Some(Arc::new(index)));
+        }
+        true
+    }
+}
+
+fn refresh_loop(shared: &Shared) {
+    while let Ok(Refresh(ticket)) = shared.requests.recv() {
+        let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh(ticket)))
+            .unwrap_or_else(|_| Err(Error::Io("internal error: the refresh panicked".into())));
+        if !shared.is_current(ticket) {
+            // Declared hung while it ran: a newer refresh owns the state, and
+            // another thread serves requests.
+            let mut state = lock(&shared.refresh_state);
+            state.abandoned = state.abandoned.saturating_sub(1);
+            drop(state);
+            shared.warn("puppet-kicker: a refresh declared hung finished after all; its result was discarded".into());
+            return;
+        }
+        let mut last_error = lock(&shared.last_error);
+        match outcome {
+            Ok(()) => {
+                *last_error = None;
+                shared.failures.store(0, Ordering::SeqCst);
+                shared.retry_at.store(0, Ordering::SeqCst);
+            }
+            Err(e) => {
+                let failures = shared.failures.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+                let delay = backoff(failures, shared.config.retry_min, shared.config.retry_max);
+                shared.retry_at.store(now().saturating_add(delay as i64), Ordering::SeqCst);
+                let serving = if shared.current.load().as_ref().is_some_and(|i| !i.is_empty()) {
+                    "still serving the last snapshot"
+                } else {
+                    "no snapshot to serve yet"
+                };
+                shared.warn(format!(
+                    "puppet-kicker refresh failed ({failures} in a row; {serving}; next try in {delay}s at the earliest): {e}"
+                ));
+                *last_error = Some(e.to_string());
+            }
+        }
+        drop(last_error);
+        shared.last_finished.store(now(), Ordering::SeqCst);
+        let waiters = {
+            let mut state = lock(&shared.refresh_state);
+            if state.ticket != ticket {
+                // Declared hung just now: the newer refresh wakes the waiters.
+                state.abandoned = state.abandoned.saturating_sub(1);
+                return;
+            }
+            state.in_flight = false;
+            state.since = None;
+            std::mem::take(&mut state.waiters)
+        };
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
+    }
+}
+
+/// Seconds to wait after `failures` failed refreshes in a row: `min`, doubled per
+/// further failure, at most `max`.
+fn backoff(failures: u32, min: u64, max: u64) -> u64 {
+    let max = max.max(min);
+    min.saturating_mul(1u64 << failures.saturating_sub(1).min(32)).min(max)
+}
