@@ -26,11 +26,15 @@ module PuppetKicker
   # A kick report the `kick` processor cannot read.
   class ReportError < Error; end
 
-  # The one list of error kinds (the core's seam::Kind) and the class each raises;
+  # The one list of error kinds (the core's error::Kind) and the class each raises;
   # both backends look kinds up here. Any other kind (io, request, internal) raises
   # PuppetKicker::Error.
-  ERRORS = { 'query' => QueryError, 'config' => ConfigError, 'no_data' => NoDataError,
-             'report' => ReportError }.freeze
+  ERRORS = {
+    'query' => QueryError,
+    'config' => ConfigError,
+    'no_data' => NoDataError,
+    'report' => ReportError,
+  }.freeze
 
   LIBRARIES = { 'magnus' => NATIVE_LIBRARY, 'ffi' => FFI_LIBRARY }.freeze
   BACKENDS = LIBRARIES.keys.freeze
