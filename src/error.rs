@@ -27,6 +27,8 @@ pub enum Error {
     System { context: String, source: std::io::Error },
     /// `cache.dir` cannot be created, or others could write in it.
     CacheDir(crate::cache_dir::CacheDirError),
+    /// `source: mcollective` cannot start: its client configuration is unusable.
+    McollectiveSource(crate::source::mcollective::SourceError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -71,7 +73,7 @@ impl Error {
     pub fn kind(&self) -> Kind {
         match self {
             Error::Query(_) => Kind::Query,
-            Error::Config(_) | Error::ConfigFile(_) => Kind::Config,
+            Error::Config(_) | Error::ConfigFile(_) | Error::McollectiveSource(_) => Kind::Config,
             Error::NoData(_) => Kind::NoData,
             Error::Report(_) => Kind::Report,
             Error::Io(_) | Error::System { .. } | Error::CacheDir(_) => Kind::Io,
@@ -96,6 +98,7 @@ impl fmt::Display for Error {
             Error::Query(m) | Error::Config(m) | Error::NoData(m) | Error::Report(m) | Error::Io(m) => f.write_str(m),
             Error::ConfigFile(e) => e.fmt(f),
             Error::CacheDir(e) => e.fmt(f),
+            Error::McollectiveSource(e) => e.fmt(f),
             Error::System { context, source } => write!(f, "{context}: {source}"),
         }
     }
@@ -108,6 +111,7 @@ impl std::error::Error for Error {
             // A module error's message is this one's; its cause comes next.
             Error::ConfigFile(e) => std::error::Error::source(e),
             Error::CacheDir(e) => std::error::Error::source(e),
+            Error::McollectiveSource(e) => std::error::Error::source(e),
             _ => None,
         }
     }
