@@ -29,6 +29,8 @@ pub enum Error {
     CacheDir(crate::cache_dir::CacheDirError),
     /// `source: mcollective` cannot start: its client configuration is unusable.
     McollectiveSource(crate::source::mcollective::SourceError),
+    /// The kick service cannot start; shared, because every later report gets it too.
+    Kick(std::sync::Arc<crate::kick::KickError>),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -76,7 +78,7 @@ impl Error {
             Error::Config(_) | Error::ConfigFile(_) | Error::McollectiveSource(_) => Kind::Config,
             Error::NoData(_) => Kind::NoData,
             Error::Report(_) => Kind::Report,
-            Error::Io(_) | Error::System { .. } | Error::CacheDir(_) => Kind::Io,
+            Error::Io(_) | Error::System { .. } | Error::CacheDir(_) | Error::Kick(_) => Kind::Io,
         }
     }
 }
@@ -99,6 +101,7 @@ impl fmt::Display for Error {
             Error::ConfigFile(e) => e.fmt(f),
             Error::CacheDir(e) => e.fmt(f),
             Error::McollectiveSource(e) => e.fmt(f),
+            Error::Kick(e) => e.fmt(f),
             Error::System { context, source } => write!(f, "{context}: {source}"),
         }
     }
@@ -112,6 +115,7 @@ impl std::error::Error for Error {
             Error::ConfigFile(e) => std::error::Error::source(e),
             Error::CacheDir(e) => std::error::Error::source(e),
             Error::McollectiveSource(e) => std::error::Error::source(e),
+            Error::Kick(e) => std::error::Error::source(&**e),
             _ => None,
         }
     }
