@@ -25,6 +25,12 @@ pub enum Error {
     Io(String),
     /// The operating system refused what `context` describes.
     System { context: String, source: std::io::Error },
+    /// `cache.dir` cannot be created, or others could write in it.
+    CacheDir(crate::cache_dir::CacheDirError),
+    /// `source: mcollective` cannot start: its client configuration is unusable.
+    McollectiveSource(crate::source::mcollective::SourceError),
+    /// The kick service cannot start; shared, because every later report gets it too.
+    Kick(std::sync::Arc<crate::kick::KickError>),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -69,10 +75,10 @@ impl Error {
     pub fn kind(&self) -> Kind {
         match self {
             Error::Query(_) => Kind::Query,
-            Error::Config(_) | Error::ConfigFile(_) => Kind::Config,
+            Error::Config(_) | Error::ConfigFile(_) | Error::McollectiveSource(_) => Kind::Config,
             Error::NoData(_) => Kind::NoData,
             Error::Report(_) => Kind::Report,
-            Error::Io(_) | Error::System { .. } => Kind::Io,
+            Error::Io(_) | Error::System { .. } | Error::CacheDir(_) | Error::Kick(_) => Kind::Io,
         }
     }
 }
@@ -93,6 +99,9 @@ impl fmt::Display for Error {
         match self {
             Error::Query(m) | Error::Config(m) | Error::NoData(m) | Error::Report(m) | Error::Io(m) => f.write_str(m),
             Error::ConfigFile(e) => e.fmt(f),
+            Error::CacheDir(e) => e.fmt(f),
+            Error::McollectiveSource(e) => e.fmt(f),
+            Error::Kick(e) => e.fmt(f),
             Error::System { context, source } => write!(f, "{context}: {source}"),
         }
     }
@@ -102,9 +111,18 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::System { source, .. } => Some(source),
-            // The file error's message is this one's; its cause comes next.
+            // A module error's message is this one's; its cause comes next.
             Error::ConfigFile(e) => std::error::Error::source(e),
+            Error::CacheDir(e) => std::error::Error::source(e),
+            Error::McollectiveSource(e) => std::error::Error::source(e),
+            Error::Kick(e) => std::error::Error::source(&**e),
             _ => None,
         }
+    }
+}
+
+impl From<crate::cache_dir::CacheDirError> for Error {
+    fn from(e: crate::cache_dir::CacheDirError) -> Self {
+        Error::CacheDir(e)
     }
 }

@@ -110,7 +110,7 @@ pub fn run(settings: PuppetSettings) -> Result<Ending> {
 pub fn run_with(settings: PuppetSettings, options: &Options) -> Result<Ending> {
     let config = Config::load(&settings)?;
     let dir = config.cache_dir.clone();
-    crate::cache_dir::ensure(&dir).map_err(Error::Io)?;
+    crate::cache_dir::ensure(&dir)?;
     let kicker = Service::start(settings)?;
     let wanted = dir.join(REFRESH_WANTED);
     if stale(&kicker) {

@@ -11,8 +11,9 @@
 
 use serde_json::{Map, Number, Value};
 use std::collections::HashMap;
+use std::fmt;
 use yaml_rust2::parser::{Event, Parser, Tag};
-use yaml_rust2::scanner::{Marker, TScalarStyle};
+use yaml_rust2::scanner::{Marker, ScanError, TScalarStyle};
 use yaml_rust2::Yaml;
 
 /// Most collections nested in one another: facts are a few levels deep.
@@ -30,19 +31,93 @@ pub const MAX_TEXT: usize = 64 << 20;
 /// would otherwise expand to the full value budget (a million values, half a second).
 pub const MAX_ALIASED_VALUES: usize = 100_000;
 
+/// Why a document was refused: not YAML, or over one of the limits. Each says on
+/// which line; the caller names the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum YamlError {
+    /// Not YAML: the parser's reason, with the byte, line and column.
+    Syntax(ScanError),
+    /// Collections nested deeper than `limit` ([`MAX_DEPTH`]); `through_alias` when
+    /// an alias would copy a collection that deep.
+    TooDeep { limit: usize, line: usize, through_alias: bool },
+    /// More than `limit` ([`MAX_ALIASES`]) aliases.
+    TooManyAliases { limit: usize, line: usize },
+    /// Aliases repeat more than `limit` ([`MAX_ALIASED_VALUES`]) values.
+    TooManyAliasedValues { limit: usize, line: usize },
+    /// More than `limit` ([`MAX_VALUES`]) values, counting what aliases repeat.
+    TooManyValues { limit: usize, line: usize },
+    /// More than `limit` ([`MAX_TEXT`]) bytes of text, counting what aliases repeat.
+    TooMuchText { limit: usize, line: usize },
+    /// An alias refers to the collection that contains it.
+    RecursiveAlias { line: usize },
+    /// A collection ends that never started (the parser should never say so).
+    UnmatchedEnd { line: usize },
+}
+
+impl YamlError {
+    /// The line the error is about (1-based).
+    pub fn line(&self) -> usize {
+        match self {
+            YamlError::Syntax(e) => e.marker().line(),
+            YamlError::TooDeep { line, .. }
+            | YamlError::TooManyAliases { line, .. }
+            | YamlError::TooManyAliasedValues { line, .. }
+            | YamlError::TooManyValues { line, .. }
+            | YamlError::TooMuchText { line, .. }
+            | YamlError::RecursiveAlias { line }
+            | YamlError::UnmatchedEnd { line } => *line,
+        }
+    }
+}
+
+impl fmt::Display for YamlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            YamlError::Syntax(e) => return e.fmt(f),
+            YamlError::TooDeep { limit, through_alias, .. } => {
+                write!(f, "nested deeper than {limit} levels")?;
+                if *through_alias {
+                    f.write_str(" (through an alias)")?;
+                }
+            }
+            YamlError::TooManyAliases { limit, .. } => write!(f, "more than {limit} aliases")?,
+            YamlError::TooManyAliasedValues { limit, .. } => write!(f, "aliases repeat more than {limit} values")?,
+            YamlError::TooManyValues { limit, .. } => {
+                write!(f, "more than {limit} values (counting what aliases repeat)")?
+            }
+            YamlError::TooMuchText { limit, .. } => {
+                write!(f, "more than {} MiB of text (counting what aliases repeat)", limit >> 20)?
+            }
+            YamlError::RecursiveAlias { .. } => f.write_str("an alias refers to the collection that contains it")?,
+            YamlError::UnmatchedEnd { .. } => f.write_str("a collection ends that never started")?,
+        }
+        write!(f, " at line {}", self.line())
+    }
+}
+
+impl std::error::Error for YamlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            YamlError::Syntax(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Parses the first document of `text`; an empty document is `Null`.
 ///
 /// The error says what is wrong and on which line.
-pub fn parse(text: &str) -> Result<Value, String> {
+pub fn parse(text: &str) -> Result<Value, YamlError> {
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(text);
     loop {
         let (event, mark) = parser.next_token().map_err(|e| match e.info() {
             // The scanner's own flow limit (255) can come first: it reads ahead.
             "recursion limit exceeded" => {
-                format!("nested deeper than {MAX_DEPTH} levels at line {}", e.marker().line())
+                YamlError::TooDeep { limit: MAX_DEPTH, line: e.marker().line(), through_alias: false }
             }
-            _ => e.to_string(),
+            _ => YamlError::Syntax(e),
         })?;
         match event {
             Event::DocumentEnd | Event::StreamEnd => return Ok(builder.root.unwrap_or(Value::Null)),
@@ -78,14 +153,14 @@ struct Builder {
 }
 
 impl Builder {
-    fn on_event(&mut self, event: Event, mark: Marker) -> Result<(), String> {
-        let at = |what: String| format!("{what} at line {}", mark.line());
+    fn on_event(&mut self, event: Event, mark: Marker) -> Result<(), YamlError> {
+        let line = mark.line();
         match event {
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
                 if self.stack.len() >= MAX_DEPTH {
-                    return Err(at(format!("nested deeper than {MAX_DEPTH} levels")));
+                    return Err(YamlError::TooDeep { limit: MAX_DEPTH, line, through_alias: false });
                 }
-                self.charge(Cost { values: 1, text: 0, height: 0 }).map_err(at)?;
+                self.charge(Cost { values: 1, text: 0, height: 0 }, line)?;
                 let start = self.spent;
                 self.stack.push(match event {
                     Event::SequenceStart(..) => Frame::Sequence { items: Vec::new(), anchor, start, height: 1 },
@@ -100,15 +175,15 @@ impl Builder {
                     Some(Frame::Mapping { map, anchor, start, height, .. }) => {
                         (Value::Object(map), anchor, start, height)
                     }
-                    None => return Err(at("a collection ends that never started".into())),
+                    None => return Err(YamlError::UnmatchedEnd { line }),
                 };
                 let cost =
                     Cost { values: self.spent.values - start.values + 1, text: self.spent.text - start.text, height };
-                self.finish(value, anchor, cost).map_err(at)?;
+                self.finish(value, anchor, cost, line)?;
             }
             Event::Scalar(text, style, anchor, tag) => {
                 let cost = Cost { values: 1, text: text.len(), height: 0 };
-                self.charge(cost).map_err(at)?;
+                self.charge(cost, line)?;
                 let value = match self.stack.last_mut() {
                     // A scalar key keeps its text: `1.50:` is the key "1.50".
                     Some(Frame::Mapping { key: key @ None, .. }) if anchor == 0 => {
@@ -117,52 +192,52 @@ impl Builder {
                     }
                     _ => scalar_value(resolve(text, style, tag)),
                 };
-                self.finish(value, anchor, cost).map_err(at)?;
+                self.finish(value, anchor, cost, line)?;
             }
             Event::Alias(id) => {
                 self.aliases += 1;
                 if self.aliases > MAX_ALIASES {
-                    return Err(at(format!("more than {MAX_ALIASES} aliases")));
+                    return Err(YamlError::TooManyAliases { limit: MAX_ALIASES, line });
                 }
                 let Some(&(_, cost)) = self.anchors.get(&id) else {
-                    return Err(at("an alias refers to the collection that contains it".into()));
+                    return Err(YamlError::RecursiveAlias { line });
                 };
                 if self.stack.len() + cost.height > MAX_DEPTH {
-                    return Err(at(format!("nested deeper than {MAX_DEPTH} levels (through an alias)")));
+                    return Err(YamlError::TooDeep { limit: MAX_DEPTH, line, through_alias: true });
                 }
                 // Charged before it is copied: a bomb is refused before it is built.
                 self.aliased_values += cost.values;
                 if self.aliased_values > MAX_ALIASED_VALUES {
-                    return Err(at(format!("aliases repeat more than {MAX_ALIASED_VALUES} values")));
+                    return Err(YamlError::TooManyAliasedValues { limit: MAX_ALIASED_VALUES, line });
                 }
-                self.charge(cost).map_err(at)?;
+                self.charge(cost, line)?;
                 let value = self.anchors[&id].0.clone();
-                self.finish(value, 0, cost).map_err(at)?;
+                self.finish(value, 0, cost, line)?;
             }
             Event::Nothing | Event::StreamStart | Event::DocumentStart | Event::DocumentEnd | Event::StreamEnd => {}
         }
         Ok(())
     }
 
-    /// Counts `cost` against the document's limits.
-    fn charge(&mut self, cost: Cost) -> Result<(), String> {
+    /// Counts `cost`, of a node at `line`, against the document's limits.
+    fn charge(&mut self, cost: Cost, line: usize) -> Result<(), YamlError> {
         self.spent.values += cost.values;
         self.spent.text += cost.text;
         if self.spent.values > MAX_VALUES {
-            return Err(format!("more than {MAX_VALUES} values (counting what aliases repeat)"));
+            return Err(YamlError::TooManyValues { limit: MAX_VALUES, line });
         }
         if self.spent.text > MAX_TEXT {
-            return Err(format!("more than {} MiB of text (counting what aliases repeat)", MAX_TEXT >> 20));
+            return Err(YamlError::TooMuchText { limit: MAX_TEXT, line });
         }
         Ok(())
     }
 
     /// Puts a finished node into its parent (or makes it the document), and keeps a
     /// copy of an anchored one for its aliases.
-    fn finish(&mut self, value: Value, anchor: usize, cost: Cost) -> Result<(), String> {
+    fn finish(&mut self, value: Value, anchor: usize, cost: Cost, line: usize) -> Result<(), YamlError> {
         if anchor != 0 {
             // The copy is memory too.
-            self.charge(cost)?;
+            self.charge(cost, line)?;
             self.anchors.insert(anchor, (value.clone(), cost));
         }
         match self.stack.last_mut() {
@@ -264,7 +339,7 @@ mod tests {
         assert_eq!(v, json!({"a": null, "b": 16, "c": "7", "d": ".inf", "1.50": "x", "~": "y", "e": "3", "f": []}));
         assert_eq!(parse("").unwrap(), Value::Null);
         assert_eq!(parse("--- 1\n--- [unclosed\n").unwrap(), json!(1), "only the first document is read");
-        assert!(parse("a: [1\n").unwrap_err().contains("line"));
+        assert!(matches!(parse("a: [1\n").unwrap_err(), YamlError::Syntax(e) if e.to_string().contains("line 2")));
     }
 
     #[test]
@@ -274,7 +349,9 @@ mod tests {
         assert_eq!(v["networking"]["ip"], json!("10.0.0.5"));
         assert_eq!(v["copy"], json!({"eth0": {"ip": "10.0.0.5"}}));
         assert_eq!(v["10.0.0.5"], json!("key"));
-        assert!(parse("a: &a [*a]\n").unwrap_err().contains("contains it"));
+        let err = parse("a: &a [*a]\n").unwrap_err();
+        assert_eq!(err, YamlError::RecursiveAlias { line: 1 });
+        assert_eq!(err.to_string(), "an alias refers to the collection that contains it at line 1");
     }
 
     /// `depth` sequences nested in one another, `[[...[x]...]]`, as block YAML.
@@ -292,25 +369,30 @@ mod tests {
         }
         assert_eq!(v, &json!("x"));
         let err = parse(&nested(MAX_DEPTH + 1)).unwrap_err();
-        assert_eq!(err, format!("nested deeper than {MAX_DEPTH} levels at line {}", MAX_DEPTH + 1));
+        assert_eq!(err, YamlError::TooDeep { limit: MAX_DEPTH, line: MAX_DEPTH + 1, through_alias: false });
+        assert_eq!(err.to_string(), format!("nested deeper than {MAX_DEPTH} levels at line {}", MAX_DEPTH + 1));
 
         let flow = |depth| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
         assert!(parse(&flow(MAX_DEPTH)).is_ok());
-        assert!(parse(&flow(MAX_DEPTH + 1)).unwrap_err().contains("nested deeper than 64 levels"));
+        assert!(parse(&flow(MAX_DEPTH + 1)).unwrap_err().to_string().contains("nested deeper than 64 levels"));
         assert!(parse("a: '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['\n").is_ok());
 
         // 63 levels anchored in a list: 64; its alias one level further down is 65.
         let anchored = format!("- &a {}\n- *a\n", flow(MAX_DEPTH - 1));
         assert!(parse(&anchored).is_ok());
         let anchored = format!("- &a {}\n- [*a]\n", flow(MAX_DEPTH - 1));
-        assert!(parse(&anchored).unwrap_err().contains("through an alias"));
+        let err = parse(&anchored).unwrap_err();
+        assert!(matches!(err, YamlError::TooDeep { through_alias: true, .. }), "{err:?}");
+        assert!(err.to_string().contains("nested deeper than 64 levels (through an alias)"), "{err}");
     }
 
     #[test]
     fn alias_count_limit() {
         let aliases = |n: usize| format!("a: &a x\nb: [{}]\n", vec!["*a"; n].join(","));
         assert!(parse(&aliases(MAX_ALIASES)).is_ok());
-        assert_eq!(parse(&aliases(MAX_ALIASES + 1)).unwrap_err(), format!("more than {MAX_ALIASES} aliases at line 2"));
+        let err = parse(&aliases(MAX_ALIASES + 1)).unwrap_err();
+        assert_eq!(err, YamlError::TooManyAliases { limit: MAX_ALIASES, line: 2 });
+        assert_eq!(err.to_string(), format!("more than {MAX_ALIASES} aliases at line 2"));
     }
 
     #[test]
@@ -322,13 +404,14 @@ mod tests {
         };
         assert!(parse(&repeats(MAX_ALIASED_VALUES / 1000)).is_ok());
         let err = parse(&repeats(MAX_ALIASED_VALUES / 1000 + 1)).unwrap_err();
-        assert_eq!(err, format!("aliases repeat more than {MAX_ALIASED_VALUES} values at line 2"));
+        assert_eq!(err, YamlError::TooManyAliasedValues { limit: MAX_ALIASED_VALUES, line: 2 });
+        assert_eq!(err.to_string(), format!("aliases repeat more than {MAX_ALIASED_VALUES} values at line 2"));
         // The audit's 300-byte bomb: refused after 100,000 repeated values, not 1,000,000.
         let mut bomb = String::from("a0: &a0 [x,x,x,x,x,x,x,x,x,x]\n");
         for i in 1..9 {
             bomb += &format!("a{i}: &a{i} [{}]\n", vec![format!("*a{}", i - 1); 10].join(","));
         }
-        assert!(parse(&bomb).unwrap_err().starts_with("aliases repeat more than 100000 values"));
+        assert!(parse(&bomb).unwrap_err().to_string().starts_with("aliases repeat more than 100000 values"));
     }
 
     #[test]
@@ -336,11 +419,15 @@ mod tests {
         // A list of n values is n + 1: the list and its items; with the mapping and its key, n + 3.
         let list = |n: usize| format!("a: [{}]\n", vec!["1"; n].join(","));
         assert!(parse(&list(MAX_VALUES - 3)).is_ok());
-        assert!(parse(&list(MAX_VALUES - 2)).unwrap_err().starts_with("more than 1000000 values"));
+        let err = parse(&list(MAX_VALUES - 2)).unwrap_err();
+        assert_eq!(err, YamlError::TooManyValues { limit: MAX_VALUES, line: 1 });
+        assert!(err.to_string().starts_with("more than 1000000 values"), "{err}");
 
         // One 1 MiB string, anchored (its copy counts) and repeated: 2 + (2 + repeats) MiB.
         let text = |repeats: usize| format!("a: &a {}\nb: [{}]\n", "x".repeat(1 << 20), vec!["*a"; repeats].join(","));
         assert!(parse(&text(61)).is_ok());
-        assert!(parse(&text(62)).unwrap_err().starts_with("more than 64 MiB of text"));
+        let err = parse(&text(62)).unwrap_err();
+        assert!(matches!(err, YamlError::TooMuchText { limit: MAX_TEXT, line: 2 }), "{err:?}");
+        assert!(err.to_string().starts_with("more than 64 MiB of text"), "{err}");
     }
 }

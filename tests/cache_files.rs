@@ -1,6 +1,7 @@
 //! What puppet-kicker writes into `cache.dir`: who may write there, the modes of its
 //! files, and what a full disk or a planted symlink does.
 
+use puppet_kicker::cache_dir::CacheDirError;
 use puppet_kicker::facts::Node;
 use puppet_kicker::snapshot::{self, Snapshot, SnapshotRef};
 use std::collections::BTreeMap;
@@ -28,11 +29,13 @@ fn snapshot(nodes: usize, padding: usize) -> Snapshot {
     Snapshot { built_at: 1000, nodes, seen_environments: BTreeMap::new() }
 }
 
+/// Writes `s`; the error as the warning an operator reads.
 fn write(path: &Path, s: &Snapshot) -> Result<(), String> {
     snapshot::write(
         path,
         &SnapshotRef { built_at: s.built_at, nodes: &s.nodes, seen_environments: &s.seen_environments },
     )
+    .map_err(|e| e.to_string())
 }
 
 fn mode(path: &Path) -> u32 {
@@ -91,7 +94,11 @@ fn a_cache_dir_others_can_write_is_refused_with_what_to_change() {
     // Reading from it is refused too: anyone could have put the snapshot there.
     fs::write(&path, b"PKINDEX\0").unwrap();
     let err = snapshot::read(&path).unwrap_err();
-    assert!(err.contains("writable by every user"), "{err}");
+    assert!(
+        matches!(&err, snapshot::SnapshotError::UnsafeDir { source: CacheDirError::WritableByOthers { .. }, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("writable by every user"), "{err}");
 
     // Group-writable is fine when the directory is ours (a shared puppet group)...
     fs::remove_file(&path).unwrap();

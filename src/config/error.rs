@@ -15,7 +15,7 @@ pub enum ConfigError {
     /// The file is not UTF-8.
     NotUtf8 { file: PathBuf, source: std::string::FromUtf8Error },
     /// The file is not YAML, or over a limit of the YAML reader (nesting, aliases).
-    Yaml { file: PathBuf, reason: String },
+    Yaml { file: PathBuf, source: crate::yaml::YamlError },
     /// The document is YAML but not a mapping of settings.
     NotAMapping { file: PathBuf },
     /// A key that is not in [`super::KEYS`] (a typo never silently means "default").
@@ -77,7 +77,7 @@ impl fmt::Display for ConfigError {
         match self {
             ConfigError::Read { source, .. } => write!(f, "cannot read {file}: {source}"),
             ConfigError::NotUtf8 { source, .. } => write!(f, "cannot read {file}: not UTF-8 ({source})"),
-            ConfigError::Yaml { reason, .. } => write!(f, "{file}: not valid YAML: {reason}"),
+            ConfigError::Yaml { source, .. } => write!(f, "{file}: not valid YAML: {source}"),
             ConfigError::NotAMapping { .. } => write!(f, "{file}: must be a mapping of settings"),
             ConfigError::UnknownKey { key, known, .. } => {
                 write!(f, "{file}: unknown key '{key}'; known keys: {}", known.join(", "))
@@ -95,6 +95,7 @@ impl std::error::Error for ConfigError {
         match self {
             ConfigError::Read { source, .. } => Some(source),
             ConfigError::NotUtf8 { source, .. } => Some(source),
+            ConfigError::Yaml { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -187,7 +187,7 @@ impl Config {
     /// checks no single key can make.
     pub fn parse(text: &str, path: &Path, settings: &PuppetSettings) -> Result<Config, ConfigError> {
         let file = || path.to_path_buf();
-        let document = crate::yaml::parse(text).map_err(|reason| ConfigError::Yaml { file: file(), reason })?;
+        let document = crate::yaml::parse(text).map_err(|source| ConfigError::Yaml { file: file(), source })?;
         let mut config = Config::defaults(settings);
         config.file = Some(file());
         let mut entries = Vec::new();
@@ -389,6 +389,9 @@ mod tests {
         assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
         let core: crate::Error = e.into();
         assert_eq!(core.kind(), crate::error::Kind::Config);
+        let e = parse("cache: [\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Yaml { source: crate::yaml::YamlError::Syntax(_), .. }), "{e:?}");
+        assert!(e.source().is_some_and(|s| s.is::<crate::yaml::YamlError>()));
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target};
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{
-    decode_state, now_ms, KickService, Level, LogLine, MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE,
+    decode_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, MAX_LOG_LINES_PER_REPORT, STATE_FILE,
+    STATUS_FILE,
 };
 pub use transport::{classify, Agent, McoTransport, Transport};
 pub use wire::parse_report;

@@ -12,6 +12,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeSet;
+use std::fmt;
+use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -40,6 +42,68 @@ const SAVE_RETRY: Duration = Duration::from_secs(5);
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
 /// How often the dispatcher looks whether a process holding a server's kicks exited.
 pub const HOLD_POLL: Duration = Duration::from_secs(1);
+
+/// What the kick service could not do: start, or read `kicks.msgpack`. Each names
+/// the file when there is one.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum KickError {
+    /// The state file exists but could not be read, or is over [`MAX_STATE_FILE_SIZE`].
+    ReadState { path: PathBuf, source: io::Error },
+    /// The state file does not decode (corrupt, another format, nested too deep).
+    UnreadableState { path: PathBuf, source: rmp_serde::decode::Error },
+    /// The dispatcher thread could not be started.
+    StartDispatcher { source: io::Error },
+}
+
+impl fmt::Display for KickError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KickError::ReadState { path, source } => write!(f, "cannot read kick state {}: {source}", path.display()),
+            KickError::UnreadableState { path, source } => {
+                write!(f, "ignoring unreadable kick state {}: {source}", path.display())
+            }
+            KickError::StartDispatcher { source } => write!(f, "cannot start the kick dispatcher: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for KickError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KickError::ReadState { source, .. } | KickError::StartDispatcher { source } => Some(source),
+            KickError::UnreadableState { source, .. } => Some(source),
+        }
+    }
+}
+
+/// Why the service has no transport: every due kick then fails with this reason.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum NoTransport {
+    /// `kick.dry_run`: kicks are logged, never sent.
+    DryRun,
+    /// The mcollective client configuration is unusable.
+    Mcollective(crate::mcollective::Error),
+}
+
+impl fmt::Display for NoTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoTransport::DryRun => f.write_str("dry run"),
+            NoTransport::Mcollective(e) => write!(f, "mcollective is not usable for kicks: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for NoTransport {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NoTransport::Mcollective(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 pub struct KickService {
     inner: Arc<Inner>,
@@ -74,9 +138,9 @@ impl KickService {
     pub fn start(
         config: KickConfig,
         cache_dir: &Path,
-        transport: Result<Box<dyn Transport>, String>,
+        transport: Result<Box<dyn Transport>, NoTransport>,
         before_dispatch: Box<dyn Fn() + Send + Sync>,
-    ) -> Result<KickService, String> {
+    ) -> Result<KickService, KickError> {
         let state_path = cache_dir.join(STATE_FILE);
         let mut warnings = Vec::new();
         // kicks.lock is opened before anything else writes to a new cache dir
@@ -84,13 +148,13 @@ impl KickService {
             warnings.push(format!("kick state cannot be kept: {e}"));
         }
         let state = read_state(&state_path).unwrap_or_else(|e| {
-            warnings.push(e);
+            warnings.push(e.to_string());
             PlannerState::default()
         });
         let planner = Planner::new(config.clone(), state);
         let (transport, transport_error) = match transport {
             Ok(t) => (Some(t), None),
-            Err(e) => (None, Some(e)),
+            Err(e) => (None, Some(e.to_string())),
         };
         let inner = Arc::new(Inner {
             planner: Mutex::new(planner),
@@ -113,7 +177,7 @@ impl KickService {
         std::thread::Builder::new()
             .name("puppet-kicker-dispatch".into())
             .spawn(move || dispatch_loop(&worker, &wakeups))
-            .map_err(|e| format!("cannot start the kick dispatcher: {e}"))?;
+            .map_err(|source| KickError::StartDispatcher { source })?;
         let _ = wake.send(());
         Ok(KickService { inner, wake })
     }
@@ -294,7 +358,7 @@ impl Inner {
                         match decode_state(&self.state_path, &bytes) {
                             Ok(theirs) if unsaved => planner.merge_unsaved(theirs),
                             Ok(theirs) => planner.replace_state(theirs),
-                            Err(e) => self.log(LogLine { level: Level::Warning, message: e }),
+                            Err(e) => self.log(LogLine { level: Level::Warning, message: e.to_string() }),
                         }
                         *lock(&self.seen) = on_disk;
                     }
@@ -467,11 +531,11 @@ impl FileStamp {
     }
 }
 
-fn read_state(path: &Path) -> Result<PlannerState, String> {
+fn read_state(path: &Path) -> Result<PlannerState, KickError> {
     match crate::bounded_read::read(path, MAX_STATE_FILE_SIZE) {
         Ok(bytes) => decode_state(path, &bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PlannerState::default()),
-        Err(e) => Err(format!("cannot read kick state {}: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PlannerState::default()),
+        Err(source) => Err(KickError::ReadState { path: path.to_path_buf(), source }),
     }
 }
 
@@ -496,11 +560,11 @@ fn most_severe_first(lines: Vec<LogLine>, cap: usize) -> Vec<LogLine> {
 
 /// The kick state in `bytes`, as the service reads `kicks.msgpack`; `path` names it in
 /// errors. Bounded: 16 levels of nesting at most.
-pub fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, String> {
+pub fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, KickError> {
     let mut decoder = rmp_serde::Deserializer::from_read_ref(bytes);
     decoder.set_max_depth(MAX_STATE_NESTING);
     PlannerState::deserialize(&mut decoder)
-        .map_err(|e| format!("ignoring unreadable kick state {}: {e}", path.display()))
+        .map_err(|source| KickError::UnreadableState { path: path.to_path_buf(), source })
 }
 
 fn log_line(event: &Event) -> LogLine {
@@ -574,7 +638,13 @@ mod tests {
         bytes.push(0);
         std::fs::write(&path, &bytes).unwrap();
         let error = read_state(&path).unwrap_err();
-        assert!(error.contains(&path.display().to_string()) && error.contains("over the 64 MiB limit"), "{error}");
+        assert!(matches!(&error, KickError::ReadState { path: p, .. } if *p == path), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&path.display().to_string()) && message.contains("over the 64 MiB limit"),
+            "{message}"
+        );
+        assert!(std::error::Error::source(&error).is_some_and(|s| s.is::<io::Error>()));
     }
 
     #[test]
@@ -592,6 +662,36 @@ mod tests {
             .join()
             .expect("decoding overflowed the stack")
             .unwrap_err();
-        assert!(error.contains("ignoring unreadable kick state"), "{error}");
+        assert!(matches!(error, KickError::UnreadableState { .. }), "{error:?}");
+        assert!(error.to_string().contains("ignoring unreadable kick state"), "{error}");
+    }
+
+    #[test]
+    fn an_unreadable_state_file_is_a_warning_naming_it_and_the_service_starts_empty() {
+        let dir = tempdir("kick-state-corrupt");
+        let path = dir.join(STATE_FILE);
+        std::fs::write(&path, b"\xc1").unwrap();
+        let err = decode_state(&path, b"\xc1").unwrap_err();
+        assert!(matches!(err, KickError::UnreadableState { .. }), "{err:?}");
+        assert!(std::error::Error::source(&err).is_some_and(|s| s.is::<rmp_serde::decode::Error>()));
+
+        let service = KickService::start(KickConfig::default(), &dir, Err(NoTransport::DryRun), Box::new(|| {}))
+            .expect("the service starts without its state");
+        let log = service.take_log();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_eq!(log[0].level, Level::Warning);
+        assert_eq!(log[0].message, err.to_string());
+        assert!(log[0].message.starts_with(&format!("ignoring unreadable kick state {}: ", path.display())));
+    }
+
+    #[test]
+    fn a_kick_service_that_cannot_start_is_an_io_error_for_ruby() {
+        let err = KickError::StartDispatcher { source: io::Error::from(io::ErrorKind::OutOfMemory) };
+        let core = crate::Error::Kick(Arc::new(err));
+        assert_eq!(core.kind(), crate::error::Kind::Io, "Ruby's PuppetKicker::IoError, as before");
+        assert!(core.to_string().starts_with("cannot start the kick dispatcher: "), "{core}");
+        let cause = std::error::Error::source(&core).and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(cause.map(io::Error::kind), Some(io::ErrorKind::OutOfMemory));
+        assert_eq!(NoTransport::DryRun.to_string(), "dry run");
     }
 }

@@ -126,7 +126,7 @@ impl IndexService {
                 shared.current.store(Some(Arc::new(index)));
             }
             Ok(None) => {}
-            Err(warning) => shared.warn(warning),
+            Err(warning) => shared.warn(warning.to_string()),
         }
         refresh::start_refresh_thread(&shared).map_err(|e| Error::system("cannot start the refresh thread", e))?;
         Ok(IndexService { settings, shared, clauses: ClauseCache::new(CLAUSE_CACHE_SIZE), refresh })

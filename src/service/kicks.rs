@@ -6,10 +6,10 @@ use crate::config::PuppetSettings;
 use crate::error::{Error, Result};
 use crate::facts::Node;
 use crate::index::RoleSelector;
-use crate::kick::{KickService, McoTransport, ReportKicks, Selector, Target, Transport};
+use crate::kick::{KickError, KickService, McoTransport, NoTransport, ReportKicks, Selector, Target, Transport};
 use crate::log::{Level, LogLine};
 use std::ops::Deref;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// One Puppet process's puppet-kicker: its [`IndexService`] (reached through
@@ -18,8 +18,8 @@ use std::time::Duration;
 pub struct Service {
     index: IndexService,
     /// Started by the first report that reaches the `kick` processor. The error is
-    /// kept as its message: every later report gets the same one.
-    kicks: OnceLock<std::result::Result<KickService, String>>,
+    /// shared: every later report gets the same one.
+    kicks: OnceLock<std::result::Result<KickService, Arc<KickError>>>,
 }
 
 impl Deref for Service {
@@ -133,8 +133,8 @@ impl Service {
     fn kick_service(&self) -> Result<&KickService> {
         let config = self.config();
         let started = self.kicks.get_or_init(|| {
-            let transport: std::result::Result<Box<dyn Transport>, String> = if config.kick.planner.dry_run {
-                Err("dry run".to_string())
+            let transport: std::result::Result<Box<dyn Transport>, NoTransport> = if config.kick.planner.dry_run {
+                Err(NoTransport::DryRun)
             } else {
                 config
                     .mcollective
@@ -144,13 +144,14 @@ impl Service {
                         Box::new(McoTransport::new(client, config.kick.agent.clone(), config.kick.reply_timeout))
                             as Box<dyn Transport>
                     })
-                    .map_err(|e| format!("mcollective is not usable for kicks: {e}"))
+                    .map_err(NoTransport::Mcollective)
             };
             // A kicked server must see what changed: refresh the index before each
             // dispatch (bounded), so its compile (here, or from the snapshot) is fresh.
             let before_dispatch = Box::new(self.index.refresher(Duration::from_secs(config.cold_start_timeout)));
             KickService::start(config.kick.planner.clone(), &config.cache_dir, transport, before_dispatch)
+                .map_err(Arc::new)
         });
-        started.as_ref().map_err(|e| Error::Io(e.clone()))
+        started.as_ref().map_err(|e| Error::Kick(e.clone()))
     }
 }

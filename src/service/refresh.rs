@@ -165,7 +165,7 @@ impl Shared {
             _ => puppet_cache::load(&self.config.puppet_cache_dirs)?,
         };
         for warning in harvest.warnings {
-            self.warn(warning);
+            self.warn(warning.to_string());
         }
         let seen = lock(&self.seen_environments).clone();
         let mut nodes: Vec<Node> = harvest
@@ -183,7 +183,7 @@ impl Shared {
         }
         let snap = SnapshotRef { built_at: started, nodes: index.nodes(), seen_environments: &seen };
         if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
-            self.warn(warning);
+            self.warn(warning.to_string());
         }
         let state = lock(&self.refresh_state);
         if state.ticket == ticket {

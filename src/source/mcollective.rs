@@ -26,6 +26,7 @@ use crate::mcollective::{self as mco, Client, Filter, RpcReply};
 use crate::time::now;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::time::Duration;
 
 pub const AGENT: &str = "rpcutil";
@@ -62,15 +63,10 @@ impl McollectiveSource {
     /// An unusable one (missing, no broker, a security provider other than psk, no
     /// psk) is a configuration error naming the file and the key.
     pub fn open(settings: &McollectiveSettings) -> Result<McollectiveSource> {
-        let config = settings.client_config().map_err(|e| {
-            let looked = match &settings.overrides.config_path {
-                None if !mco::config::DEFAULT_PATHS.iter().any(|p| std::path::Path::new(p).is_file()) => format!(
-                    " (no client.cfg found at {}; set mcollective.client_config)",
-                    mco::config::DEFAULT_PATHS.join(" or ")
-                ),
-                _ => String::new(),
-            };
-            Error::Config(format!("source: mcollective: {e}{looked}"))
+        let config = settings.client_config().map_err(|source| {
+            let no_default_file = settings.overrides.config_path.is_none()
+                && !mco::config::DEFAULT_PATHS.iter().any(|p| std::path::Path::new(p).is_file());
+            Error::McollectiveSource(SourceError::ClientConfig { source, no_default_file })
         })?;
         Ok(McollectiveSource::with_client(Client::new(config), settings))
     }
@@ -337,19 +333,86 @@ fn join<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
     text
 }
 
+/// Why `source: mcollective` cannot start. A configuration error for the bindings
+/// ([`crate::error::Kind::Config`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// The client configuration (client.cfg with the overrides) is unusable;
+    /// `no_default_file` when none was named and none is at the default paths.
+    ClientConfig { source: mco::Error, no_default_file: bool },
+}
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SourceError::ClientConfig { source, no_default_file } => {
+                write!(f, "source: mcollective: {source}")?;
+                if *no_default_file {
+                    write!(
+                        f,
+                        " (no client.cfg found at {}; set mcollective.client_config)",
+                        mco::config::DEFAULT_PATHS.join(" or ")
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for SourceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SourceError::ClientConfig { source, .. } => Some(source),
+        }
+    }
+}
+
+/// Why a server's inventory reply was ignored (a warning that names the server).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InventoryError {
+    /// The sender id cannot be a certname.
+    BadIdentity { identity: String },
+    /// The agent answered with a failure status.
+    Status { code: i64, message: String },
+    /// `:facts` is there but not a Hash.
+    FactsNotAHash,
+    /// The reply has no `:facts`.
+    NoFacts,
+}
+
+impl fmt::Display for InventoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InventoryError::BadIdentity { identity } => write!(f, "identity {identity:?} is not a valid certname"),
+            InventoryError::Status { code, message } => write!(f, "status {code} {message}"),
+            InventoryError::FactsNotAHash => f.write_str(":facts is not a Hash"),
+            InventoryError::NoFacts => f.write_str("no :facts in the reply"),
+        }
+    }
+}
+
+impl std::error::Error for InventoryError {}
+
 /// A server from its inventory reply; `at` is when it answered, on our clock.
-pub fn observation(reply: &RpcReply, at: i64, main_collective: &str) -> std::result::Result<Observation, String> {
+pub fn observation(
+    reply: &RpcReply,
+    at: i64,
+    main_collective: &str,
+) -> std::result::Result<Observation, InventoryError> {
     let identity = reply.sender.as_str();
     if identity.is_empty() || !identity.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
-        return Err(format!("identity {identity:?} is not a valid certname"));
+        return Err(InventoryError::BadIdentity { identity: identity.to_string() });
     }
     if reply.statuscode != 0 {
-        return Err(format!("status {} {}", reply.statuscode, reply.statusmsg));
+        return Err(InventoryError::Status { code: reply.statuscode, message: reply.statusmsg.clone() });
     }
     let facts = match reply.data.get_sym("facts").map(to_json) {
         Some(Value::Object(facts)) => facts,
-        Some(_) => return Err(":facts is not a Hash".into()),
-        None => return Err("no :facts in the reply".into()),
+        Some(_) => return Err(InventoryError::FactsNotAHash),
+        None => return Err(InventoryError::NoFacts),
     };
     let list = |name: &str| -> Vec<String> {
         let mut items: Vec<String> = match reply.data.get_sym(name).map(to_json) {
@@ -504,14 +567,18 @@ mod tests {
     #[test]
     fn bad_replies_are_refused_with_a_reason() {
         let mut r = reply("bad identity", &["mcollective"]);
-        assert!(observation(&r, 1, "mcollective").unwrap_err().contains("not a valid certname"));
+        let err = observation(&r, 1, "mcollective").unwrap_err();
+        assert_eq!(err, InventoryError::BadIdentity { identity: "bad identity".into() });
+        assert_eq!(err.to_string(), "identity \"bad identity\" is not a valid certname");
         r.sender = "ok.example.com".into();
         r.statuscode = 5;
         r.statusmsg = "boom".into();
-        assert_eq!(observation(&r, 1, "mcollective").unwrap_err(), "status 5 boom");
+        let err = observation(&r, 1, "mcollective").unwrap_err();
+        assert_eq!(err, InventoryError::Status { code: 5, message: "boom".into() });
+        assert_eq!(err.to_string(), "status 5 boom");
         r.statuscode = 0;
         r.data = mco::Value::Hash(vec![]);
-        assert!(observation(&r, 1, "mcollective").unwrap_err().contains("no :facts"));
+        assert_eq!(observation(&r, 1, "mcollective").unwrap_err(), InventoryError::NoFacts);
     }
 
     fn source(collectives: &[&str], grace: u64) -> McollectiveSource {
@@ -593,6 +660,25 @@ mod tests {
         let s = source(&["mcollective", "production"], 60);
         let e = s.refresh(None, now()).unwrap_err().to_string();
         assert!(e.contains("collectives mcollective, production: no broker could be reached: 127.0.0.1:1"), "{e}");
+    }
+
+    #[test]
+    fn an_unusable_client_config_is_a_config_error_carrying_the_mcollective_error() {
+        use std::error::Error as _;
+        let overrides = Overrides { no_config_file: true, ..Overrides::default() };
+        let settings = McollectiveSettings { overrides, ..McollectiveSettings::default() };
+        let Err(err) = McollectiveSource::open(&settings) else { panic!("opened without a broker") };
+        assert_eq!(err.kind(), crate::error::Kind::Config, "Ruby's PuppetKicker::ConfigError, as before");
+        assert!(
+            matches!(
+                &err,
+                Error::McollectiveSource(SourceError::ClientConfig { source: mco::Error::Config { .. }, .. })
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with("source: mcollective: mcollective config"), "{err}");
+        let cause = err.source().and_then(|s| s.downcast_ref::<mco::Error>()).expect("the mcollective error");
+        assert!(matches!(cause, mco::Error::Config { .. }), "{cause:?}");
     }
 
     #[test]
