@@ -4,6 +4,7 @@ require 'fileutils'
 require 'json'
 require 'open3'
 require 'yaml'
+require_relative 'node_runs'
 
 # Kicks end to end, for real: the mcollective test stack of script/mco-stack, whose
 # test `puppet` agent's `runonce` runs spec/fixtures/kick_e2e/run-puppet, a real
@@ -16,6 +17,8 @@ require 'yaml'
 # the constants' namespace
 module KickE2E
   RSpec.describe 'kicks end to end: mcollective runonce of real puppet apply runs', order: :defined do
+    include NodeRuns
+
     stack = ENV.fetch('PK_KICK_E2E_STACK_DIR') { raise 'PK_KICK_E2E_STACK_DIR is not set: run script/test-kick-e2e' }
 
     NODE1 = 'node1.example.com'
@@ -111,36 +114,6 @@ module KickE2E
       JSON.parse(File.read(status_file))
     rescue Errno::ENOENT
       {}
-    end
-
-    # Runs from runs.log: start/end lines, in order (a server runs one at a time).
-    def all_runs(id)
-      path = node_file(id, 'runs.log')
-      return [] unless File.exist?(path)
-
-      File.readlines(path).each_with_object([]) do |line, runs|
-        kind, at, _host, *rest = line.split
-        if kind == 'start'
-          runs << { start: at.to_f, options: rest.join(' '), kicked: rest.include?('--no-splay') }
-        elsif kind == 'end' && runs.last
-          runs.last.merge!(end: at.to_f, rc: Integer(rest.first.delete_prefix('rc=')))
-        end
-      end
-    end
-
-    # This scenario's runs of `id`.
-    def runs(id)
-      all_runs(id).drop(@runs_before[id])
-    end
-
-    # What `id`'s puppet runs logged in this scenario, without Facter's noise about
-    # /proc/1/environ (a sandbox that hides it).
-    def log_since(id)
-      path = node_file(id, 'puppet.log')
-      return '' unless File.exist?(path)
-
-      text = File.binread(path)[(@log_before || {}).fetch(id, 0)..] || ''
-      text.force_encoding('UTF-8').lines.reject { |l| l.include?('Facter: Permission denied') }.join
     end
 
     def haproxy_servers

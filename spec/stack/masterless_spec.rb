@@ -4,6 +4,7 @@ require 'fileutils'
 require 'json'
 require 'open3'
 require 'yaml'
+require_relative 'node_runs'
 
 # Masterless, for real (issue 9): only `puppet apply` processes, each exiting when its
 # run ends, against the mcollective test stack of script/mco-stack (RabbitMQ and four
@@ -16,6 +17,8 @@ require 'yaml'
 # The constants' namespace.
 module Masterless
   RSpec.describe 'masterless: refreshes and pending kicks complete without a master', order: :defined do
+    include NodeRuns
+
     stack = ENV.fetch('PK_MASTERLESS_STACK_DIR') { raise 'PK_MASTERLESS_STACK_DIR is not set: run script/test-masterless' }
 
     NODE1 = 'node1.example.com'
@@ -108,32 +111,6 @@ module Masterless
       JSON.parse(File.read(File.join(cache_dir, 'kick-status.json')))
     rescue Errno::ENOENT, JSON::ParserError
       {}
-    end
-
-    def all_runs(id)
-      path = node_file(id, 'runs.log')
-      return [] unless File.exist?(path)
-
-      File.readlines(path).each_with_object([]) do |line, runs|
-        kind, at, _host, *rest = line.split
-        if kind == 'start'
-          runs << { start: at.to_f, options: rest.join(' '), kicked: rest.include?('--no-splay') }
-        elsif kind == 'end' && runs.last
-          runs.last.merge!(end: at.to_f, rc: Integer(rest.first.delete_prefix('rc=')))
-        end
-      end
-    end
-
-    def runs(id)
-      all_runs(id).drop(@runs_before[id])
-    end
-
-    def log_since(id)
-      path = node_file(id, 'puppet.log')
-      return '' unless File.exist?(path)
-
-      text = File.binread(path)[(@log_before || {}).fetch(id, 0)..] || ''
-      text.force_encoding('UTF-8').lines.reject { |l| l.include?('Facter: Permission denied') }.join
     end
 
     def runonce(id)
