@@ -22,6 +22,7 @@ pub mod seam;
 pub mod service;
 pub mod snapshot;
 pub mod source;
+pub mod store;
 pub mod sync;
 /// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests
 /// (the `synthetic` feature; the shipped libraries leave it out).

@@ -1,0 +1,241 @@
+//! Building a store: interning strings and hash-consing values.
+
+use super::{Slot, Store, StrId, Tag, ValueId, EMPTY_OBJECT, FALSE, NULL, TRUE};
+use hashbrown::hash_table::{Entry, HashTable};
+use hashbrown::DefaultHashBuilder;
+use serde_json::Value;
+use std::hash::{BuildHasher, Hash, Hasher};
+
+/// Adds values to a store; each distinct string and value gets one id.
+///
+/// The tables hash with a per-process random seed (hashbrown's default, foldhash), so
+/// facts crafted to collide on one master do not collide on another.
+pub struct Builder {
+    store: Store,
+    hasher: DefaultHashBuilder,
+    strings: HashTable<StrId>,
+    values: HashTable<ValueId>,
+    /// The value id of each string id that is also a string value.
+    string_values: Vec<ValueId>,
+    /// Children of the containers being built, innermost last.
+    scratch: Vec<u32>,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl Default for Builder {
+    fn default() -> Builder {
+        Builder::new()
+    }
+}
+
+impl Builder {
+    pub fn new() -> Builder {
+        let mut builder = Builder {
+            store: Store::default(),
+            hasher: DefaultHashBuilder::default(),
+            strings: HashTable::new(),
+            values: HashTable::new(),
+            string_values: Vec::new(),
+            scratch: Vec::new(),
+        };
+        for (id, slot) in [
+            (NULL, Slot { tag: Tag::Null, lo: 0, hi: 0 }),
+            (FALSE, Slot { tag: Tag::Bool, lo: 0, hi: 0 }),
+            (TRUE, Slot { tag: Tag::Bool, lo: 1, hi: 0 }),
+            (EMPTY_OBJECT, Slot { tag: Tag::Object, lo: 0, hi: 0 }),
+        ] {
+            let added = builder.intern_slot(slot, &[]);
+            debug_assert_eq!(added, id);
+        }
+        builder
+    }
+
+    pub fn finish(mut self) -> Store {
+        let store = &mut self.store;
+        for v in [&mut store.text_ends, &mut store.lo, &mut store.hi, &mut store.children] {
+            v.shrink_to_fit();
+        }
+        store.text.shrink_to_fit();
+        store.tags.shrink_to_fit();
+        self.store
+    }
+
+    /// The store so far, to read what was added.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn string(&mut self, s: &str) -> StrId {
+        let hash = self.hasher.hash_one(s.as_bytes());
+        let store = &mut self.store;
+        let found = self.strings.entry(
+            hash,
+            |&id| store_str_bytes(store, id) == s.as_bytes(),
+            |&id| self.hasher.hash_one(store_str_bytes(store, id)),
+        );
+        match found {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                let id = store.text_ends.len() as StrId;
+                store.text.extend_from_slice(s.as_bytes());
+                store.text_ends.push(store.text.len() as u32);
+                e.insert(id);
+                id
+            }
+        }
+    }
+
+    /// Adds a JSON value. Its depth is the caller's bound: every fact reader limits it
+    /// (and [`super::MAX_DEPTH`] is above all of theirs).
+    pub fn value(&mut self, value: &Value) -> ValueId {
+        match value {
+            Value::Null => NULL,
+            Value::Bool(false) => FALSE,
+            Value::Bool(true) => TRUE,
+            Value::Number(n) => {
+                let slot = if let Some(i) = n.as_i64() {
+                    Slot::of_bits(Tag::Int, i as u64)
+                } else if let Some(u) = n.as_u64() {
+                    Slot::of_bits(Tag::UInt, u)
+                } else {
+                    Slot::of_bits(Tag::Float, n.as_f64().unwrap_or(0.0).to_bits())
+                };
+                self.intern_slot(slot, &[])
+            }
+            Value::String(s) => self.string_value(s),
+            Value::Array(items) => {
+                let mark = self.scratch.len();
+                for item in items {
+                    let id = self.value(item);
+                    self.scratch.push(id);
+                }
+                self.close(Tag::Array, mark)
+            }
+            Value::Object(map) => {
+                let mark = self.scratch.len();
+                for (key, item) in map {
+                    let key = self.string(key);
+                    let id = self.value(item);
+                    self.scratch.extend([key, id]);
+                }
+                self.close(Tag::Object, mark)
+            }
+        }
+    }
+
+    /// An object from pairs already in key order (a serde_json map's order).
+    pub fn object<'a>(&mut self, pairs: impl IntoIterator<Item = (&'a str, &'a Value)>) -> ValueId {
+        let mark = self.scratch.len();
+        for (key, item) in pairs {
+            let key = self.string(key);
+            let id = self.value(item);
+            self.scratch.extend([key, id]);
+        }
+        self.close(Tag::Object, mark)
+    }
+
+    pub fn string_value(&mut self, s: &str) -> ValueId {
+        let sid = self.string(s);
+        if let Some(&id) = self.string_values.get(sid as usize).filter(|&&id| id != NONE) {
+            return id;
+        }
+        let id = self.intern_slot(Slot { tag: Tag::Str, lo: sid, hi: 0 }, &[]);
+        if self.string_values.len() <= sid as usize {
+            self.string_values.resize(sid as usize + 1, NONE);
+        }
+        self.string_values[sid as usize] = id;
+        id
+    }
+
+    /// Interns the container whose children were pushed on `scratch` since `mark`.
+    fn close(&mut self, tag: Tag, mark: usize) -> ValueId {
+        let scratch = std::mem::take(&mut self.scratch);
+        let width = if tag == Tag::Object { 2 } else { 1 };
+        let count = ((scratch.len() - mark) / width) as u32;
+        let id = self.intern_slot(Slot { tag, lo: 0, hi: count }, &scratch[mark..]);
+        self.scratch = scratch;
+        self.scratch.truncate(mark);
+        id
+    }
+
+    /// The id of `slot` (for containers, with `children`), added when new.
+    fn intern_slot(&mut self, slot: Slot, children: &[u32]) -> ValueId {
+        let hash = slot_hash(&self.hasher, slot.tag, slot.lo, slot.hi, children);
+        let store = &mut self.store;
+        let found = self.values.entry(
+            hash,
+            |&id| same_value(store, id, slot, children),
+            |&id| {
+                let s = store.slot(id);
+                let lo = if is_container(s.tag) { 0 } else { s.lo };
+                slot_hash(&self.hasher, s.tag, lo, s.hi, &store.children[container_range(s)])
+            },
+        );
+        match found {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                let id = store.tags.len() as ValueId;
+                let lo = if is_container(slot.tag) {
+                    let start = store.children.len() as u32;
+                    store.children.extend_from_slice(children);
+                    start
+                } else {
+                    slot.lo
+                };
+                store.tags.push(slot.tag as u8);
+                store.lo.push(lo);
+                store.hi.push(slot.hi);
+                e.insert(id);
+                id
+            }
+        }
+    }
+}
+
+fn is_container(tag: Tag) -> bool {
+    matches!(tag, Tag::Array | Tag::Object)
+}
+
+fn container_range(slot: Slot) -> std::ops::Range<usize> {
+    if is_container(slot.tag) {
+        slot.children()
+    } else {
+        0..0
+    }
+}
+
+fn store_str_bytes(store: &Store, id: StrId) -> &[u8] {
+    let end = store.text_ends[id as usize] as usize;
+    let start = if id == 0 { 0 } else { store.text_ends[id as usize - 1] as usize };
+    &store.text[start..end]
+}
+
+fn same_value(store: &Store, id: ValueId, slot: Slot, children: &[u32]) -> bool {
+    let have = store.slot(id);
+    if have.tag != slot.tag || have.hi != slot.hi {
+        return false;
+    }
+    if is_container(slot.tag) {
+        store.children[have.children()] == *children
+    } else {
+        have.lo == slot.lo
+    }
+}
+
+fn slot_hash(hasher: &DefaultHashBuilder, tag: Tag, lo: u32, hi: u32, children: &[u32]) -> u64 {
+    let mut h = hasher.build_hasher();
+    (tag as u8).hash(&mut h);
+    lo.hash(&mut h);
+    hi.hash(&mut h);
+    // As one byte slice: one write, not one per child.
+    let bytes: &[u8] = bytemuck_u32s(children);
+    h.write(bytes);
+    h.finish()
+}
+
+fn bytemuck_u32s(words: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding and any byte pattern is a valid u8; the length is
+    // the same memory, in bytes.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
+}

@@ -1,0 +1,327 @@
+//! The fact store: every string and every value of one index generation, once.
+//!
+//! Fleets repeat themselves: the same OS names, versions, domains and roles, whole
+//! `os` or `processors` hashes shared by thousands of servers. The store interns
+//! strings and hash-conses values, so a value that occurs on many servers is held
+//! once and has one id; comparing two values is comparing two ids. A server is then
+//! an id (its facts hash); everything it holds is a flat array entry here.
+//!
+//! Layout (what the snapshot writes as is):
+//! - `text` + `text_ends`: string `i` is `text[text_ends[i-1]..text_ends[i]]`;
+//! - `slots`: one per value, a tag and two words (a string id, a number's bits, or
+//!   a range of `children`);
+//! - `children`: an array's value ids, or an object's key and value ids in pairs,
+//!   keys in byte order (as serde_json's map keeps them).
+//!
+//! A container's children always have smaller ids than the container, so values
+//! form no cycle and [`Store::validate`] can check a decoded store in one pass.
+
+mod build;
+mod view;
+
+pub use build::Builder;
+pub use view::{ArrayRef, Kind, ObjectRef, View};
+
+use serde::{Deserialize, Serialize};
+
+/// Index of a string in a [`Store`].
+pub type StrId = u32;
+/// Index of a value in a [`Store`].
+pub type ValueId = u32;
+
+/// The ids every store gives the constants, so code can name them.
+pub const NULL: ValueId = 0;
+pub const FALSE: ValueId = 1;
+pub const TRUE: ValueId = 2;
+pub const EMPTY_OBJECT: ValueId = 3;
+
+/// Deepest nesting a store accepts: what the fact readers accept, plus room for the
+/// wrapping a source adds. Traversals may recurse this deep and no deeper.
+pub const MAX_DEPTH: u32 = crate::yaml::MAX_DEPTH as u32 + 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(u8)]
+enum Tag {
+    Null = 0,
+    Bool = 1,
+    Int = 2,
+    UInt = 3,
+    Float = 4,
+    Str = 5,
+    Array = 6,
+    Object = 7,
+}
+
+impl Tag {
+    fn from_u8(b: u8) -> Option<Tag> {
+        Some(match b {
+            0 => Tag::Null,
+            1 => Tag::Bool,
+            2 => Tag::Int,
+            3 => Tag::UInt,
+            4 => Tag::Float,
+            5 => Tag::Str,
+            6 => Tag::Array,
+            7 => Tag::Object,
+            _ => return None,
+        })
+    }
+}
+
+/// One value: for numbers `lo`/`hi` are the 64 bits, for a string `lo` is its id,
+/// for containers `lo` is the start in `children` and `hi` the element count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Slot {
+    tag: Tag,
+    lo: u32,
+    hi: u32,
+}
+
+impl Slot {
+    fn bits(self) -> u64 {
+        (self.hi as u64) << 32 | self.lo as u64
+    }
+
+    fn of_bits(tag: Tag, bits: u64) -> Slot {
+        Slot { tag, lo: bits as u32, hi: (bits >> 32) as u32 }
+    }
+
+    /// Range in `children`: pairs for an object.
+    fn children(self) -> std::ops::Range<usize> {
+        let width = if self.tag == Tag::Object { 2 } else { 1 };
+        self.lo as usize..self.lo as usize + self.hi as usize * width
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Store {
+    text: Vec<u8>,
+    text_ends: Vec<u32>,
+    tags: Vec<u8>,
+    lo: Vec<u32>,
+    hi: Vec<u32>,
+    children: Vec<u32>,
+}
+
+/// Why a decoded store was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Store {
+    pub fn view(&self, id: ValueId) -> View<'_> {
+        View::new(self, id)
+    }
+
+    pub fn str(&self, id: StrId) -> &str {
+        let end = self.text_ends[id as usize] as usize;
+        let start = if id == 0 { 0 } else { self.text_ends[id as usize - 1] as usize };
+        // `validate` (or the builder) ensured every string is UTF-8 on char boundaries.
+        std::str::from_utf8(&self.text[start..end]).unwrap_or_default()
+    }
+
+    pub fn strings(&self) -> usize {
+        self.text_ends.len()
+    }
+
+    pub fn values(&self) -> usize {
+        self.tags.len()
+    }
+
+    /// Heap bytes held, for `status` and the benchmarks.
+    pub fn heap_bytes(&self) -> usize {
+        self.text.capacity()
+            + 4 * (self.text_ends.capacity() + self.lo.capacity() + self.hi.capacity() + self.children.capacity())
+            + self.tags.capacity()
+    }
+
+    fn slot(&self, id: ValueId) -> Slot {
+        let i = id as usize;
+        let tag = Tag::from_u8(self.tags[i]).unwrap_or(Tag::Null);
+        Slot { tag, lo: self.lo[i], hi: self.hi[i] }
+    }
+
+    /// The flat arrays, for the snapshot.
+    pub fn parts(&self) -> StoreParts<'_> {
+        StoreParts {
+            text: &self.text,
+            text_ends: &self.text_ends,
+            tags: &self.tags,
+            lo: &self.lo,
+            hi: &self.hi,
+            children: &self.children,
+        }
+    }
+
+    /// Rebuilds a store from its flat arrays, checking everything a reader relies on:
+    /// lengths agree, strings are UTF-8, every reference points back to an earlier
+    /// value, object keys are sorted and unique, nesting stays within [`MAX_DEPTH`].
+    pub fn from_parts(parts: OwnedStoreParts) -> Result<Store, Invalid> {
+        let store = Store {
+            text: parts.text,
+            text_ends: parts.text_ends,
+            tags: parts.tags,
+            lo: parts.lo,
+            hi: parts.hi,
+            children: parts.children,
+        };
+        store.validate()?;
+        Ok(store)
+    }
+
+    fn validate(&self) -> Result<(), Invalid> {
+        let bad = |what: String| Err(Invalid(what));
+        let mut start = 0usize;
+        for (i, &end) in self.text_ends.iter().enumerate() {
+            let end = end as usize;
+            if end < start || end > self.text.len() {
+                return bad(format!("string {i} ends at {end}, outside {start}..{}", self.text.len()));
+            }
+            if std::str::from_utf8(&self.text[start..end]).is_err() {
+                return bad(format!("string {i} is not UTF-8"));
+            }
+            start = end;
+        }
+        if start != self.text.len() {
+            return bad(format!("{} bytes of text after the last string", self.text.len() - start));
+        }
+        let n = self.tags.len();
+        if self.lo.len() != n || self.hi.len() != n {
+            return bad(format!("{n} tags but {} and {} value words", self.lo.len(), self.hi.len()));
+        }
+        let constants = [(Tag::Null, 0, 0), (Tag::Bool, 0, 0), (Tag::Bool, 1, 0), (Tag::Object, 0, 0)];
+        if n < constants.len() {
+            return bad(format!("{n} values, fewer than the {} constants", constants.len()));
+        }
+        let mut depth = vec![0u32; n];
+        for id in 0..n {
+            let Some(tag) = Tag::from_u8(self.tags[id]) else {
+                return bad(format!("value {id} has unknown tag {}", self.tags[id]));
+            };
+            let slot = Slot { tag, lo: self.lo[id], hi: self.hi[id] };
+            if let Some(&(t, lo, hi)) = constants.get(id) {
+                if (slot.tag, slot.lo, slot.hi) != (t, lo, hi) {
+                    return bad(format!("value {id} is not the constant {t:?}"));
+                }
+                depth[id] = 1;
+                continue;
+            }
+            depth[id] = 1;
+            match tag {
+                Tag::Null | Tag::Bool => return bad(format!("value {id} repeats a constant")),
+                Tag::Int | Tag::UInt => {}
+                Tag::Float => {
+                    if !f64::from_bits(slot.bits()).is_finite() {
+                        return bad(format!("value {id} is a float that is not finite"));
+                    }
+                }
+                Tag::Str => {
+                    if slot.lo as usize >= self.text_ends.len() {
+                        return bad(format!("value {id} names string {}, past the end", slot.lo));
+                    }
+                }
+                Tag::Array | Tag::Object => {
+                    let range =
+                        (slot.lo as usize).checked_add(slot.hi as usize * if tag == Tag::Object { 2 } else { 1 });
+                    if range.is_none_or(|end| end > self.children.len()) {
+                        return bad(format!("value {id} has children past the end"));
+                    }
+                    let mut deepest = 0;
+                    let mut previous_key: Option<&str> = None;
+                    for (k, &child) in self.children[slot.children()].iter().enumerate() {
+                        if tag == Tag::Object && k % 2 == 0 {
+                            if child as usize >= self.text_ends.len() {
+                                return bad(format!("value {id} has key string {child}, past the end"));
+                            }
+                            let key = self.str(child);
+                            if previous_key.is_some_and(|p| p >= key) {
+                                return bad(format!("value {id} has keys out of order or repeated ('{key}')"));
+                            }
+                            previous_key = Some(key);
+                            continue;
+                        }
+                        if child as usize >= id {
+                            return bad(format!("value {id} refers to value {child}, not an earlier one"));
+                        }
+                        deepest = deepest.max(depth[child as usize]);
+                    }
+                    depth[id] = deepest + 1;
+                    if depth[id] > MAX_DEPTH {
+                        return bad(format!("value {id} nests deeper than {MAX_DEPTH}"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A store's arrays, borrowed: what the snapshot serializes.
+#[derive(Serialize)]
+pub struct StoreParts<'a> {
+    #[serde(with = "serde_bytes_slice")]
+    pub text: &'a [u8],
+    pub text_ends: &'a [u32],
+    #[serde(with = "serde_bytes_slice")]
+    pub tags: &'a [u8],
+    pub lo: &'a [u32],
+    pub hi: &'a [u32],
+    pub children: &'a [u32],
+}
+
+/// A store's arrays, owned: what the snapshot deserializes, checked by
+/// [`Store::from_parts`] before use.
+#[derive(Deserialize)]
+pub struct OwnedStoreParts {
+    #[serde(with = "serde_bytes_vec")]
+    pub text: Vec<u8>,
+    pub text_ends: Vec<u32>,
+    #[serde(with = "serde_bytes_vec")]
+    pub tags: Vec<u8>,
+    pub lo: Vec<u32>,
+    pub hi: Vec<u32>,
+    pub children: Vec<u32>,
+}
+
+/// Bytes as MessagePack `bin`, not an array of integers.
+mod serde_bytes_slice {
+    pub fn serialize<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+}
+
+mod serde_bytes_vec {
+    use serde::de::{Deserializer, Error, SeqAccess, Visitor};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(b) = seq.next_element()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_byte_buf(Bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,167 @@
+use super::*;
+use serde_json::{json, Value};
+
+fn owned(store: &Store) -> OwnedStoreParts {
+    let p = store.parts();
+    OwnedStoreParts {
+        text: p.text.to_vec(),
+        text_ends: p.text_ends.to_vec(),
+        tags: p.tags.to_vec(),
+        lo: p.lo.to_vec(),
+        hi: p.hi.to_vec(),
+        children: p.children.to_vec(),
+    }
+}
+
+fn sample() -> Value {
+    json!({
+        "os": {"family": "Debian", "release": {"full": "12.5", "major": "12"}},
+        "processors": {"count": 4, "models": ["Xeon", "Xeon"]},
+        "uptime_seconds": 18446744073709551615u64,
+        "load": -1.5,
+        "negative": -7,
+        "virtual": false,
+        "is_virtual": true,
+        "nothing": null,
+        "empty": {},
+        "none": [],
+        "naïve": "ünïcode",
+    })
+}
+
+#[test]
+fn every_json_value_comes_back_unchanged() {
+    let mut builder = Builder::new();
+    let value = sample();
+    let id = builder.value(&value);
+    let store = builder.finish();
+    assert_eq!(store.view(id).to_json(), value);
+    assert_eq!(serde_json::to_value(store.view(id)).unwrap(), value);
+}
+
+#[test]
+fn equal_values_share_one_id_and_one_copy() {
+    let mut builder = Builder::new();
+    let a = builder.value(&sample());
+    let values = builder.store().values();
+    let strings = builder.store().strings();
+    let b = builder.value(&sample());
+    assert_eq!(a, b);
+    assert_eq!(builder.store().values(), values, "nothing added for a repeated value");
+    assert_eq!(builder.store().strings(), strings);
+    // "Xeon" twice in one array is one value, and the same as a top-level "Xeon".
+    let xeon = builder.value(&json!("Xeon"));
+    let store = builder.finish();
+    let models = store.view(a).as_object().unwrap().get("processors").unwrap().as_object().unwrap().get("models");
+    let Kind::Array(models) = models.unwrap().kind() else { panic!("models is an array") };
+    assert!(models.iter().all(|m| m.id() == xeon));
+}
+
+#[test]
+fn different_values_never_share_an_id() {
+    let mut builder = Builder::new();
+    let values = [json!(1), json!(1.0), json!("1"), json!([1]), json!({"1": 1}), json!(-0.0), json!(0.0), json!({})];
+    let ids: Vec<_> = values.iter().map(|v| builder.value(v)).collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    assert_eq!(ids[7], EMPTY_OBJECT);
+}
+
+#[test]
+fn objects_are_read_by_key_with_a_binary_search() {
+    let mut builder = Builder::new();
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i:03}")).collect();
+    let map: serde_json::Map<String, Value> = keys.iter().map(|k| (k.clone(), json!(k))).collect();
+    let id = builder.value(&Value::Object(map));
+    let store = builder.finish();
+    let object = store.view(id).as_object().unwrap();
+    for k in &keys {
+        assert_eq!(object.get(k).and_then(View::as_str), Some(k.as_str()));
+    }
+    assert!(object.get("k100").is_none() && object.get("").is_none() && object.get("zzz").is_none());
+}
+
+#[test]
+fn a_store_survives_its_flat_arrays() {
+    let mut builder = Builder::new();
+    let id = builder.value(&sample());
+    let store = builder.finish();
+    let again = Store::from_parts(owned(&store)).unwrap();
+    assert_eq!(again, store);
+    assert_eq!(again.view(id).to_json(), sample());
+}
+
+#[test]
+fn decoded_stores_are_checked_before_use() {
+    let mut builder = Builder::new();
+    let top = builder.value(&json!({"a": ["x", {"b": 1}], "c": "y"}));
+    let store = builder.finish();
+    let refused = |change: &dyn Fn(&mut OwnedStoreParts), what: &str| {
+        let mut parts = owned(&store);
+        change(&mut parts);
+        let error = Store::from_parts(parts).expect_err(what);
+        assert!(error.0.contains(what), "{error} should say {what}");
+    };
+    let top = top as usize;
+    refused(&|p| p.tags[top] = 9, "unknown tag");
+    refused(&|p| p.hi[top] = 1000, "children past the end");
+    refused(&|p| p.text_ends.push(u32::MAX), "ends at");
+    refused(&|p| p.text[0] = 0xff, "not UTF-8");
+    refused(&|p| p.lo.pop().map(drop).unwrap_or(()), "value words");
+    refused(
+        &|p| {
+            p.tags.truncate(2);
+            p.lo.truncate(2);
+            p.hi.truncate(2);
+        },
+        "fewer than the",
+    );
+    refused(&|p| p.tags[NULL as usize] = Tag::Str as u8, "not the constant");
+    refused(&|p| p.tags.push(Tag::Bool as u8), "value words");
+    refused(
+        &|p| {
+            // The top object's value "y" now names the object itself.
+            let last = p.children.len() - 1;
+            p.children[last] = top as u32;
+        },
+        "not an earlier one",
+    );
+    refused(
+        &|p| {
+            // Swap the keys "a" and "c": out of order.
+            let start = p.lo[top] as usize;
+            p.children.swap(start, start + 2);
+        },
+        "out of order",
+    );
+    refused(
+        &|p| {
+            p.tags.push(Tag::Float as u8);
+            p.lo.push(0);
+            p.hi.push(0x7ff0_0000);
+        },
+        "not finite",
+    );
+}
+
+fn nested(depth: u32) -> Value {
+    let mut value = json!("leaf");
+    for _ in 1..depth {
+        value = json!([value]);
+    }
+    value
+}
+
+#[test]
+fn nesting_is_accepted_up_to_max_depth_and_refused_beyond() {
+    let mut builder = Builder::new();
+    builder.value(&nested(MAX_DEPTH));
+    assert!(Store::from_parts(owned(&builder.finish())).is_ok());
+
+    let mut builder = Builder::new();
+    builder.value(&nested(MAX_DEPTH + 1));
+    let error = Store::from_parts(owned(&builder.finish())).unwrap_err();
+    assert!(error.0.contains("nests deeper than"), "{error}");
+}
