@@ -1,8 +1,10 @@
-//! `cargo bench --bench query`: puppet-kicker's index next to the alternative it
-//! replaces, on a synthetic fleet of 10,000 servers (`puppet_kicker::synthetic`).
+//! `cargo bench --bench query`: puppet-kicker's index next to the alternatives it
+//! replaces, on a synthetic fleet of 10,000 servers (`puppet_kicker::synthetic`;
+//! `PK_BENCH_SERVERS=N` for another size).
 //!
 //! (a) `servers_with_role`: inverted index vs a scan of every server;
-//! (b) a three-clause `servers_with_facts`: index vs a scan with `Query::matches`;
+//! (b) `servers_with_facts` shapes: the store-backed index vs the serde_json index
+//!     it replaced (`index::reference`) vs a scan with `Query::matches`;
 //! (c) both through the whole `Service` a compile calls (clause cache included);
 //! (d) building the index, the snapshot, vs re-reading the JSON fact cache.
 //!
@@ -10,6 +12,7 @@
 //! three samples for slow cases) and reports the median and mean time per operation.
 
 use puppet_kicker::facts::Node;
+use puppet_kicker::index::reference;
 use puppet_kicker::query::ClauseCache;
 use puppet_kicker::snapshot::{self, SnapshotRef};
 use puppet_kicker::source::puppet_cache;
@@ -22,7 +25,9 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const SERVERS: usize = 10_000;
+fn fleet_size() -> usize {
+    std::env::var("PK_BENCH_SERVERS").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000)
+}
 const SEED: u64 = 1;
 const ENVIRONMENT: &str = "production";
 const ROLE_FACT: &str = "role";
@@ -38,6 +43,7 @@ const SAMPLES: u32 = 100;
 const MIN_SAMPLES: usize = 3;
 
 fn main() {
+    let servers = fleet_size();
     // `cargo bench` passes `--bench`; a name filter is not supported, so ignore args.
     print_machine();
     let root = std::env::temp_dir().join(format!("pk-bench-{}", std::process::id()));
@@ -46,29 +52,38 @@ fn main() {
     let started = Instant::now();
     let built_at = now();
     let rss_before = rss_mb();
-    let nodes = synthetic::fleet(SERVERS, SEED, built_at);
+    let nodes = synthetic::fleet(servers, SEED, built_at);
     let in_memory = rss_mb() - rss_before;
     let facts_dir = root.join("var/server_data/facts");
     let cache_bytes = synthetic::write_puppet_cache(&facts_dir, &nodes).expect("write the synthetic fact cache");
     let per_server = nodes.iter().map(|n| n.facts.len()).sum::<usize>() as f64 / nodes.len() as f64;
     println!(
-        "fleet: {SERVERS} servers (seed {SEED}), {per_server:.0} top-level facts each on average, \
+        "fleet: {servers} servers (seed {SEED}), {per_server:.0} top-level facts each on average, \
          {in_memory:.0} MB in memory (RSS growth), JSON fact cache {:.1} MB in {} (generated in {})",
         cache_bytes as f64 / 1e6,
         facts_dir.display(),
         human(started.elapsed().as_nanos() as f64)
     );
     let index = Index::build(nodes.clone(), ROLE_FACT, built_at);
+    let before = reference::Index::build(nodes.clone(), ROLE_FACT, built_at);
     let fresh = Freshness { now: built_at, max_age: MAX_AGE };
-    let in_env = index.nodes().iter().filter(|n| n.environment == ENVIRONMENT).count();
+    let in_env = index.servers().filter(|s| s.environment() == ENVIRONMENT).count();
+    println!(
+        "index: {:.1} MB held (store {:.1} MB: {} strings, {} values) = {:.2}x the JSON",
+        index.heap_bytes() as f64 / 1e6,
+        index.store().heap_bytes() as f64 / 1e6,
+        index.store().strings(),
+        index.store().values(),
+        index.heap_bytes() as f64 / cache_bytes as f64
+    );
     println!(
         "environment {ENVIRONMENT}: {in_env} servers; max_age {MAX_AGE} s; queries below answer for {ENVIRONMENT}\n"
     );
 
-    role_queries(&index, fresh);
-    fact_queries(&index, fresh);
-    service_queries(&root, &index, fresh);
-    drop(index);
+    role_queries(&index, &before, fresh);
+    fact_queries(&index, &before, fresh);
+    service_queries(&root, &index, &before, fresh);
+    drop((index, before));
     loading(&root, &facts_dir, nodes, built_at);
 
     let _ = fs::remove_dir_all(&root);
@@ -77,19 +92,20 @@ fn main() {
 }
 
 /// (a) `servers_with_role('node', 'production')`.
-fn role_queries(index: &Index, fresh: Freshness) {
+fn role_queries(index: &Index, before: &reference::Index, fresh: Freshness) {
+    let servers = fleet_size();
     let roles = RoleSelector::names(["node"]);
     let by_index = index.with_role(&roles, ENVIRONMENT, fresh);
     assert_eq!(
         positions_to_names(index, &by_index),
-        scan_role(index.nodes(), "node", fresh),
+        scan_role(before.nodes(), "node", fresh),
         "index and scan disagree"
     );
     let clause = Query::parse(&["role=node"]).unwrap();
-    assert_eq!(scan_query(index.nodes(), &clause, fresh).len(), by_index.len());
+    assert_eq!(scan_query(before.nodes(), &clause, fresh).len(), by_index.len());
 
     let mut table = Table::new(format!(
-        "(a) servers_with_role('node', '{ENVIRONMENT}'): {} of {SERVERS} servers selected",
+        "(a) servers_with_role('node', '{ENVIRONMENT}'): {} of {servers} servers selected",
         by_index.len()
     ));
     table.ours(
@@ -98,51 +114,70 @@ fn role_queries(index: &Index, fresh: Freshness) {
     );
     table.alternative(
         "linear scan: environment, freshness, role == \"node\" on every server",
-        measure(|| scan_role(index.nodes(), "node", fresh)),
+        measure(|| scan_role(before.nodes(), "node", fresh)),
     );
     table.info(
         "linear scan with the compiled clause role=node instead",
-        measure(|| scan_query(index.nodes(), &clause, fresh)),
+        measure(|| scan_query(before.nodes(), &clause, fresh)),
     );
     table.print();
 }
 
-/// (b) three clauses, `Index::with_facts` vs `Query::matches` on every server.
-fn fact_queries(index: &Index, fresh: Freshness) {
-    let query = Query::parse(&CLAUSES).unwrap();
-    let by_index = index.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh);
-    assert_eq!(
-        positions_to_names(index, &by_index),
-        scan_query(index.nodes(), &query, fresh),
-        "index and scan disagree"
-    );
-
-    let mut table = Table::new(format!(
-        "(b) servers_with_facts({}): {} of {SERVERS} servers selected",
-        quoted(&CLAUSES),
-        by_index.len()
-    ));
-    table.ours(
-        "Index::with_facts: the role clause picks the candidates",
-        measure(|| index.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh)),
-    );
-    table.alternative(
-        "linear scan: Query::matches on every server",
-        measure(|| scan_query(index.nodes(), &query, fresh)),
-    );
-    table.print();
+/// (b) query shapes: the store-backed index, the serde_json index it replaced, and
+/// a scan; each checked to give the same servers first.
+fn fact_queries(index: &Index, before: &reference::Index, fresh: Freshness) {
+    let servers = fleet_size();
+    let shapes: [&[&str]; 5] = [
+        &CLAUSES,
+        &["processors.count>=16", "os.family=Debian"],
+        &["hostname=/^web0001/"],
+        &REGEX_CLAUSES,
+        &["networking.interfaces.eth0.mtu=1500", "kernelmajversion>=5"],
+    ];
+    for clauses in shapes {
+        let query = Query::parse(clauses).unwrap();
+        let by_index = index.with_facts(&query, ENVIRONMENT, fresh);
+        assert_eq!(by_index, before.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh), "old and new disagree");
+        assert_eq!(
+            positions_to_names(index, &by_index),
+            scan_query(before.nodes(), &query, fresh),
+            "index and scan disagree"
+        );
+        let mut table = Table::new(format!(
+            "(b) servers_with_facts({}): {} of {servers} servers selected",
+            quoted(clauses),
+            by_index.len()
+        ));
+        let fresh_index = || Index::build(before.nodes().to_vec(), ROLE_FACT, fresh.now);
+        table.info(
+            "first query of a generation: the path indexes built (excluded below)",
+            measure_each(fresh_index, |i| i.with_facts(&query, ENVIRONMENT, fresh).len()),
+        );
+        table.ours(
+            "Index::with_facts: per-path indexes, per-value results",
+            measure(|| index.with_facts(&query, ENVIRONMENT, fresh)),
+        );
+        table.alternative(
+            "before: the serde_json index (role list, then a scan)",
+            measure(|| before.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh)),
+        );
+        table
+            .info("linear scan: Query::matches on every server", measure(|| scan_query(before.nodes(), &query, fresh)));
+        table.print();
+    }
 }
 
 /// (c) the same through `Service`, the service the Ruby functions call.
-fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
+fn service_queries(root: &Path, index: &Index, before: &reference::Index, fresh: Freshness) {
+    let servers = fleet_size();
     let kicker = Service::start(scratch_master(root)).expect("start the service");
     let cold = Instant::now();
     assert!(kicker.refresh_and_wait(Duration::from_secs(300)), "the first refresh did not finish");
     let cold = cold.elapsed();
-    assert_eq!(kicker.status().servers, SERVERS);
+    assert_eq!(kicker.status().servers, servers);
     println!(
         "(c) through Service, the service the Ruby binding calls (results not yet converted to Ruby); \
-         its first refresh (read {SERVERS} JSON files, build, write the snapshot) took {}",
+         its first refresh (read {servers} JSON files, build, write the snapshot) took {}",
         human(cold.as_nanos() as f64)
     );
 
@@ -161,12 +196,12 @@ fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
     );
     table.alternative(
         "linear scan: environment, freshness, role == \"node\" on every server",
-        measure(|| scan_role(index.nodes(), "node", fresh)),
+        measure(|| scan_role(before.nodes(), "node", fresh)),
     );
     table.print();
 
     let selected = kicker.servers_with_facts(&CLAUSES, ENVIRONMENT).unwrap();
-    assert_eq!(selected.len(), index.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh).len());
+    assert_eq!(selected.len(), index.with_facts(&query, ENVIRONMENT, fresh).len());
     let mut table = Table::new(format!("    servers_with_facts({}): {} servers", quoted(&CLAUSES), selected.len()));
     table.ours(
         "Service::servers_with_facts (clause cache hits)",
@@ -174,7 +209,7 @@ fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
     );
     table.alternative(
         "linear scan: Query::matches on every server",
-        measure(|| scan_query(index.nodes(), &query, fresh)),
+        measure(|| scan_query(before.nodes(), &query, fresh)),
     );
     table.print();
 
@@ -192,19 +227,17 @@ fn service_queries(root: &Path, index: &Index, fresh: Freshness) {
 
 /// (d) what a refresh and a start cost: the index, the snapshot, the JSON cache.
 fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
+    let servers = fleet_size();
     let snapshot_path = snapshot::path_in(&root.join("snapshot"));
     let seen = BTreeMap::new();
     let index = Index::build(nodes.clone(), ROLE_FACT, built_at);
-    let write = |index: &Index| {
-        let snap = SnapshotRef { built_at, nodes: index.nodes(), seen_environments: &seen };
-        snapshot::write(&snapshot_path, &snap).unwrap()
-    };
+    let write = |index: &Index| snapshot::write(&snapshot_path, &SnapshotRef::of(index, &seen)).unwrap();
     write(&index);
     let snapshot_bytes = fs::metadata(&snapshot_path).map(|m| m.len()).unwrap_or(0);
     let dirs = [facts_dir.to_path_buf()];
 
     let mut table = Table::new(format!(
-        "(d) loading {SERVERS} servers: snapshot {:.1} MB (MessagePack, one file) vs JSON fact cache {:.1} MB ({SERVERS} files); page cache warm",
+        "(d) loading {servers} servers: snapshot {:.1} MB (MessagePack, one file) vs JSON fact cache {:.1} MB ({servers} files); page cache warm",
         snapshot_bytes as f64 / 1e6,
         dir_bytes(facts_dir) as f64 / 1e6
     ));
@@ -215,11 +248,11 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     table.info("snapshot::write (encode, write, fsync, rename)", measure_each(|| (), |()| write(&index)));
     drop(index);
     table.info(
-        "snapshot::read (decode to servers)",
-        measure_each(|| (), |()| snapshot::read(&snapshot_path).unwrap().unwrap()),
+        "before: reference::Index::build (serde_json trees)",
+        measure_each(|| nodes.clone(), |n| reference::Index::build(n, ROLE_FACT, built_at)),
     );
-    let warm_start = |()| Index::build(snapshot::read(&snapshot_path).unwrap().unwrap().nodes, ROLE_FACT, built_at);
-    table.ours("start from the snapshot: snapshot::read + Index::build", measure_each(|| (), warm_start));
+    let warm_start = |()| snapshot::read(&snapshot_path, ROLE_FACT).unwrap().unwrap().index;
+    table.ours("start from the snapshot: snapshot::read (checked, role maps built)", measure_each(|| (), warm_start));
     table.info(
         "puppet_cache::load (read and parse the JSON files)",
         measure_each(|| (), |()| puppet_cache::load(&dirs).unwrap()),
@@ -268,7 +301,7 @@ fn admits(fresh: Freshness, node: &Node) -> bool {
 }
 
 fn positions_to_names<'a>(index: &'a Index, positions: &[u32]) -> Vec<&'a str> {
-    positions.iter().map(|p| index.node(*p).certname.as_str()).collect()
+    positions.iter().map(|p| index.server(*p).certname()).collect()
 }
 
 /// A confdir and vardir whose default fact cache dir holds the synthetic fleet.

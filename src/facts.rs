@@ -90,6 +90,11 @@ impl FactPath {
     pub fn as_str(&self) -> &str {
         &self.full
     }
+
+    /// The path split at dots: `["networking", "interfaces", "eth0", "ip"]`.
+    pub fn segments(&self) -> &[String] {
+        &self.segments
+    }
 }
 
 pub fn lookup<'a>(facts: &'a Facts, path: &FactPath) -> Option<&'a Value> {

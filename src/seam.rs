@@ -14,10 +14,10 @@
 
 use crate::config::PuppetSettings;
 use crate::error::{internal_error_message, Error, Result};
-use crate::facts::Node;
-use crate::index::RoleSelector;
+use crate::index::{RoleSelector, ServerRef};
 use crate::log::{Level, LogLine};
 use crate::service::{Selection, Service};
+use crate::store::View;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value as Json;
@@ -230,7 +230,7 @@ impl Selected {
 
     /// The server at `position` of this selection's index.
     pub fn server_at(&self, position: u32) -> Option<Server<'_>> {
-        self.selection.node_at(position).map(Server)
+        self.selection.server_at(position).map(Server)
     }
 }
 
@@ -249,8 +249,8 @@ pub struct Servers(Selection);
 impl Serialize for Servers {
     fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
-        for node in self.0.nodes() {
-            seq.serialize_element(&Server(node))?;
+        for server in self.0.servers() {
+            seq.serialize_element(&Server(server))?;
         }
         seq.end()
     }
@@ -260,21 +260,23 @@ impl Serialize for Servers {
 /// beside them ([`Node::entries`]), then `certname` unless a fact already has that
 /// name.
 #[derive(Clone, Copy)]
-pub struct Server<'a>(&'a Node);
+pub struct Server<'a>(ServerRef<'a>);
 
 /// One value of a [`Server`].
 pub enum Entry<'a> {
-    Value(&'a Json),
+    /// A value of the index's store: bindings may cache what they convert by its id,
+    /// for the life of the index generation (equal values share one id).
+    Value(View<'a>),
     /// The certname, added when no fact has that name.
     Certname(&'a str),
 }
 
 impl<'a> Server<'a> {
     pub fn entries(self) -> impl Iterator<Item = (&'a str, Entry<'a>)> {
-        let node = self.0;
+        let server = self.0;
         let certname =
-            Some(("certname", Entry::Certname(&node.certname))).filter(|_| !node.facts.contains_key("certname"));
-        node.entries().map(|(name, value)| (name.as_str(), Entry::Value(value))).chain(certname)
+            Some(("certname", Entry::Certname(server.certname()))).filter(|_| !server.facts().contains_key("certname"));
+        server.entries().map(|(name, value)| (name, Entry::Value(value))).chain(certname)
     }
 }
 
@@ -283,7 +285,7 @@ impl Serialize for Server<'_> {
         let mut map = serializer.serialize_map(None)?;
         for (name, entry) in self.entries() {
             match entry {
-                Entry::Value(value) => map.serialize_entry(name, value)?,
+                Entry::Value(value) => map.serialize_entry(name, &value)?,
                 Entry::Certname(certname) => map.serialize_entry(name, certname)?,
             }
         }

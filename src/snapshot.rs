@@ -1,8 +1,13 @@
 //! The index on disk, so that each short-lived `puppet apply` (and a restarted
 //! master) starts warm. MessagePack through rmp-serde, behind a magic and a format
 //! version; written to a temporary file and renamed, so a reader never sees half.
+//!
+//! Format 2 is the index's own layout ([`crate::store`]): the string table, the
+//! value arrays and the row columns, each one MessagePack `bin`. Reading is a few
+//! bulk copies and one checking pass; nothing is allocated per fact.
 
-use crate::facts::Node;
+use crate::index::{Index, InvalidRows, Rows};
+use crate::store::{blob, OwnedStoreParts, Store, StoreParts};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,31 +15,90 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"PKINDEX\0";
-/// Bump when `Snapshot` changes shape; older files are then ignored and rebuilt.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bump when the layout changes; older files are then ignored and rebuilt.
+pub const FORMAT_VERSION: u32 = 2;
 pub const FILE_NAME: &str = "index.msgpack";
 /// A larger snapshot is neither written nor read: ~100,000 servers of Facter 4 facts.
 pub const MAX_FILE_SIZE: u64 = 1 << 30;
-/// Facts are at most [`crate::yaml::MAX_DEPTH`] deep from any source; the snapshot
-/// adds four levels (snapshot, node list, node, facts) and a few to spare. rmp-serde
-/// recurses per level, so this bounds its stack.
-const MAX_NESTING: usize = crate::yaml::MAX_DEPTH + 8;
+/// The layout is flat (blobs in a few maps); this only bounds a hostile file.
+const MAX_NESTING: usize = 8;
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// A snapshot as read: the index, checked, and what the master remembers.
+#[derive(Debug)]
 pub struct Snapshot {
     /// Unix seconds when the data was read from its source.
     pub built_at: i64,
-    pub nodes: Vec<Node>,
+    pub index: Index,
     /// Where the master last saw each certname compile or report.
     pub seen_environments: BTreeMap<String, String>,
 }
 
-/// The same shape as [`Snapshot`], borrowed, so writing does not copy the index.
+/// What is written: borrowed from the index, so writing copies nothing.
 #[derive(Serialize)]
 pub struct SnapshotRef<'a> {
     pub built_at: i64,
-    pub nodes: &'a [Node],
+    store: StoreParts<'a>,
+    rows: RowsRef<'a>,
     pub seen_environments: &'a BTreeMap<String, String>,
+}
+
+impl<'a> SnapshotRef<'a> {
+    pub fn of(index: &'a Index, seen_environments: &'a BTreeMap<String, String>) -> SnapshotRef<'a> {
+        let rows = index.rows();
+        SnapshotRef {
+            built_at: index.built_at(),
+            store: index.store().parts(),
+            rows: RowsRef {
+                certname: &rows.certname,
+                environment: &rows.environment,
+                facts: &rows.facts,
+                extra: &rows.extra,
+                timestamp: &rows.timestamp,
+                answered_at: &rows.answered_at,
+            },
+            seen_environments,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct RowsRef<'a> {
+    #[serde(serialize_with = "blob::serialize")]
+    certname: &'a [u32],
+    #[serde(serialize_with = "blob::serialize")]
+    environment: &'a [u32],
+    #[serde(serialize_with = "blob::serialize")]
+    facts: &'a [u32],
+    #[serde(serialize_with = "blob::serialize")]
+    extra: &'a [u32],
+    #[serde(serialize_with = "blob::serialize")]
+    timestamp: &'a [i64],
+    #[serde(serialize_with = "blob::serialize")]
+    answered_at: &'a [i64],
+}
+
+#[derive(Deserialize)]
+struct SnapshotFile {
+    built_at: i64,
+    store: OwnedStoreParts,
+    rows: OwnedRows,
+    seen_environments: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct OwnedRows {
+    #[serde(deserialize_with = "blob::deserialize")]
+    certname: Vec<u32>,
+    #[serde(deserialize_with = "blob::deserialize")]
+    environment: Vec<u32>,
+    #[serde(deserialize_with = "blob::deserialize")]
+    facts: Vec<u32>,
+    #[serde(deserialize_with = "blob::deserialize")]
+    extra: Vec<u32>,
+    #[serde(deserialize_with = "blob::deserialize")]
+    timestamp: Vec<i64>,
+    #[serde(deserialize_with = "blob::deserialize")]
+    answered_at: Vec<i64>,
 }
 
 pub fn path_in(cache_dir: &Path) -> PathBuf {
@@ -56,6 +120,9 @@ pub enum SnapshotError {
     FormatVersion { path: PathBuf, found: u32 },
     /// The payload does not decode, or is nested deeper than the decoder allows.
     Corrupt { path: PathBuf, source: rmp_serde::decode::Error },
+    /// The payload decodes but is not an index this version wrote: a reference out
+    /// of range, keys or servers out of order, nesting too deep.
+    Invalid { path: PathBuf, reason: String },
     /// The index could not be encoded.
     Encode { path: PathBuf, source: rmp_serde::encode::Error },
     /// The encoded index, `size` bytes, is over [`MAX_FILE_SIZE`].
@@ -73,6 +140,7 @@ impl SnapshotError {
             | SnapshotError::NotAnIndex { path }
             | SnapshotError::FormatVersion { path, .. }
             | SnapshotError::Corrupt { path, .. }
+            | SnapshotError::Invalid { path, .. }
             | SnapshotError::Encode { path, .. }
             | SnapshotError::TooLarge { path, .. }
             | SnapshotError::Write { path, .. } => path,
@@ -94,6 +162,9 @@ impl fmt::Display for SnapshotError {
             ),
             SnapshotError::Corrupt { source, .. } => {
                 write!(f, "ignoring corrupt snapshot {path}: {source}; it will be rebuilt")
+            }
+            SnapshotError::Invalid { reason, .. } => {
+                write!(f, "ignoring corrupt snapshot {path}: {reason}; it will be rebuilt")
             }
             SnapshotError::Encode { source, .. } => write!(f, "cannot encode snapshot {path}: {source}"),
             SnapshotError::TooLarge { size, .. } => write!(
@@ -123,7 +194,7 @@ impl std::error::Error for SnapshotError {
 /// `Ok(None)` when there is no snapshot; `Err` (a warning to log) when there is one
 /// we cannot use: in a directory others can write (see [`crate::cache_dir`]), larger
 /// than [`MAX_FILE_SIZE`], nested too deep, corrupt or of another format version.
-pub fn read(path: &Path) -> Result<Option<Snapshot>, SnapshotError> {
+pub fn read(path: &Path, role_fact: &str) -> Result<Option<Snapshot>, SnapshotError> {
     let bytes = match crate::bounded_read::read(path, MAX_FILE_SIZE) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -133,12 +204,14 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, SnapshotError> {
         crate::cache_dir::ensure(dir)
             .map_err(|source| SnapshotError::UnsafeDir { path: path.to_path_buf(), source })?;
     }
-    decode(&bytes, path).map(Some)
+    decode(&bytes, path, role_fact).map(Some)
 }
 
-/// The snapshot in `bytes`, as [`read`] decodes a file's content; `path` only names it
-/// in errors. Bounded like the file: 72 levels of nesting at most.
-pub fn decode(bytes: &[u8], path: &Path) -> Result<Snapshot, SnapshotError> {
+/// The snapshot in `bytes`, as [`read`] decodes a file's content, with role maps for
+/// `role_fact`; `path` only names it
+/// in errors. Everything is checked before use (see [`Store::from_parts`] and
+/// [`Index::from_rows`]).
+pub fn decode(bytes: &[u8], path: &Path, role_fact: &str) -> Result<Snapshot, SnapshotError> {
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
         return Err(SnapshotError::NotAnIndex { path: path.to_path_buf() });
     };
@@ -149,7 +222,21 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Snapshot, SnapshotError> {
     }
     let mut decoder = rmp_serde::Deserializer::from_read_ref(payload);
     decoder.set_max_depth(MAX_NESTING);
-    Snapshot::deserialize(&mut decoder).map_err(|source| SnapshotError::Corrupt { path: path.to_path_buf(), source })
+    let file = SnapshotFile::deserialize(&mut decoder)
+        .map_err(|source| SnapshotError::Corrupt { path: path.to_path_buf(), source })?;
+    let invalid = |reason: String| SnapshotError::Invalid { path: path.to_path_buf(), reason };
+    let store = Store::from_parts(file.store).map_err(|e| invalid(e.0))?;
+    let r = file.rows;
+    let rows = Rows {
+        certname: r.certname,
+        environment: r.environment,
+        facts: r.facts,
+        extra: r.extra,
+        timestamp: r.timestamp,
+        answered_at: r.answered_at,
+    };
+    let index = Index::from_rows(store, rows, role_fact, file.built_at).map_err(|InvalidRows(e)| invalid(e))?;
+    Ok(Snapshot { built_at: file.built_at, index, seen_environments: file.seen_environments })
 }
 
 /// Writes the snapshot atomically (see [`crate::atomic_file`]); on failure the
@@ -165,29 +252,49 @@ pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), SnapshotErro
         .map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })
 }
 
+/// The file's bytes for `snapshot`, as [`write`] writes them (fuzz seeds, tests).
+pub fn encode(snapshot: &SnapshotRef<'_>) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    rmp_serde::encode::write_named(&mut bytes, snapshot)?;
+    Ok(bytes)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::facts::Node;
     use serde_json::json;
     use std::error::Error as _;
     use std::fs;
 
-    fn sample() -> Snapshot {
-        let facts = json!({"role": "node", "os": {"release": {"full": "12.5"}}, "load": 0.5, "n": -3, "ok": true, "l": [1, "a", null]});
-        Snapshot {
-            built_at: 1234,
-            nodes: vec![Node::new("web1".into(), facts.as_object().cloned().unwrap(), 99, None)],
-            seen_environments: BTreeMap::from([("web1".to_string(), "staging".to_string())]),
-        }
+    fn sample() -> (Index, BTreeMap<String, String>) {
+        let facts = json!({"role": "node", "os": {"release": {"full": "12.5"}}, "load": 0.5, "n": -3, "ok": true, "l": [1, "a", null], "big": 18446744073709551615u64});
+        let mut web2 = Node::new("web2".into(), facts.as_object().cloned().unwrap(), 98, None);
+        web2.extra.insert("mcollective::agents".into(), json!(["puppet", "rpcutil"]));
+        web2.answered_at = Some(97);
+        let nodes = vec![Node::new("web1".into(), facts.as_object().cloned().unwrap(), 99, None), web2];
+        let seen = BTreeMap::from([("web1".to_string(), "staging".to_string())]);
+        (Index::build(nodes, "role", 1234), seen)
+    }
+
+    fn nodes(index: &Index) -> Vec<Node> {
+        index.servers().map(|s| s.to_node()).collect()
     }
 
     #[test]
-    fn round_trips_structured_facts() {
+    fn round_trips_the_index_and_what_the_master_remembers() {
         let dir = tempdir("roundtrip");
         let path = path_in(&dir);
-        assert!(matches!(read(&path), Ok(None)));
-        write_owned(&path, &sample());
-        assert_eq!(read(&path).unwrap(), Some(sample()));
+        assert!(matches!(read(&path, "role"), Ok(None)));
+        let (index, seen) = sample();
+        write(&path, &SnapshotRef::of(&index, &seen)).unwrap();
+        let snap = read(&path, "role").unwrap().unwrap();
+        assert_eq!(snap.built_at, 1234);
+        assert_eq!(snap.seen_environments, seen);
+        assert_eq!(nodes(&snap.index), nodes(&index));
+        assert_eq!(snap.index.store(), index.store());
+        assert_eq!(snap.index.rows(), index.rows());
         let leftovers: Vec<_> =
             fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name() != FILE_NAME).collect();
         assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
@@ -197,29 +304,107 @@ pub(crate) mod tests {
     fn corrupt_truncated_and_old_snapshots_are_refused_with_a_reason() {
         let dir = tempdir("corrupt");
         let path = path_in(&dir);
-        write_owned(&path, &sample());
+        let (index, seen) = sample();
+        write(&path, &SnapshotRef::of(&index, &seen)).unwrap();
         let good = fs::read(&path).unwrap();
 
         fs::write(&path, &good[..good.len() / 2]).unwrap();
-        let err = read(&path).unwrap_err();
+        let err = read(&path, "role").unwrap_err();
         assert!(matches!(err, SnapshotError::Corrupt { .. }), "{err:?}");
         assert!(err.to_string().starts_with(&format!("ignoring corrupt snapshot {}: ", path.display())), "{err}");
         assert!(err.source().is_some_and(|s| s.is::<rmp_serde::decode::Error>()));
 
         let mut old = good.clone();
-        old[8..12].copy_from_slice(&0u32.to_le_bytes());
+        old[8..12].copy_from_slice(&1u32.to_le_bytes());
         fs::write(&path, &old).unwrap();
-        let err = read(&path).unwrap_err();
-        assert!(matches!(err, SnapshotError::FormatVersion { found: 0, .. }), "{err:?}");
+        let err = read(&path, "role").unwrap_err();
+        assert!(matches!(err, SnapshotError::FormatVersion { found: 1, .. }), "{err:?}");
         assert_eq!(
             err.to_string(),
-            format!("ignoring snapshot {}: format version 0, this version reads 1; it will be rebuilt", path.display())
+            format!("ignoring snapshot {}: format version 1, this version reads 2; it will be rebuilt", path.display())
         );
 
         fs::write(&path, b"garbage").unwrap();
-        let err = read(&path).unwrap_err();
+        let err = read(&path, "role").unwrap_err();
         assert!(matches!(err, SnapshotError::NotAnIndex { .. }), "{err:?}");
         assert!(err.to_string().contains("not a puppet-kicker index"));
+    }
+
+    #[test]
+    fn a_snapshot_that_decodes_but_is_not_an_index_is_refused() {
+        let dir = tempdir("invalid");
+        let path = path_in(&dir);
+        let (index, seen) = sample();
+        let mut rows = index.rows().clone();
+        let reorder = |rows: &mut Rows| {
+            rows.certname.swap(0, 1);
+            rows.facts.swap(0, 1);
+        };
+        type Change<'a> = &'a dyn Fn(&mut Rows);
+        let cases: [(Change, &str); 3] = [
+            (&|r| r.facts[0] = crate::store::NULL, "is not a hash"),
+            (&|r| r.certname[1] = r.certname[0], "stored twice"),
+            (&reorder, "out of order"),
+        ];
+        for (change, reason) in cases {
+            rows.clone_from(index.rows());
+            change(&mut rows);
+            let bad = BadIndex { store: index.store(), rows: &rows };
+            write(&path, &bad.snapshot(&seen)).unwrap();
+            let err = read(&path, "role").unwrap_err();
+            assert!(matches!(err, SnapshotError::Invalid { .. }), "{err:?}");
+            assert!(err.to_string().contains(reason), "{err} should say {reason}");
+            assert!(err.to_string().ends_with("; it will be rebuilt"), "{err}");
+        }
+    }
+
+    /// Rows an index would never hold, written as a snapshot.
+    struct BadIndex<'a> {
+        store: &'a Store,
+        rows: &'a Rows,
+    }
+
+    impl BadIndex<'_> {
+        fn snapshot<'s>(&'s self, seen: &'s BTreeMap<String, String>) -> SnapshotRef<'s> {
+            SnapshotRef {
+                built_at: 1,
+                store: self.store.parts(),
+                rows: RowsRef {
+                    certname: &self.rows.certname,
+                    environment: &self.rows.environment,
+                    facts: &self.rows.facts,
+                    extra: &self.rows.extra,
+                    timestamp: &self.rows.timestamp,
+                    answered_at: &self.rows.answered_at,
+                },
+                seen_environments: seen,
+            }
+        }
+    }
+
+    /// The snapshot fuzz target starts from these; they must be of this format, or
+    /// it only ever fuzzes the version check. `PK_WRITE_SEEDS=1` rewrites them.
+    #[test]
+    fn the_fuzz_seeds_are_snapshots_of_this_format() {
+        let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus-seeds/snapshot");
+        let (index, seen) = sample();
+        let empty = Index::build(Vec::new(), "role", 1);
+        for (name, bytes) in [
+            ("two-servers", encode(&SnapshotRef::of(&index, &seen)).unwrap()),
+            ("empty", encode(&SnapshotRef::of(&empty, &BTreeMap::new())).unwrap()),
+        ] {
+            let path = seeds.join(name);
+            if std::env::var_os("PK_WRITE_SEEDS").is_some() {
+                fs::write(&path, &bytes).unwrap();
+            }
+            assert_eq!(
+                fs::read(&path).ok(),
+                Some(bytes.clone()),
+                "{} is stale: PK_WRITE_SEEDS=1 cargo test",
+                path.display()
+            );
+            assert!(decode(&bytes, &path, "role").is_ok());
+        }
     }
 
     #[test]
@@ -230,15 +415,11 @@ pub(crate) mod tests {
         fs::create_dir(&path).unwrap();
         fs::write(path.join("keep"), b"").unwrap();
         let empty = BTreeMap::new();
-        let err = write(&path, &SnapshotRef { built_at: 1, nodes: &[], seen_environments: &empty }).unwrap_err();
+        let index = Index::build(Vec::new(), "role", 1);
+        let err = write(&path, &SnapshotRef::of(&index, &empty)).unwrap_err();
         assert!(matches!(err, SnapshotError::Write { .. }), "{err:?}");
         assert!(err.to_string().ends_with("; the previous snapshot is kept"), "{err}");
         assert!(err.source().is_some_and(|s| s.is::<io::Error>()));
-    }
-
-    fn write_owned(path: &Path, s: &Snapshot) {
-        write(path, &SnapshotRef { built_at: s.built_at, nodes: &s.nodes, seen_environments: &s.seen_environments })
-            .unwrap();
     }
 
     pub(crate) fn tempdir(name: &str) -> PathBuf {

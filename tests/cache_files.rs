@@ -3,7 +3,8 @@
 
 use puppet_kicker::cache_dir::CacheDirError;
 use puppet_kicker::facts::Node;
-use puppet_kicker::snapshot::{self, Snapshot, SnapshotRef};
+use puppet_kicker::snapshot::{self, SnapshotRef};
+use puppet_kicker::Index;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -19,23 +20,30 @@ fn tempdir(name: &str) -> PathBuf {
     dir
 }
 
-fn snapshot(nodes: usize, padding: usize) -> Snapshot {
+/// An index of `nodes` servers, each with `padding` bytes of a fact of its own.
+fn snapshot(nodes: usize, padding: usize) -> Index {
     let nodes = (0..nodes)
         .map(|i| {
-            let facts = serde_json::json!({"role": "web", "padding": "x".repeat(padding)});
+            let facts = serde_json::json!({"role": "web", "padding": format!("{i}{}", "x".repeat(padding))});
             Node::new(format!("web{i}.example.com"), facts.as_object().cloned().unwrap(), 1000, None)
         })
         .collect();
-    Snapshot { built_at: 1000, nodes, seen_environments: BTreeMap::new() }
+    Index::build(nodes, "role", 1000)
 }
 
-/// Writes `s`; the error as the warning an operator reads.
-fn write(path: &Path, s: &Snapshot) -> Result<(), String> {
-    snapshot::write(
-        path,
-        &SnapshotRef { built_at: s.built_at, nodes: &s.nodes, seen_environments: &s.seen_environments },
-    )
-    .map_err(|e| e.to_string())
+/// Writes `index`; the error as the warning an operator reads.
+fn write(path: &Path, index: &Index) -> Result<(), String> {
+    snapshot::write(path, &SnapshotRef::of(index, &BTreeMap::new())).map_err(|e| e.to_string())
+}
+
+/// The servers of the snapshot at `path`, as nodes.
+fn read(path: &Path) -> Vec<Node> {
+    let snap = snapshot::read(path, "role").unwrap().expect("a snapshot");
+    snap.index.servers().map(|s| s.to_node()).collect()
+}
+
+fn nodes(index: &Index) -> Vec<Node> {
+    index.servers().map(|s| s.to_node()).collect()
 }
 
 fn mode(path: &Path) -> u32 {
@@ -54,7 +62,7 @@ fn files_are_private_and_a_new_cache_dir_is_0750() {
     fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
     write(&path, &snapshot(3, 10)).unwrap();
     assert_eq!(mode(&path), 0o600);
-    assert_eq!(snapshot::read(&path).unwrap().unwrap().nodes.len(), 3);
+    assert_eq!(read(&path).len(), 3);
     fs::remove_dir_all(&root).unwrap();
 }
 
@@ -76,7 +84,7 @@ fn a_planted_symlink_cannot_redirect_the_write() {
     write(&path, &snapshot(1, 10)).unwrap();
     assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
     assert!(!fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
-    assert_eq!(snapshot::read(&path).unwrap().unwrap().nodes.len(), 1);
+    assert_eq!(read(&path).len(), 1);
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -93,7 +101,7 @@ fn a_cache_dir_others_can_write_is_refused_with_what_to_change() {
     assert!(!path.exists());
     // Reading from it is refused too: anyone could have put the snapshot there.
     fs::write(&path, b"PKINDEX\0").unwrap();
-    let err = snapshot::read(&path).unwrap_err();
+    let err = snapshot::read(&path, "role").unwrap_err();
     assert!(
         matches!(&err, snapshot::SnapshotError::UnsafeDir { source: CacheDirError::WritableByOthers { .. }, .. }),
         "{err:?}"
@@ -144,13 +152,13 @@ fn a_full_disk_keeps_the_old_snapshot_and_the_next_write_succeeds() {
     let new = snapshot(40, 1000);
     let err = write(&path, &new).unwrap_err();
     assert!(err.contains("No space left on device") && err.contains("the previous snapshot is kept"), "{err}");
-    assert_eq!(snapshot::read(&path).unwrap().unwrap(), old, "the old snapshot is intact");
+    assert_eq!(read(&path), nodes(&old), "the old snapshot is intact");
     let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 2, "no temporary file left behind: {names:?}");
 
     fs::remove_file(&filler).unwrap();
     write(&path, &new).unwrap();
-    assert_eq!(snapshot::read(&path).unwrap().unwrap(), new);
+    assert_eq!(read(&path), nodes(&new));
     drop(tmpfs);
     fs::remove_dir_all(&dir).unwrap();
 }

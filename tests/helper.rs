@@ -148,11 +148,9 @@ fn a_refresh_waits_for_another_process_refreshing_and_takes_its_fresher_snapshot
         .iter()
         .map(|n| puppet_kicker::Node::new(n.to_string(), serde_json::Map::new(), puppet_kicker::time::now(), None))
         .collect();
-    let snap = puppet_kicker::snapshot::SnapshotRef {
-        built_at: puppet_kicker::time::now(),
-        nodes: &nodes,
-        seen_environments: &Default::default(),
-    };
+    let index = puppet_kicker::Index::build(nodes, "role", puppet_kicker::time::now());
+    let seen = Default::default();
+    let snap = puppet_kicker::snapshot::SnapshotRef::of(&index, &seen);
     puppet_kicker::snapshot::write(&puppet_kicker::snapshot::path_in(&cache), &snap).unwrap();
     drop(held);
     assert!(kicker.refresh_and_wait(Duration::from_secs(10)));

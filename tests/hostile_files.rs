@@ -124,12 +124,14 @@ fn a_deeply_nested_snapshot_is_refused_not_a_stack_overflow() {
         // A puppetserver thread's stack, not the main thread's 8 MiB.
         let read = std::thread::Builder::new()
             .stack_size(512 << 10)
-            .spawn(move || puppet_kicker::snapshot::read(&path))
+            .spawn(move || puppet_kicker::snapshot::read(&path, "role"))
             .unwrap()
             .join()
             .unwrap();
         let err = read.unwrap_err().to_string();
-        assert!(err.contains("ignoring corrupt snapshot") && err.contains("depth limit exceeded"), "{err}");
+        // Format 2 is flat: the decoder refuses the nesting where a blob belongs,
+        // before descending into it.
+        assert!(err.contains("ignoring corrupt snapshot"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     });
 }

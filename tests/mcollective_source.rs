@@ -20,7 +20,7 @@ use puppet_kicker::mcollective::Overrides;
 use puppet_kicker::mcollective::{Client, ConnectorKind};
 use puppet_kicker::snapshot;
 use puppet_kicker::{PuppetSettings, RoleSelector, Selection, Service};
-use serde_json::{json, Value as Json};
+use serde_json::json;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,12 +58,12 @@ impl Master {
     }
 
     fn snapshot(&self) -> snapshot::Snapshot {
-        snapshot::read(&self.snapshot_path()).unwrap().expect("a snapshot")
+        snapshot::read(&self.snapshot_path(), "role").unwrap().expect("a snapshot")
     }
 }
 
 fn certnames(selection: &Selection) -> Vec<String> {
-    selection.nodes().map(|n| n.certname.clone()).collect()
+    selection.servers().map(|s| s.certname().to_string()).collect()
 }
 
 fn role(kicker: &Service, role: &str, environment: &str) -> Vec<String> {
@@ -77,7 +77,7 @@ fn facts(kicker: &Service, clauses: &[&str], environment: &str) -> Vec<String> {
 /// The indexed server `certname`, whatever its environment.
 fn node(kicker: &Service, certname: &str) -> Node {
     let all = kicker.servers_with_facts(&["environment=/./"], "production").unwrap();
-    let found = all.nodes().find(|n| n.certname == certname).cloned();
+    let found = all.servers().find(|s| s.certname() == certname).map(|s| s.to_node());
     found.unwrap_or_else(|| panic!("{certname} is not indexed"))
 }
 
@@ -141,7 +141,8 @@ fn seed_snapshot(master: &Master, built_at: i64) {
     n.extra.insert("mcollective::classes".into(), json!(["role::node"]));
     n.answered_at = Some(built_at);
     let seen = Default::default();
-    let snap = snapshot::SnapshotRef { built_at, nodes: std::slice::from_ref(&n), seen_environments: &seen };
+    let index = puppet_kicker::Index::build(vec![n], "role", built_at);
+    let snap = snapshot::SnapshotRef::of(&index, &seen);
     snapshot::write(&master.snapshot_path(), &snap).unwrap();
 }
 
@@ -189,40 +190,34 @@ fn an_unreachable_broker_leaves_the_last_snapshot_serving_and_backs_off() {
 }
 
 #[test]
-fn a_snapshot_without_the_new_fields_still_reads_and_the_new_fields_round_trip() {
-    // The shape of format 1 before this source existed: no `extra`, no `answered_at`.
+fn a_format_1_snapshot_is_refused_by_its_version_and_the_source_fields_round_trip() {
+    // Format 1: the nodes as serde trees. This version reads format 2 only.
     #[derive(serde::Serialize)]
-    struct OldNode<'a> {
-        certname: &'a str,
-        environment: &'a str,
-        facts: Json,
-        timestamp: i64,
-    }
-    #[derive(serde::Serialize)]
-    struct OldSnapshot<'a> {
+    struct OldSnapshot {
         built_at: i64,
-        nodes: Vec<OldNode<'a>>,
+        nodes: Vec<Node>,
         seen_environments: std::collections::BTreeMap<String, String>,
     }
     let master = Master::new("compat", "");
+    let facts = json!({"role": "x"}).as_object().cloned().unwrap();
     let old = OldSnapshot {
         built_at: 5,
-        nodes: vec![OldNode { certname: "a", environment: "production", facts: json!({"role": "x"}), timestamp: 4 }],
+        nodes: vec![Node::new("a".into(), facts, 4, None)],
         seen_environments: Default::default(),
     };
     let mut bytes = b"PKINDEX\0".to_vec();
-    bytes.extend_from_slice(&snapshot::FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&1u32.to_le_bytes());
     bytes.extend(rmp_serde::to_vec_named(&old).unwrap());
     std::fs::create_dir_all(master.snapshot_path().parent().unwrap()).unwrap();
     std::fs::write(master.snapshot_path(), bytes).unwrap();
-    let read = master.snapshot();
-    assert_eq!(read.nodes[0].certname, "a");
-    assert!(read.nodes[0].extra.is_empty() && read.nodes[0].answered_at.is_none());
+    let err = snapshot::read(&master.snapshot_path(), "role").unwrap_err();
+    assert!(matches!(err, snapshot::SnapshotError::FormatVersion { found: 1, .. }), "{err:?}");
 
     seed_snapshot(&master, 77);
     let read = master.snapshot();
-    assert_eq!(read.nodes[0].answered_at, Some(77));
-    assert_eq!(read.nodes[0].extra["mcollective::classes"], json!(["role::node"]));
+    let node1 = read.index.server(0);
+    assert_eq!(node1.answered_at(), Some(77));
+    assert_eq!(node1.extra().get("mcollective::classes").map(|v| v.to_json()), Some(json!(["role::node"])));
 }
 
 // ------------------------------------------------------------------ the real stack
@@ -367,8 +362,9 @@ fn stack_discovery_and_inventory_return_every_daemon_with_its_facts() {
 
     // The snapshot holds it all, with when each server last answered.
     let snap = master.snapshot();
-    assert_eq!(snap.nodes.len(), 4);
-    for n in &snap.nodes {
+    let nodes: Vec<Node> = snap.index.servers().map(|s| s.to_node()).collect();
+    assert_eq!(nodes.len(), 4);
+    for n in &nodes {
         let answered = n.answered_at.unwrap_or_else(|| panic!("{} has no answered_at", n.certname));
         assert!(answered >= snap.built_at, "{}: {answered} < {}", n.certname, snap.built_at);
         assert!(n.extra.contains_key("mcollective::agents"));
@@ -546,8 +542,8 @@ fn stack_a_silent_daemon_is_kept_for_the_grace_period_then_dropped() {
     assert_eq!(warnings_containing(&warnings, "no answer from lb1.example.com; kept"), 1, "{warnings:?}");
     // The snapshot carries the grace state: lb1 last answered before this refresh.
     let snap = master.snapshot();
-    let lb1 = snap.nodes.iter().find(|n| n.certname == "lb1.example.com").unwrap();
-    assert_eq!(lb1.answered_at, Some(answered));
+    let lb1 = snap.index.by_certname("lb1.example.com").unwrap();
+    assert_eq!(lb1.answered_at(), Some(answered));
 
     // A restarted master (a new process) reads that state from the snapshot.
     drop(kicker);

@@ -52,7 +52,7 @@ fn role(name: &str) -> RoleSelector {
 }
 
 fn certnames(selection: puppet_kicker::Selection) -> Vec<String> {
-    selection.nodes().map(|n| n.certname.clone()).collect()
+    selection.servers().map(|s| s.certname().to_string()).collect()
 }
 
 #[test]
@@ -131,11 +131,11 @@ fn an_empty_answer_on_a_healthy_index_is_empty_not_an_error() {
 fn a_corrupt_snapshot_is_ignored_with_a_warning_and_rebuilt() {
     let master = Master::new("corrupt", "");
     fs::create_dir_all(master.path("var/puppet_kicker")).unwrap();
-    fs::write(master.path("var/puppet_kicker/index.msgpack"), b"PKINDEX\0\x01\0\0\0garbage").unwrap();
+    fs::write(master.path("var/puppet_kicker/index.msgpack"), b"PKINDEX\0\x02\0\0\0garbage").unwrap();
     let kicker = master.kicker();
     assert!(kicker.take_warnings().iter().any(|w| w.contains("corrupt snapshot")));
     assert_eq!(certnames(kicker.servers_with_role(&role("node"), "production").unwrap()).len(), 3);
-    assert!(puppet_kicker::snapshot::read(&master.path("var/puppet_kicker/index.msgpack")).unwrap().is_some());
+    assert!(puppet_kicker::snapshot::read(&master.path("var/puppet_kicker/index.msgpack"), "role").unwrap().is_some());
 }
 
 #[test]

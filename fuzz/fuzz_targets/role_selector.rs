@@ -9,6 +9,6 @@ fuzz_target!(|input: &[u8]| {
     let Some((environment, roles)) = puppet_kicker_fuzz::environment_and_arguments(input) else { return };
     let Ok(selector) = RoleSelector::parse(&roles) else { return };
     if let Ok(selection) = puppet_kicker_fuzz::fleet().servers_with_role(&selector, environment) {
-        std::hint::black_box(selection.nodes().count());
+        std::hint::black_box(selection.servers().count());
     }
 });

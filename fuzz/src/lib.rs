@@ -1,7 +1,8 @@
 //! What the fuzz targets share: a small fixed fleet to query, configured in a scratch
 //! directory of the fuzzing process.
 
-use puppet_kicker::{Service, PuppetSettings};
+use puppet_kicker::index::reference;
+use puppet_kicker::{Index, PuppetSettings, Service};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -50,4 +51,17 @@ pub fn environment_and_arguments(input: &[u8]) -> Option<(&str, Vec<&str>)> {
     let mut lines = text.split('\n');
     let environment = lines.next().unwrap_or_default();
     Some((environment, lines.take(32).collect()))
+}
+
+/// The fixture fleet twice: in the store-backed index and in the serde_json index it
+/// replaced, for targets that hold one to the other.
+pub fn indexes() -> &'static (Index, reference::Index) {
+    static BOTH: OnceLock<(Index, reference::Index)> = OnceLock::new();
+    BOTH.get_or_init(|| {
+        let facts = fixtures();
+        let dirs = [facts.join("server_data/facts"), facts.join("yaml/facts")];
+        let harvest = puppet_kicker::source::puppet_cache::load(&dirs).expect("the fixture fleet loads");
+        let nodes: Vec<_> = harvest.observations.into_iter().map(|o| o.into_node(None)).collect();
+        (Index::build(nodes.clone(), "role", 0), reference::Index::build(nodes, "role", 0))
+    })
 }

@@ -63,9 +63,9 @@ describe 'packaging' do
         loaded = run({ 'GEM_PATH' => [File.join(dir, 'gems'), *Gem.path].join(File::PATH_SEPARATOR) }, 'ruby', '-e',
                      'require "puppet_kicker"; puts PuppetKicker::NATIVE_LIBRARY; puts PuppetKicker.native.version; ' \
                      'PuppetKicker.backend = "ffi"; puts PuppetKicker::FFI_LIBRARY; puts PuppetKicker.native.version')
-        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/native/puppet_kicker.so", '0.1.0 (index format 1)')
+        expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/native/puppet_kicker.so", '0.1.0 (index format 2)')
         expect(loaded).to include("#{dir}/gems/gems/puppet_kicker-0.1.0/native/libpuppet_kicker_ffi.so")
-        expect(loaded.scan('0.1.0 (index format 1)').size).to eq(2)
+        expect(loaded.scan('0.1.0 (index format 2)').size).to eq(2)
       end
     end
   end

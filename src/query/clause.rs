@@ -6,6 +6,7 @@
 use super::compare::Operand;
 use crate::error::{Error, Result};
 use crate::facts::{FactPath, Node};
+use crate::store::{Kind, View};
 use regex::{Regex, RegexBuilder};
 use serde_json::Value;
 use std::cmp::Ordering;
@@ -105,6 +106,10 @@ impl Clause {
         self.path.as_str()
     }
 
+    pub fn fact_path(&self) -> &FactPath {
+        &self.path
+    }
+
     /// The value of an equality clause that an exact-match index can answer.
     pub fn plain_equality(&self) -> Option<&str> {
         match &self.test {
@@ -127,6 +132,23 @@ impl Clause {
             Some(Value::Array(items)) => self.holds(|test| items.iter().any(|item| test.on_value(item))),
             Some(value) => self.holds(|test| test.on_value(value)),
         }
+    }
+
+    /// Whether a value found at the clause's path satisfies it: a list when any
+    /// element does (for `!=`/`!~`, when none does); never a null. The store-backed
+    /// twin of [`Clause::matches`], which the index calls once per distinct value.
+    pub fn holds_on_view(&self, value: View) -> bool {
+        match value.kind() {
+            Kind::Null => false,
+            Kind::Array(items) => self.holds(|test| items.iter().any(|item| test.on_view(item))),
+            _ => self.holds(|test| test.on_view(value)),
+        }
+    }
+
+    /// Whether a server's environment, or its certname standing in for a missing
+    /// `certname` fact, satisfies the clause.
+    pub fn holds_on_text(&self, text: &str) -> bool {
+        self.holds(|test| test.on_text(text))
     }
 
     /// Applies the positive form of the test and negates it for `!=`/`!~`, so a
@@ -153,6 +175,15 @@ impl Positive<'_> {
             (Positive::Regex(regex), Value::Number(n)) => regex.is_match(&n.to_string()),
             (Positive::Regex(regex), Value::Bool(b)) => regex.is_match(if *b { "true" } else { "false" }),
             (Positive::Regex(_), _) => false,
+        }
+    }
+
+    fn on_view(&self, value: View) -> bool {
+        match value.kind() {
+            Kind::Str(s) => self.on_text(s),
+            // Numbers and booleans as serde_json has them (no allocation), so the
+            // rules stay written once; a container never matches.
+            _ => value.scalar_json().is_some_and(|scalar| self.on_value(&scalar)),
         }
     }
 

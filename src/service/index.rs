@@ -8,8 +8,7 @@ use super::refresh::{self, Refresh, RefreshState, Shared, Warnings};
 use super::MAX_PENDING_WARNINGS;
 use crate::config::{Config, OnNoData, PuppetSettings, SourceKind};
 use crate::error::{Error, Result};
-use crate::facts::Node;
-use crate::index::{Freshness, Index, RoleSelector};
+use crate::index::{Freshness, Index, RoleSelector, ServerRef};
 use crate::query::ClauseCache;
 use crate::snapshot;
 use crate::source::mcollective::McollectiveSource;
@@ -61,13 +60,14 @@ impl Selection {
     }
 
     /// The server at `position` of the index this selection came from.
-    pub fn node_at(&self, position: u32) -> Option<&Node> {
-        self.index.as_deref().filter(|i| (position as usize) < i.len()).map(|i| i.node(position))
+    pub fn server_at(&self, position: u32) -> Option<ServerRef<'_>> {
+        self.index.as_deref().filter(|i| (position as usize) < i.len()).map(|i| i.server(position))
     }
 
-    pub fn nodes(&self) -> impl ExactSizeIterator<Item = &Node> + '_ {
-        let index = self.index.as_deref();
-        self.positions.iter().map(move |p| index.expect("positions come from an index").node(*p))
+    /// The selected servers, in result order.
+    pub fn servers(&self) -> impl Iterator<Item = ServerRef<'_>> + '_ {
+        // A selection with positions always has its index; an empty one has neither.
+        self.index.as_deref().into_iter().flat_map(|index| self.positions.iter().map(|p| index.server(*p)))
     }
 }
 
@@ -119,11 +119,10 @@ impl IndexService {
             config,
             worst_case,
         });
-        match snapshot::read(&snapshot::path_in(&shared.config.cache_dir)) {
+        match snapshot::read(&snapshot::path_in(&shared.config.cache_dir), &shared.config.role_fact) {
             Ok(Some(snap)) => {
                 *lock(&shared.seen_environments) = snap.seen_environments;
-                let index = Index::build(snap.nodes, &shared.config.role_fact, snap.built_at);
-                shared.current.store(Some(Arc::new(index)));
+                shared.current.store(Some(Arc::new(snap.index)));
             }
             Ok(None) => {}
             Err(warning) => shared.warn(warning.to_string()),
@@ -151,7 +150,7 @@ impl IndexService {
         let Some(index) = self.index()? else {
             return Ok(Selection::empty());
         };
-        let positions = index.with_facts(&query, environment, &self.shared.config.role_fact, self.freshness());
+        let positions = index.with_facts(&query, environment, self.freshness());
         Ok(Selection { index: Some(index), positions })
     }
 

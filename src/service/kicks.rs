@@ -4,8 +4,7 @@
 use super::IndexService;
 use crate::config::PuppetSettings;
 use crate::error::{Error, Result};
-use crate::facts::Node;
-use crate::index::RoleSelector;
+use crate::index::{RoleSelector, ServerRef};
 use crate::kick::{KickError, KickService, McoTransport, NoTransport, ReportKicks, Selector, Target, Transport};
 use crate::log::{Level, LogLine};
 use std::ops::Deref;
@@ -69,7 +68,7 @@ impl Service {
             index = self.current().or(index);
         }
         let role_fact = &self.config().role_fact;
-        let role_of = |node: &Node| node.facts.get(role_fact).and_then(|r| r.as_str()).map(str::to_string);
+        let role_of = |server: ServerRef| server.role(role_fact).map(str::to_string);
         let fresh = self.freshness();
         let mut errors = Vec::new();
         let resolve = |selector: &Selector, environment: &str| -> Vec<Target> {
@@ -77,14 +76,14 @@ impl Service {
             let positions = match selector {
                 Selector::Roles(roles) => RoleSelector::parse(roles).map(|r| index.with_role(&r, environment, fresh)),
                 Selector::Facts(clauses) => {
-                    self.index.clauses.compile(clauses).map(|q| index.with_facts(&q, environment, role_fact, fresh))
+                    self.index.clauses.compile(clauses).map(|q| index.with_facts(&q, environment, fresh))
                 }
             };
             match positions {
                 Ok(positions) => positions
                     .into_iter()
-                    .map(|p| index.node(p))
-                    .map(|node| Target { certname: node.certname.clone(), role: role_of(node) })
+                    .map(|p| index.server(p))
+                    .map(|server| Target { certname: server.certname().to_string(), role: role_of(server) })
                     .collect(),
                 Err(e) => {
                     errors.push(LogLine::new(Level::Err, format!("kick from {}: {e}", report.host)));

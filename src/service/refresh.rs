@@ -181,7 +181,7 @@ impl Shared {
         if !self.is_current(ticket) {
             return Ok(());
         }
-        let snap = SnapshotRef { built_at: started, nodes: index.nodes(), seen_environments: &seen };
+        let snap = SnapshotRef::of(&index, &seen);
         if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
             self.warn(warning.to_string());
         }
@@ -205,8 +205,8 @@ impl Shared {
         if written.is_none_or(|w| w < current.max(requested) || now() - w >= self.config.cache_ttl as i64) {
             return false;
         }
-        let Ok(Some(snap)) = snapshot::read(&path) else { return false };
-        if snap.built_at <= current || now() - snap.built_at >= self.config.cache_ttl as i64 || snap.nodes.is_empty() {
+        let Ok(Some(snap)) = snapshot::read(&path, &self.config.role_fact) else { return false };
+        if snap.built_at <= current || now() - snap.built_at >= self.config.cache_ttl as i64 || snap.index.is_empty() {
             return false;
         }
         let mut seen = lock(&self.seen_environments);
@@ -214,7 +214,7 @@ impl Shared {
             seen.entry(certname).or_insert(environment);
         }
         drop(seen);
-        let index = Index::build(snap.nodes, &self.config.role_fact, snap.built_at);
+        let index = snap.index;
         let state = lock(&self.refresh_state);
         if state.ticket == ticket {
             self.current.store(Some(Arc::new(index)));

@@ -118,7 +118,7 @@ impl McollectiveSource {
             }
             Some(index) => {
                 let mut targets = BTreeSet::from([config.main_collective.clone()]);
-                let environments: BTreeSet<&str> = index.nodes().iter().map(|n| n.environment.as_str()).collect();
+                let environments: BTreeSet<&str> = index.servers().map(|s| s.environment()).collect();
                 for environment in environments {
                     if config.collectives.iter().any(|c| c == environment) {
                         targets.insert(environment.to_string());
@@ -255,18 +255,18 @@ impl McollectiveSource {
     fn apply_grace(&self, previous: &Index, answered: &BTreeSet<&str>, started: i64, harvest: &mut Harvest) {
         let mut newly_silent = Vec::new();
         let mut dropped = Vec::new();
-        for node in previous.nodes() {
-            let Some(last) = node.answered_at else { continue };
-            if answered.contains(node.certname.as_str()) {
+        for server in previous.servers() {
+            let Some(last) = server.answered_at() else { continue };
+            if answered.contains(server.certname()) {
                 continue;
             }
             if started.saturating_sub(last) <= self.grace {
                 if last >= previous.built_at() {
-                    newly_silent.push(&node.certname);
+                    newly_silent.push(server.certname());
                 }
-                harvest.kept.push(node.clone());
+                harvest.kept.push(server.to_node());
             } else {
-                dropped.push(&node.certname);
+                dropped.push(server.certname());
             }
         }
         if !newly_silent.is_empty() {

@@ -16,6 +16,7 @@
 //! A container's children always have smaller ids than the container, so values
 //! form no cycle and [`Store::validate`] can check a decoded store in one pass.
 
+pub mod blob;
 mod build;
 mod view;
 
@@ -261,16 +262,20 @@ impl Store {
     }
 }
 
-/// A store's arrays, borrowed: what the snapshot serializes.
+/// A store's arrays, borrowed: what the snapshot serializes, each as one blob.
 #[derive(Serialize)]
 pub struct StoreParts<'a> {
-    #[serde(with = "serde_bytes_slice")]
+    #[serde(serialize_with = "blob::serialize")]
     pub text: &'a [u8],
+    #[serde(serialize_with = "blob::serialize")]
     pub text_ends: &'a [u32],
-    #[serde(with = "serde_bytes_slice")]
+    #[serde(serialize_with = "blob::serialize")]
     pub tags: &'a [u8],
+    #[serde(serialize_with = "blob::serialize")]
     pub lo: &'a [u32],
+    #[serde(serialize_with = "blob::serialize")]
     pub hi: &'a [u32],
+    #[serde(serialize_with = "blob::serialize")]
     pub children: &'a [u32],
 }
 
@@ -278,49 +283,18 @@ pub struct StoreParts<'a> {
 /// [`Store::from_parts`] before use.
 #[derive(Deserialize)]
 pub struct OwnedStoreParts {
-    #[serde(with = "serde_bytes_vec")]
+    #[serde(deserialize_with = "blob::deserialize")]
     pub text: Vec<u8>,
+    #[serde(deserialize_with = "blob::deserialize")]
     pub text_ends: Vec<u32>,
-    #[serde(with = "serde_bytes_vec")]
+    #[serde(deserialize_with = "blob::deserialize")]
     pub tags: Vec<u8>,
+    #[serde(deserialize_with = "blob::deserialize")]
     pub lo: Vec<u32>,
+    #[serde(deserialize_with = "blob::deserialize")]
     pub hi: Vec<u32>,
+    #[serde(deserialize_with = "blob::deserialize")]
     pub children: Vec<u32>,
-}
-
-/// Bytes as MessagePack `bin`, not an array of integers.
-mod serde_bytes_slice {
-    pub fn serialize<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(bytes)
-    }
-}
-
-mod serde_bytes_vec {
-    use serde::de::{Deserializer, Error, SeqAccess, Visitor};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        struct Bytes;
-        impl<'de> Visitor<'de> for Bytes {
-            type Value = Vec<u8>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("bytes")
-            }
-            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
-                Ok(v.to_vec())
-            }
-            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-                Ok(v)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-                let mut out = Vec::new();
-                while let Some(b) = seq.next_element()? {
-                    out.push(b);
-                }
-                Ok(out)
-            }
-        }
-        d.deserialize_byte_buf(Bytes)
-    }
 }
 
 #[cfg(test)]

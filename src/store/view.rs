@@ -121,6 +121,11 @@ impl<'s> ArrayRef<'s> {
 }
 
 impl<'s> ObjectRef<'s> {
+    /// An object with no keys.
+    pub fn empty(store: &'s Store) -> ObjectRef<'s> {
+        ObjectRef { store, pairs: &[] }
+    }
+
     pub fn len(self) -> usize {
         self.pairs.len() / 2
     }

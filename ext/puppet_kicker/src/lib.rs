@@ -12,6 +12,7 @@ use magnus::RString;
 use magnus::{function, prelude::*, Error, ExceptionClass, RArray, RHash, RModule, Ruby, Value};
 use puppet_kicker::log::LogLine;
 use puppet_kicker::seam::{self, Entry, Failure, NoteEnvironment, Query, Selected, Server, Settings};
+use puppet_kicker::store::{Kind, View};
 use serde_json::Value as Json;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,6 +128,13 @@ fn bytes(report: RString) -> Vec<u8> {
 /// than finding it, so each is built once per index and shared, deep-frozen, by
 /// every later call. The Array is marked for the GC by `Lazy`; the GVL serializes it.
 static CONVERTED: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
+/// Values of the same generation by store id (strings, arrays, hashes): equal
+/// values have one id, so a value many servers share (`os`, `processors`, a
+/// domain) is built once and the same frozen object is in each server's Hash.
+static VALUES: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
+/// Fact names by string id, frozen, so a Hash keeps them as they are (a Hash
+/// copies an unfrozen String key).
+static KEYS: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
 static CONVERTED_GENERATION: AtomicU64 = AtomicU64::new(0);
 
 fn converted(ruby: &Ruby, selected: &Selected, position: u32) -> Result<Value, Error> {
@@ -134,6 +142,8 @@ fn converted(ruby: &Ruby, selected: &Selected, position: u32) -> Result<Value, E
     let generation = selected.generation();
     if CONVERTED_GENERATION.load(Ordering::Relaxed) != generation {
         cache.clear()?;
+        ruby.get_inner(&VALUES).clear()?;
+        ruby.get_inner(&KEYS).clear()?;
         CONVERTED_GENERATION.store(generation, Ordering::Relaxed);
     }
     let cached: Value = cache.entry(position as isize)?;
@@ -153,13 +163,57 @@ fn server_hash(ruby: &Ruby, server: Server) -> Result<RHash, Error> {
     let hash = ruby.hash_new();
     for (name, entry) in server.entries() {
         let value = match entry {
-            Entry::Value(value) => to_ruby(ruby, value)?,
+            Entry::Value(value) => view_to_ruby(ruby, value)?,
             Entry::Certname(certname) => frozen(ruby.str_new(certname).as_value()),
         };
-        hash.aset(ruby.str_new(name), value)?;
+        hash.aset(frozen(ruby.str_new(name).as_value()), value)?;
     }
     hash.freeze();
     Ok(hash)
+}
+
+/// A store value as a deep-frozen Ruby value, shared by every server of the
+/// generation that has it (see [`VALUES`]).
+fn view_to_ruby(ruby: &Ruby, value: View) -> Result<Value, Error> {
+    let cached = match value.kind() {
+        Kind::Null => return Ok(ruby.qnil().as_value()),
+        Kind::Bool(b) => return Ok(ruby.into_value(b)),
+        Kind::Int(i) => return Ok(ruby.integer_from_i64(i).as_value()),
+        Kind::UInt(u) => return Ok(ruby.integer_from_u64(u).as_value()),
+        Kind::Float(f) => return Ok(ruby.float_from_f64(f).as_value()),
+        _ => ruby.get_inner(&VALUES),
+    };
+    let id = value.id() as isize;
+    let hit: Value = cached.entry(id)?;
+    if !hit.is_nil() {
+        return Ok(hit);
+    }
+    let built = match value.kind() {
+        Kind::Str(s) => ruby.str_new(s).as_value(),
+        Kind::Array(items) => {
+            let array = ruby.ary_new_capa(items.len());
+            for item in items.iter() {
+                array.push(view_to_ruby(ruby, item)?)?;
+            }
+            array.as_value()
+        }
+        Kind::Object(object) => {
+            let hash = ruby.hash_new();
+            let keys = ruby.get_inner(&KEYS);
+            for ((key_id, _), (key, item)) in object.ids().zip(object.iter()) {
+                let mut name: Value = keys.entry(key_id as isize)?;
+                if name.is_nil() {
+                    name = frozen(ruby.str_new(key).as_value());
+                    keys.store(key_id as isize, name)?;
+                }
+                hash.aset(name, view_to_ruby(ruby, item)?)?;
+            }
+            hash.as_value()
+        }
+        _ => return Ok(ruby.qnil().as_value()),
+    };
+    cached.store(id, frozen(built))?;
+    Ok(built)
 }
 
 /// Shared between calls, so nothing a template does can change them.

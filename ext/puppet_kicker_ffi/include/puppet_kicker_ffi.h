@@ -35,7 +35,7 @@ extern "C" {
 /* The ABI version this library implements (3); check it before any other call. */
 uint32_t pk_abi_version(void);
 
-/* ok: "0.1.0 (index format 1)", the core's version. */
+/* ok: "0.1.0 (index format 2)", the core's version. */
 char *pk_version(void);
 
 /* req: {"confdir": s, "vardir": s, "server_datadir": s|null, "config_file": s|null}

@@ -9,7 +9,7 @@
 //! | Function | Request (JSON) | `ok` value |
 //! | --- | --- | --- |
 //! | `uint32_t pk_abi_version(void)` | | (returns the number itself) |
-//! | `char *pk_version(void)` | | `"0.1.0 (index format 1)"` |
+//! | `char *pk_version(void)` | | `"0.1.0 (index format 2)"` |
 //! | `char *pk_configure(req, len)` | `{"confdir","vardir","server_datadir"?,"config_file"?}` | `null` |
 //! | `char *pk_select(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}` | `{"generation": G, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`) |
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[server, ..]` at those positions, or `null` when the index is no longer generation G |

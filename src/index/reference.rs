@@ -1,17 +1,14 @@
-//! The immutable fact index a compile reads: servers in the one result order, and
-//! inverted maps from environment and role to positions in that order.
-//!
-//! A refresh builds a new `Index` and swaps it in whole; nothing here is ever
-//! mutated after `build`, so readers need no lock.
+//! The index as it was before the fact store: serde_json trees, a scan per clause.
+//! Kept (tests and benchmarks only) as the oracle the store-backed index must equal,
+//! result for result, and as the "before" of the benchmarks.
 
+use super::Freshness;
 use crate::facts::Node;
-use crate::query::Query;
-// Its old home: `crate::index::RoleSelector` keeps working for callers.
-pub use crate::query::RoleSelector;
+use crate::query::{Query, RoleSelector};
 use serde_json::Value;
 use std::collections::HashMap;
 
-static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+use super::GENERATION;
 
 /// Positions into `Index::nodes`, ascending, i.e. already in result order.
 type Positions = Vec<u32>;
@@ -31,19 +28,6 @@ pub struct Index {
 struct EnvironmentEntry {
     all: Positions,
     by_role: HashMap<String, Positions>,
-}
-
-/// Leaves out servers whose facts are older than `max_age` seconds at `now`.
-#[derive(Clone, Copy, Debug)]
-pub struct Freshness {
-    pub now: i64,
-    pub max_age: u64,
-}
-
-impl Freshness {
-    fn admits(&self, node: &Node) -> bool {
-        self.now.saturating_sub(node.timestamp) <= self.max_age as i64
-    }
 }
 
 impl Index {
@@ -122,7 +106,7 @@ impl Index {
                 merged
             }
         };
-        positions.retain(|p| fresh.admits(self.node(*p)));
+        positions.retain(|p| fresh.admits(self.node(*p).timestamp));
         positions
     }
 
@@ -158,7 +142,8 @@ impl Index {
             .copied()
             .filter(|p| {
                 let node = self.node(*p);
-                fresh.admits(node) && clauses.iter().enumerate().all(|(i, c)| Some(i) == skip || c.matches(node))
+                fresh.admits(node.timestamp)
+                    && clauses.iter().enumerate().all(|(i, c)| Some(i) == skip || c.matches(node))
             })
             .collect()
     }
@@ -168,7 +153,7 @@ impl Index {
         (0..self.nodes.len() as u32)
             .filter(|p| {
                 let node = self.node(*p);
-                fresh.admits(node) && query.matches(node)
+                fresh.admits(node.timestamp) && query.matches(node)
             })
             .collect()
     }

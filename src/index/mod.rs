@@ -1,0 +1,301 @@
+//! The immutable fact index a compile reads: every server's facts in one [`Store`],
+//! rows in the one result order, inverted maps from environment and role to
+//! positions, and per-path indexes built on first use.
+//!
+//! A refresh builds a new `Index` and swaps it in whole. Nothing a reader sees is
+//! mutated after `build`: the lazily built path indexes are computed aside and
+//! added under a lock, and answer the same whenever they are built.
+
+mod path;
+#[cfg(any(test, feature = "synthetic"))]
+pub mod reference;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub use crate::query::RoleSelector;
+pub use server::ServerRef;
+
+use crate::facts::Node;
+use crate::query::Query;
+use crate::store::{Builder, Store, StrId, ValueId, EMPTY_OBJECT};
+use path::PathIndexes;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// Positions into the rows, ascending, i.e. already in result order.
+type Positions = Vec<u32>;
+
+/// Leaves out servers whose facts are older than `max_age` seconds at `now`.
+#[derive(Clone, Copy, Debug)]
+pub struct Freshness {
+    pub now: i64,
+    pub max_age: u64,
+}
+
+impl Freshness {
+    pub fn admits(&self, timestamp: i64) -> bool {
+        self.now.saturating_sub(timestamp) <= self.max_age as i64
+    }
+}
+
+/// The servers, one column per field, position `p` in each being server `p`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rows {
+    pub certname: Vec<StrId>,
+    pub environment: Vec<StrId>,
+    /// An object value: the server's facts.
+    pub facts: Vec<ValueId>,
+    /// An object value: what the source reported beside the facts ([`Node::extra`]).
+    pub extra: Vec<ValueId>,
+    /// Unix seconds at which the facts were collected.
+    pub timestamp: Vec<i64>,
+    /// [`Node::answered_at`], with [`NEVER_ANSWERED`] for `None`.
+    pub answered_at: Vec<i64>,
+}
+
+/// `answered_at` of a server whose source reads a cache.
+pub const NEVER_ANSWERED: i64 = i64::MIN;
+
+impl Rows {
+    pub fn len(&self) -> usize {
+        self.certname.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.certname.is_empty()
+    }
+}
+
+#[derive(Debug)]
+pub struct Index {
+    store: Store,
+    rows: Rows,
+    /// Positions ordered by certname, for [`Index::by_certname`].
+    by_certname: Vec<u32>,
+    by_environment: HashMap<String, EnvironmentEntry>,
+    role_fact: String,
+    paths: PathIndexes,
+    /// Unix seconds when the data was collected from its source.
+    built_at: i64,
+    /// Unique per build in this process, so bindings can cache what they converted.
+    generation: u64,
+}
+
+#[derive(Debug, Default)]
+struct EnvironmentEntry {
+    all: Positions,
+    by_role: HashMap<String, Positions>,
+}
+
+/// Why stored rows do not make an index (a snapshot that is not what we wrote).
+#[derive(Debug, PartialEq, Eq)]
+pub struct InvalidRows(pub String);
+
+impl Index {
+    /// Builds the index; duplicate certnames keep the newest facts.
+    pub fn build(mut nodes: Vec<Node>, role_fact: &str, built_at: i64) -> Index {
+        nodes.sort_by(|a, b| a.certname.cmp(&b.certname).then(b.timestamp.cmp(&a.timestamp)));
+        nodes.dedup_by(|later, first| later.certname == first.certname);
+        nodes.sort_by(Node::canonical_cmp);
+
+        let mut builder = Builder::new();
+        let mut rows = Rows::default();
+        for node in &nodes {
+            rows.certname.push(builder.string(&node.certname));
+            rows.environment.push(builder.string(&node.environment));
+            rows.facts.push(builder.object(node.facts.iter().map(|(k, v)| (k.as_str(), v))));
+            let extra = if node.extra.is_empty() {
+                EMPTY_OBJECT
+            } else {
+                builder.object(node.extra.iter().map(|(k, v)| (k.as_str(), v)))
+            };
+            rows.extra.push(extra);
+            rows.timestamp.push(node.timestamp);
+            rows.answered_at.push(node.answered_at.unwrap_or(NEVER_ANSWERED));
+        }
+        // The trees go while the index is put together, not on the caller's thread.
+        drop(nodes);
+        Index::assemble(builder.finish(), rows, role_fact, built_at)
+    }
+
+    /// An index over stored rows (a snapshot's), checked first: every id in range,
+    /// facts and extras objects, certnames unique, rows in the one result order.
+    pub fn from_rows(store: Store, rows: Rows, role_fact: &str, built_at: i64) -> Result<Index, InvalidRows> {
+        server::check_rows(&store, &rows)?;
+        let index = Index::assemble(store, rows, role_fact, built_at);
+        let (a, b) = (index.by_certname.iter(), index.by_certname.iter().skip(1));
+        if let Some((x, _)) = a.zip(b).find(|(x, y)| index.server(**x).certname() == index.server(**y).certname()) {
+            return Err(InvalidRows(format!("certname '{}' is stored twice", index.server(*x).certname())));
+        }
+        for p in 1..index.len() as u32 {
+            if index.server(p - 1).canonical_cmp(&index.server(p)) != std::cmp::Ordering::Less {
+                return Err(InvalidRows(format!("servers {} and {p} are out of order", p - 1)));
+            }
+        }
+        Ok(index)
+    }
+
+    fn assemble(store: Store, rows: Rows, role_fact: &str, built_at: i64) -> Index {
+        let mut index = Index {
+            store,
+            rows,
+            by_certname: Vec::new(),
+            by_environment: HashMap::new(),
+            role_fact: role_fact.to_string(),
+            paths: PathIndexes::default(),
+            built_at,
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+        };
+        let mut by_certname: Vec<u32> = (0..index.len() as u32).collect();
+        by_certname.sort_by(|a, b| index.server(*a).certname().cmp(index.server(*b).certname()));
+        let mut by_environment: HashMap<String, EnvironmentEntry> = HashMap::new();
+        for position in 0..index.len() as u32 {
+            let server = index.server(position);
+            let entry = by_environment.entry(server.environment().to_string()).or_default();
+            entry.all.push(position);
+            for role in server.roles(role_fact) {
+                let positions = entry.by_role.entry(role.to_string()).or_default();
+                if positions.last() != Some(&position) {
+                    positions.push(position);
+                }
+            }
+        }
+        index.by_certname = by_certname;
+        index.by_environment = by_environment;
+        index
+    }
+
+    /// Unique per `build` within the process: a binding may keep converted servers
+    /// keyed by (generation, position) and drop them when it changes.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn rows(&self) -> &Rows {
+        &self.rows
+    }
+
+    /// The role fact the role maps were built from.
+    pub fn role_fact(&self) -> &str {
+        &self.role_fact
+    }
+
+    /// Bytes this index holds: the store, the rows and the maps (path indexes built
+    /// so far included), for `status` and the benchmarks.
+    pub fn heap_bytes(&self) -> usize {
+        let rows = &self.rows;
+        let row_bytes = 4 * (rows.certname.capacity() + rows.environment.capacity())
+            + 4 * (rows.facts.capacity() + rows.extra.capacity())
+            + 8 * (rows.timestamp.capacity() + rows.answered_at.capacity());
+        let maps: usize = self
+            .by_environment
+            .iter()
+            .map(|(name, e)| {
+                name.len()
+                    + 4 * e.all.capacity()
+                    + e.by_role.iter().map(|(r, p)| r.len() + 4 * p.capacity()).sum::<usize>()
+            })
+            .sum();
+        self.store.heap_bytes() + row_bytes + 4 * self.by_certname.capacity() + maps + self.paths.heap_bytes()
+    }
+
+    pub fn by_certname(&self, certname: &str) -> Option<ServerRef<'_>> {
+        let found = self.by_certname.binary_search_by(|p| self.server(*p).certname().cmp(certname)).ok()?;
+        Some(self.server(self.by_certname[found]))
+    }
+
+    pub fn server(&self, position: u32) -> ServerRef<'_> {
+        ServerRef::new(self, position)
+    }
+
+    pub fn servers(&self) -> impl ExactSizeIterator<Item = ServerRef<'_>> + '_ {
+        (0..self.len() as u32).map(|p| self.server(p))
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn built_at(&self) -> i64 {
+        self.built_at
+    }
+
+    /// `servers_with_role`: servers of `environment` whose role fact (a string, or a
+    /// list containing one) is selected, in result order.
+    pub fn with_role(&self, roles: &RoleSelector, environment: &str, fresh: Freshness) -> Vec<u32> {
+        let Some(entry) = self.by_environment.get(environment) else {
+            return Vec::new();
+        };
+        let mut lists: Vec<&Positions> = roles.names.iter().filter_map(|n| entry.by_role.get(n)).collect();
+        if !roles.patterns.is_empty() {
+            let matching = entry.by_role.iter().filter(|(role, _)| roles.patterns.iter().any(|re| re.is_match(role)));
+            lists.extend(matching.map(|(_, positions)| positions));
+        }
+        let mut positions: Vec<u32> = match lists.as_slice() {
+            [] => return Vec::new(),
+            [one] => one.to_vec(),
+            many => {
+                let mut merged: Vec<u32> = many.iter().flat_map(|p| p.iter().copied()).collect();
+                merged.sort_unstable();
+                merged.dedup();
+                merged
+            }
+        };
+        positions.retain(|p| fresh.admits(self.rows.timestamp[*p as usize]));
+        positions
+    }
+
+    /// `servers_with_facts`: servers matching every clause, scoped to `environment`
+    /// unless a clause names the environment itself.
+    ///
+    /// An exact clause on the role fact starts from that role's servers (and is then
+    /// answered). Every other clause is tested once per distinct value at its path
+    /// (see [`path`]), then per server by a table lookup.
+    pub fn with_facts(&self, query: &Query, environment: &str, fresh: Freshness) -> Vec<u32> {
+        let clauses = query.clauses();
+        let seed = clauses.iter().enumerate().find_map(|(i, c)| {
+            let role = (c.path() == self.role_fact).then(|| c.plain_equality()).flatten()?;
+            Some((i, role))
+        });
+        let all: Positions;
+        let candidates: &[u32] = if query.names_environment() {
+            all = (0..self.len() as u32).collect();
+            &all
+        } else {
+            let Some(entry) = self.by_environment.get(environment) else {
+                return Vec::new();
+            };
+            match seed {
+                Some((_, role)) => match entry.by_role.get(role) {
+                    Some(positions) => positions,
+                    None => return Vec::new(),
+                },
+                None => &entry.all,
+            }
+        };
+        // With no environment scope the role list is not per environment: test it.
+        let skip = seed.filter(|_| !query.names_environment()).map(|(i, _)| i);
+        let tests: Vec<path::ClauseTest> = clauses
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != skip)
+            .map(|(_, clause)| self.paths.test(self, clause))
+            .collect();
+        candidates
+            .iter()
+            .copied()
+            .filter(|p| fresh.admits(self.rows.timestamp[*p as usize]) && tests.iter().all(|t| t.holds(*p)))
+            .collect()
+    }
+}

@@ -1,0 +1,150 @@
+//! One server of an index, read in place from the store.
+
+use super::{Index, InvalidRows, Rows, NEVER_ANSWERED};
+use crate::facts::{FactPath, Facts, Node};
+use crate::store::{Kind, ObjectRef, Store, View};
+use std::cmp::Ordering;
+
+/// A server of an [`Index`]: what [`Node`] holds, without copying it out.
+#[derive(Clone, Copy)]
+pub struct ServerRef<'a> {
+    index: &'a Index,
+    position: u32,
+}
+
+impl<'a> ServerRef<'a> {
+    pub(super) fn new(index: &'a Index, position: u32) -> ServerRef<'a> {
+        ServerRef { index, position }
+    }
+
+    fn at<T: Copy>(self, column: &[T]) -> T {
+        column[self.position as usize]
+    }
+
+    pub fn position(self) -> u32 {
+        self.position
+    }
+
+    pub fn certname(self) -> &'a str {
+        self.index.store.str(self.at(&self.index.rows.certname))
+    }
+
+    pub fn environment(self) -> &'a str {
+        self.index.store.str(self.at(&self.index.rows.environment))
+    }
+
+    pub fn timestamp(self) -> i64 {
+        self.at(&self.index.rows.timestamp)
+    }
+
+    pub fn answered_at(self) -> Option<i64> {
+        Some(self.at(&self.index.rows.answered_at)).filter(|t| *t != NEVER_ANSWERED)
+    }
+
+    pub fn facts(self) -> ObjectRef<'a> {
+        object(&self.index.store, self.at(&self.index.rows.facts))
+    }
+
+    pub fn extra(self) -> ObjectRef<'a> {
+        object(&self.index.store, self.at(&self.index.rows.extra))
+    }
+
+    /// As [`Node::entries`]: the facts, then what the source reported beside them,
+    /// never hiding a fact.
+    pub fn entries(self) -> impl Iterator<Item = (&'a str, View<'a>)> + 'a {
+        let facts = self.facts();
+        facts.iter().chain(self.extra().iter().filter(move |(name, _)| !facts.contains_key(name)))
+    }
+
+    /// As [`Node::fact`]: a top-level fact named exactly `path` wins, else a dotted
+    /// walk into hashes and, by number, arrays; else what the source reported.
+    pub fn fact(self, path: &FactPath) -> Option<View<'a>> {
+        let facts = self.facts();
+        if let Some(value) = facts.get(path.as_str()) {
+            return Some(value);
+        }
+        let walked = match path.segments() {
+            [first, rest @ ..] if !rest.is_empty() => {
+                let mut current = facts.get(first);
+                for segment in rest {
+                    current = match current.map(View::kind) {
+                        Some(Kind::Object(map)) => map.get(segment),
+                        Some(Kind::Array(items)) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+                        _ => None,
+                    };
+                }
+                current
+            }
+            _ => None,
+        };
+        walked.or_else(|| self.extra().get(path.as_str()))
+    }
+
+    /// The roles its role fact names: a string, or the strings of a list.
+    pub fn roles(self, role_fact: &str) -> impl Iterator<Item = &'a str> + 'a {
+        let value = self.facts().get(role_fact).map(View::kind);
+        let (one, many) = match value {
+            Some(Kind::Str(s)) => (Some(s), None),
+            Some(Kind::Array(items)) => (None, Some(items.iter().filter_map(View::as_str))),
+            _ => (None, None),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
+    /// The role fact when it is a string (what the kick planner records).
+    pub fn role(self, role_fact: &str) -> Option<&'a str> {
+        self.facts().get(role_fact).and_then(View::as_str)
+    }
+
+    /// As [`Node::sort_name`]: the `fqdn` fact, or the certname without one.
+    pub fn sort_name(self) -> &'a str {
+        self.facts().get("fqdn").and_then(View::as_str).filter(|f| !f.is_empty()).unwrap_or(self.certname())
+    }
+
+    /// As [`Node::canonical_cmp`]: by `fqdn` (or certname), then certname.
+    pub fn canonical_cmp(&self, other: &ServerRef) -> Ordering {
+        self.sort_name().cmp(other.sort_name()).then_with(|| self.certname().cmp(other.certname()))
+    }
+
+    /// The server as a [`Node`], copied out (for the few paths that build new nodes
+    /// from an old index, such as mcollective's grace period).
+    pub fn to_node(self) -> Node {
+        let copy = |o: ObjectRef| o.iter().map(|(k, v)| (k.to_string(), v.to_json())).collect::<Facts>();
+        Node {
+            certname: self.certname().to_string(),
+            environment: self.environment().to_string(),
+            facts: copy(self.facts()),
+            timestamp: self.timestamp(),
+            extra: copy(self.extra()),
+            answered_at: self.answered_at(),
+        }
+    }
+}
+
+fn object(store: &Store, id: u32) -> ObjectRef<'_> {
+    // `check_rows` (or `build`) made every facts and extra id an object.
+    store.view(id).as_object().unwrap_or(ObjectRef::empty(store))
+}
+
+/// What [`Index::from_rows`] needs of stored rows before anything reads them.
+pub(super) fn check_rows(store: &Store, rows: &Rows) -> Result<(), InvalidRows> {
+    let n = rows.certname.len();
+    let lengths =
+        [rows.environment.len(), rows.facts.len(), rows.extra.len(), rows.timestamp.len(), rows.answered_at.len()];
+    if let Some(other) = lengths.iter().find(|l| **l != n) {
+        return Err(InvalidRows(format!("{n} certnames but a column of {other}")));
+    }
+    for p in 0..n {
+        for (what, id) in [("certname", rows.certname[p]), ("environment", rows.environment[p])] {
+            if id as usize >= store.strings() {
+                return Err(InvalidRows(format!("server {p}: {what} string {id} past the end")));
+            }
+        }
+        for (what, id) in [("facts", rows.facts[p]), ("extra", rows.extra[p])] {
+            if id as usize >= store.values() || store.view(id).as_object().is_none() {
+                return Err(InvalidRows(format!("server {p}: {what} value {id} is not a hash")));
+            }
+        }
+    }
+    Ok(())
+}
