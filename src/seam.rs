@@ -14,7 +14,7 @@
 
 use crate::config::PuppetSettings;
 use crate::error::{internal_error_message, Error, Result};
-use crate::index::{RoleSelector, ServerRef};
+use crate::index::ServerRef;
 use crate::log::{Level, LogLine};
 use crate::service::{Selection, Service};
 use crate::store::View;
@@ -68,6 +68,31 @@ pub enum Query {
         clauses: Vec<String>,
         environment: String,
     },
+}
+
+/// `pk_select`'s request: a [`Query`] (its fields at the top level) and, in `known`,
+/// the answer id the caller holds for that same query (absent or 0: none). When the
+/// answer is still that one, the reply leaves the positions out: a caller that kept
+/// the Array it built returns it without reading a position.
+#[derive(Debug)]
+pub struct Select {
+    pub query: Query,
+    pub known: u64,
+}
+
+impl<'de> Deserialize<'de> for Select {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Select, D::Error> {
+        use serde::de::Error as _;
+        let mut fields = serde_json::Map::<String, Json>::deserialize(deserializer)?;
+        let known = match fields.remove("known") {
+            None | Some(Json::Null) => 0,
+            Some(value) => {
+                value.as_u64().ok_or_else(|| D::Error::custom("`known` must be an answer id (an unsigned integer)"))?
+            }
+        };
+        let query = Query::deserialize(Json::Object(fields)).map_err(D::Error::custom)?;
+        Ok(Select { query, known })
+    }
 }
 
 /// Servers to fetch by position from index `generation` (the C ABI's cache).
@@ -130,17 +155,20 @@ pub fn configure(settings: Settings) -> Result<()> {
 pub fn select(query: Query) -> Result<Selected> {
     let service = Service::global()?;
     let (selection, first_only) = match query {
-        Query::ServersWithRole { roles, environment } => {
-            (service.servers_with_role(&RoleSelector::parse(&roles)?, &environment)?, false)
-        }
-        Query::ServerWithRole { roles, environment } => {
-            (service.servers_with_role(&RoleSelector::parse(&roles)?, &environment)?, true)
-        }
+        Query::ServersWithRole { roles, environment } => (service.servers_with_role(&roles, &environment)?, false),
+        Query::ServerWithRole { roles, environment } => (service.servers_with_role(&roles, &environment)?, true),
         Query::ServersWithFacts { clauses, environment } => {
             (service.servers_with_facts(&clauses, &environment)?, false)
         }
     };
-    Ok(Selected { selection, first_only })
+    Ok(Selected { selection, first_only, known: 0 })
+}
+
+/// [`select`] for a caller that may hold the answer already ([`Select::known`]).
+pub fn select_known(request: Select) -> Result<Selected> {
+    let mut selected = select(request.query)?;
+    selected.known = request.known;
+    Ok(selected)
 }
 
 /// The servers at `at.positions` of index `at.generation`, or `None` once that
@@ -207,15 +235,27 @@ pub fn version() -> Result<&'static str> {
 }
 
 /// A query's answer. Serialized (the C ABI's `pk_select`): `{"generation": G,
-/// "positions": [P, ..]}`.
+/// "answer": A, "positions": [P, ..]}`, or `{"generation": G, "answer": A}` when A
+/// is the non-zero answer id the caller said it holds ([`Select::known`]).
 pub struct Selected {
     selection: Selection,
     first_only: bool,
+    known: u64,
 }
 
 impl Selected {
     pub fn generation(&self) -> u64 {
         self.selection.positions().0
+    }
+
+    /// See [`Selection::answer_id`]: a binding keeps the Array it built per id.
+    /// 0 for `server_with_role`, whose one position is not the answer's list.
+    pub fn answer_id(&self) -> u64 {
+        if self.first_only {
+            0
+        } else {
+            self.selection.answer_id()
+        }
     }
 
     /// The selected servers' positions: at most one for `server_with_role`.
@@ -236,9 +276,14 @@ impl Selected {
 
 impl Serialize for Selected {
     fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(2))?;
+        let answer = self.answer_id();
+        let held = answer != 0 && answer == self.known;
+        let mut map = serializer.serialize_map(Some(if held { 2 } else { 3 }))?;
         map.serialize_entry("generation", &self.generation())?;
-        map.serialize_entry("positions", self.positions())?;
+        map.serialize_entry("answer", &answer)?;
+        if !held {
+            map.serialize_entry("positions", self.positions())?;
+        }
         map.end()
     }
 }

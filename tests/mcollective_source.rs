@@ -19,7 +19,7 @@ use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits,
 use puppet_kicker::mcollective::Overrides;
 use puppet_kicker::mcollective::{Client, ConnectorKind};
 use puppet_kicker::snapshot;
-use puppet_kicker::{PuppetSettings, RoleSelector, Selection, Service};
+use puppet_kicker::{PuppetSettings, Selection, Service};
 use serde_json::json;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -67,7 +67,7 @@ fn certnames(selection: &Selection) -> Vec<String> {
 }
 
 fn role(kicker: &Service, role: &str, environment: &str) -> Vec<String> {
-    certnames(&kicker.servers_with_role(&RoleSelector::names([role]), environment).unwrap())
+    certnames(&kicker.servers_with_role(&[role], environment).unwrap())
 }
 
 fn facts(kicker: &Service, clauses: &[&str], environment: &str) -> Vec<String> {

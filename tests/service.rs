@@ -2,7 +2,7 @@
 //! no-data policy, and queries racing refreshes.
 
 use puppet_kicker::error::Error;
-use puppet_kicker::{PuppetSettings, RoleSelector, Service};
+use puppet_kicker::{PuppetSettings, Service};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,8 +47,8 @@ impl Master {
     }
 }
 
-fn role(name: &str) -> RoleSelector {
-    RoleSelector::names([name])
+fn role(name: &str) -> [&str; 1] {
+    [name]
 }
 
 fn certnames(selection: puppet_kicker::Selection) -> Vec<String> {

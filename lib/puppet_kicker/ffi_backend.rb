@@ -12,9 +12,11 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 3
+    ABI_VERSION = 4
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
+    # Answers kept per generation before they are all dropped (the core keeps 256).
+    MAX_ANSWERS = 512
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = { max_nesting: false, create_additions: false }.freeze
@@ -46,6 +48,7 @@ module PuppetKicker
         @cache_lock = Mutex.new
         @cache_generation = nil
         @cache = {}
+        @answers = {}
         self
       end
 
@@ -125,31 +128,63 @@ module PuppetKicker
         decode(@lib.send(function, json, json.bytesize), options)
       end
 
-      # A query's servers, each deep-frozen, in an Array of the caller's own, as the
-      # magnus extension returns them. Parsing a server's facts costs far more than
-      # finding it, so servers are kept per index generation and only those not yet
-      # seen are fetched (pk_servers_at). The cache must be of Ruby objects (the
-      # frozen Hashes JRuby hands to templates), so it cannot live in Rust; the rule
-      # it follows (one cache per index generation, positions from the seam) is the
-      # magnus extension's `converted`. The lock covers multithreaded JRuby.
+      # A query's servers, each deep-frozen, in a frozen Array, as the magnus
+      # extension returns them. Parsing a server's facts costs far more than finding
+      # it, so servers are kept per index generation and only those not yet seen are
+      # fetched (pk_servers_at). A whole answer is kept too, by its query: pk_select
+      # is told the answer id held (`known`) and, when it is still the answer, sends
+      # no positions, and the same Array is returned. These caches must be of Ruby
+      # objects (the frozen Hashes JRuby hands to templates), so they cannot live in
+      # Rust; the rules they follow (per index generation, answer ids from the seam)
+      # are the magnus extension's `converted` and `ANSWERS`. The lock covers
+      # multithreaded JRuby.
       def servers(query)
+        key = JSON.generate(query)
         SELECT_ATTEMPTS.times do
-          selected = request(:pk_select, query)
-          generation = selected['generation']
-          positions = selected['positions']
-          found = @cache_lock.synchronize { cached(generation, positions) }
+          held = @cache_lock.synchronize { @answers[key] }
+          selected = request(:pk_select, held ? query.merge('known' => held[0]) : query)
+          found = @cache_lock.synchronize { answer(key, selected, held) }
           return found if found
         end
         raise PuppetKicker::Error, 'puppet-kicker: the index kept changing while it was read; try again'
       end
 
+      # The answer's Array: the one held when the reply says it is still the answer,
+      # else built from the cache (and kept when the core gave it an id); nil if the
+      # index has been replaced since the selection.
+      def answer(key, selected, held)
+        generation = selected['generation']
+        id = selected['answer']
+        fresh_generation(generation)
+        return held[1] if !selected.key?('positions') && held && held[0] == id && @answers[key].equal?(held)
+
+        positions = selected['positions']
+        return nil if positions.nil?
+
+        servers = cached(generation, positions)
+        return nil if servers.nil?
+
+        servers.freeze
+        unless id.zero?
+          # The core keeps at most a few hundred answers per generation.
+          @answers.clear if @answers.size >= MAX_ANSWERS
+          @answers[key] = [id, servers]
+        end
+        servers
+      end
+
+      # Forgets servers and answers of an earlier index generation.
+      def fresh_generation(generation)
+        return if @cache_generation == generation
+
+        @cache = {}
+        @answers = {}
+        @cache_generation = generation
+      end
+
       # The servers at `positions`, from the cache or fetched; nil if the index has
       # been replaced since the selection.
       def cached(generation, positions)
-        unless @cache_generation == generation
-          @cache = {}
-          @cache_generation = generation
-        end
         missing = positions.reject { |p| @cache.key?(p) }
         unless missing.empty?
           fetched = request(:pk_servers_at, { 'generation' => generation, 'positions' => missing }, PARSE_FROZEN)

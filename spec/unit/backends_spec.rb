@@ -100,6 +100,24 @@ describe 'the two backends' do
     expect(expect_identical { |n| n.servers_with_role(['web'], 'production') }.map { |s| s['hostname'] }).to eq(%w[web1 web2])
   end
 
+  it 'returns the same frozen Array for an identical call, on both backends' do
+    PuppetKicker::BACKENDS.each do |name|
+      PuppetKicker.with_backend(name) do
+        native = PuppetKicker.native
+        web = native.servers_with_role(['web'], 'production')
+        expect(web).to be_frozen
+        expect(native.servers_with_role(['web'], 'production')).to equal(web)
+        by_fact = native.servers_with_facts(['role=web'], 'production')
+        expect(by_fact).to eq(web)
+        expect(by_fact).not_to equal(web)
+        expect(native.servers_with_facts(['role=web'], 'production')).to equal(by_fact)
+        expect(native.servers_with_role(['web'], 'staging')).to eq([])
+        expect(native.servers_with_role(['web'], 'production')).to equal(web)
+        expect(by_fact.map(&:object_id)).to eq(web.map(&:object_id)), 'the servers themselves are shared'
+      end
+    end
+  end
+
   it 'raises the same exceptions with the same messages' do
     errors = [
       ->(n) { n.servers_with_facts(['role=web', 'uptime'], 'production') },

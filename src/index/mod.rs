@@ -6,6 +6,7 @@
 //! mutated after `build`: the lazily built path indexes are computed aside and
 //! added under a lock, and answer the same whenever they are built.
 
+mod answers;
 mod path;
 #[cfg(any(test, feature = "synthetic"))]
 pub mod reference;
@@ -14,11 +15,13 @@ mod server;
 mod tests;
 
 pub use crate::query::RoleSelector;
+pub use answers::{Answer, Question, ANSWERS};
 pub use server::ServerRef;
 
 use crate::facts::Node;
 use crate::query::Query;
 use crate::store::{Builder, Store, StrId, ValueId, EMPTY_OBJECT};
+use answers::Answers;
 use path::PathIndexes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +81,7 @@ pub struct Index {
     by_environment: HashMap<String, EnvironmentEntry>,
     role_fact: String,
     paths: PathIndexes,
+    answers: Answers,
     /// Unix seconds when the data was collected from its source.
     built_at: i64,
     /// Unique per build in this process, so bindings can cache what they converted.
@@ -146,6 +150,7 @@ impl Index {
             by_environment: HashMap::new(),
             role_fact: role_fact.to_string(),
             paths: PathIndexes::default(),
+            answers: Answers::default(),
             built_at,
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
         };
@@ -203,7 +208,12 @@ impl Index {
                     + e.by_role.iter().map(|(r, p)| r.len() + 4 * p.capacity()).sum::<usize>()
             })
             .sum();
-        self.store.heap_bytes() + row_bytes + 4 * self.by_certname.capacity() + maps + self.paths.heap_bytes()
+        self.store.heap_bytes()
+            + row_bytes
+            + 4 * self.by_certname.capacity()
+            + maps
+            + self.paths.heap_bytes()
+            + self.answers.heap_bytes()
     }
 
     pub fn by_certname(&self, certname: &str) -> Option<ServerRef<'_>> {

@@ -5,6 +5,7 @@ use super::*;
 use crate::facts::Facts;
 use crate::query::Query;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 const NOW: i64 = 1_000_000;
 const FRESH: Freshness = Freshness { now: NOW, max_age: 3600 };
@@ -119,4 +120,76 @@ fn stored_rows_are_checked_before_they_make_an_index() {
     bad.certname[0] = u32::MAX;
     let err = Index::from_rows(idx.store().clone(), bad, "role", NOW).unwrap_err();
     assert!(err.0.contains("past the end"), "{err:?}");
+}
+
+#[test]
+fn an_identical_question_gets_the_kept_answer_until_a_selected_server_ages_out() {
+    let idx = sample();
+    let names = RoleSelector::names(["node"]);
+    let question = || Question::Role { roles: vec!["node".into()], environment: "production".into() };
+    // `old` is 7,200 s old at NOW: admitted up to NOW + 1, out from NOW + 2.
+    let lenient = Freshness { now: NOW, max_age: 7201 };
+    let mut computed = 0;
+    let mut ask = |fresh: Freshness| {
+        idx.answer(question(), fresh, || {
+            computed += 1;
+            Ok::<_, ()>(idx.with_role(&names, "production", fresh))
+        })
+        .unwrap()
+    };
+    let first = ask(lenient);
+    assert_eq!(certnames(&idx, first.positions.clone()), ["old", "web1", "web3"]);
+    let again = ask(Freshness { now: NOW + 1, ..lenient });
+    assert!(Arc::ptr_eq(&first, &again), "the same answer, not an equal one");
+    let later = ask(Freshness { now: NOW + 1, max_age: 7200 });
+    assert_ne!(later.id, first.id, "another max_age is another question");
+    // Once `old` ages out, the answer is computed again, without it.
+    let aged = ask(Freshness { now: NOW + 2, ..lenient });
+    assert_ne!(aged.id, first.id);
+    assert_eq!(certnames(&idx, aged.positions.clone()), ["web1", "web3"]);
+    // A clock that went back does not trust an answer from its future.
+    let earlier = ask(Freshness { now: NOW - 10, ..lenient });
+    assert_ne!(earlier.id, aged.id);
+    assert_eq!(computed, 4);
+}
+
+#[test]
+fn answers_are_per_question_and_an_error_keeps_nothing() {
+    let idx = sample();
+    let role = |roles: &[&str], environment: &str| Question::Role {
+        roles: roles.iter().map(|r| r.to_string()).collect(),
+        environment: environment.into(),
+    };
+    let facts = Question::Facts { clauses: vec!["role=node".into()], environment: "production".into() };
+    let positions = |p: Vec<u32>| move || Ok::<_, ()>(p.clone());
+    let a = idx.answer(role(&["node"], "production"), FRESH, positions(vec![1, 2])).unwrap();
+    let b = idx.answer(role(&["node"], "staging"), FRESH, positions(vec![3])).unwrap();
+    let c = idx.answer(role(&["node", "edge"], "production"), FRESH, positions(vec![0])).unwrap();
+    let d = idx.answer(facts.clone(), FRESH, positions(vec![1, 2])).unwrap();
+    let ids = [a.id, b.id, c.id, d.id];
+    assert!(ids.iter().all(|id| *id != 0));
+    assert_eq!(ids.iter().collect::<std::collections::BTreeSet<_>>().len(), 4, "{ids:?}");
+    let failed = idx.answer(role(&["bad"], "production"), FRESH, || Err::<Vec<u32>, _>("bad role"));
+    assert_eq!(failed.unwrap_err(), "bad role");
+    let retried = idx.answer(role(&["bad"], "production"), FRESH, positions(vec![])).unwrap();
+    assert!(retried.positions.is_empty());
+    // Each index generation keeps its own: a rebuilt index answers afresh.
+    let rebuilt = sample();
+    let e = rebuilt.answer(facts, FRESH, positions(vec![1, 2])).unwrap();
+    assert_ne!(e.id, d.id);
+}
+
+#[test]
+fn kept_answers_are_bounded() {
+    let idx = sample();
+    let ask = |i: usize| {
+        let question = Question::Facts { clauses: vec![format!("uptime={i}")], environment: "production".into() };
+        idx.answer(question, FRESH, || Ok::<_, ()>(vec![])).unwrap().id
+    };
+    let first = ask(0);
+    assert_eq!(ask(0), first);
+    for i in 1..=ANSWERS.get() {
+        ask(i);
+    }
+    assert_ne!(ask(0), first, "the least recently asked of {} + 1 questions was dropped", ANSWERS);
 }

@@ -8,7 +8,7 @@ use super::refresh::{self, Refresh, RefreshState, Shared, Warnings};
 use super::MAX_PENDING_WARNINGS;
 use crate::config::{Config, OnNoData, PuppetSettings, SourceKind};
 use crate::error::{Error, Result};
-use crate::index::{Freshness, Index, RoleSelector, ServerRef};
+use crate::index::{Answer, Freshness, Index, Question, RoleSelector, ServerRef};
 use crate::query::ClauseCache;
 use crate::snapshot;
 use crate::source::mcollective::McollectiveSource;
@@ -41,22 +41,38 @@ pub struct IndexService {
 /// stays alive (and unchanged) as long as the selection does.
 pub struct Selection {
     index: Option<Arc<Index>>,
+    answer: Option<Arc<Answer>>,
     positions: Vec<u32>,
 }
 
 impl Selection {
+    fn of(index: Arc<Index>, answer: Arc<Answer>) -> Selection {
+        Selection { index: Some(index), answer: Some(answer), positions: Vec::new() }
+    }
+
+    fn positions_slice(&self) -> &[u32] {
+        self.answer.as_deref().map_or(&self.positions, |a| &a.positions)
+    }
+
     pub fn len(&self) -> usize {
-        self.positions.len()
+        self.positions_slice().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.positions.is_empty()
+        self.positions_slice().is_empty()
     }
 
     /// The index generation and positions of the selected servers, for bindings
     /// that cache converted servers per generation.
     pub fn positions(&self) -> (u64, &[u32]) {
-        (self.index.as_ref().map_or(0, |i| i.generation()), &self.positions)
+        (self.index.as_ref().map_or(0, |i| i.generation()), self.positions_slice())
+    }
+
+    /// Same id, same answer: an identical call within a generation, while no
+    /// selected server has aged out, gets the answer it got before (a binding may
+    /// return the same frozen Array). 0 for a selection that is not a kept answer.
+    pub fn answer_id(&self) -> u64 {
+        self.answer.as_ref().map_or(0, |a| a.id)
     }
 
     /// The server at `position` of the index this selection came from.
@@ -67,7 +83,8 @@ impl Selection {
     /// The selected servers, in result order.
     pub fn servers(&self) -> impl Iterator<Item = ServerRef<'_>> + '_ {
         // A selection with positions always has its index; an empty one has neither.
-        self.index.as_deref().into_iter().flat_map(|index| self.positions.iter().map(|p| index.server(*p)))
+        let positions = self.positions_slice();
+        self.index.as_deref().into_iter().flat_map(move |index| positions.iter().map(|p| index.server(*p)))
     }
 }
 
@@ -135,13 +152,24 @@ impl IndexService {
         &self.shared.config
     }
 
-    /// `servers_with_role`: servers of `environment` with any of the roles.
-    pub fn servers_with_role(&self, roles: &RoleSelector, environment: &str) -> Result<Selection> {
-        let Some(index) = self.index()? else {
+    /// `servers_with_role`: servers of `environment` with any of the roles (names,
+    /// or `/regex/` on the role fact).
+    pub fn servers_with_role<S: AsRef<str>>(&self, roles: &[S], environment: &str) -> Result<Selection> {
+        // Bad arguments are reported before missing data, as for clauses.
+        let index = match self.index() {
+            Ok(index) => index,
+            Err(no_data) => return Err(RoleSelector::parse(roles).err().unwrap_or(no_data)),
+        };
+        let Some(index) = index else {
+            RoleSelector::parse(roles)?;
             return Ok(Selection::empty());
         };
-        let positions = index.with_role(roles, environment, self.freshness());
-        Ok(Selection { index: Some(index), positions })
+        let question = Question::Role { roles: owned(roles), environment: environment.to_string() };
+        let fresh = self.freshness();
+        let answer = index.answer(question, fresh, || {
+            Ok::<_, Error>(index.with_role(&RoleSelector::parse(roles)?, environment, fresh))
+        })?;
+        Ok(Selection::of(index, answer))
     }
 
     /// `servers_with_facts`: servers matching every clause.
@@ -150,8 +178,10 @@ impl IndexService {
         let Some(index) = self.index()? else {
             return Ok(Selection::empty());
         };
-        let positions = index.with_facts(&query, environment, self.freshness());
-        Ok(Selection { index: Some(index), positions })
+        let question = Question::Facts { clauses: owned(clauses), environment: environment.to_string() };
+        let fresh = self.freshness();
+        let answer = index.answer(question, fresh, || Ok::<_, Error>(index.with_facts(&query, environment, fresh)))?;
+        Ok(Selection::of(index, answer))
     }
 
     /// The servers at `positions` of the current index, if it is still `generation`
@@ -161,7 +191,7 @@ impl IndexService {
         if index.generation() != generation || positions.iter().any(|p| *p as usize >= index.len()) {
             return None;
         }
-        Some(Selection { index: Some(index), positions: positions.to_vec() })
+        Some(Selection { index: Some(index), answer: None, positions: positions.to_vec() })
     }
 
     /// Records where a certname compiled, for servers whose facts name no environment.
@@ -290,9 +320,13 @@ impl IndexService {
     }
 }
 
+fn owned<S: AsRef<str>>(strings: &[S]) -> Vec<String> {
+    strings.iter().map(|s| s.as_ref().to_string()).collect()
+}
+
 impl Selection {
     fn empty() -> Selection {
-        Selection { index: None, positions: Vec::new() }
+        Selection { index: None, answer: None, positions: Vec::new() }
     }
 }
 

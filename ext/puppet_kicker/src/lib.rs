@@ -72,9 +72,26 @@ fn servers(ruby: &Ruby, query: Query) -> Result<Value, Error> {
         ruby,
         || seam::select(query),
         |ruby, selected| {
+            same_generation(ruby, selected.generation())?;
+            let answers = ruby.get_inner(&ANSWERS);
+            let id = selected.answer_id();
+            if id != 0 {
+                let kept: Value = answers.aref(id)?;
+                if !kept.is_nil() {
+                    return Ok(kept);
+                }
+            }
             let array = ruby.ary_new_capa(selected.positions().len());
             for position in selected.positions() {
                 array.push(converted(ruby, &selected, *position)?)?;
+            }
+            array.freeze();
+            if id != 0 {
+                // The core keeps at most ANSWERS per generation; older ids never come back.
+                if answers.len() >= 2 * puppet_kicker::index::ANSWERS.get() {
+                    answers.clear()?;
+                }
+                answers.aset(id, array)?;
             }
             Ok(array.as_value())
         },
@@ -135,17 +152,27 @@ static VALUES: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
 /// Fact names by string id, frozen, so a Hash keeps them as they are (a Hash
 /// copies an unfrozen String key).
 static KEYS: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
+/// Frozen result Arrays by answer id ([`Selected::answer_id`]): an identical call
+/// within a generation returns the very Array it returned before.
+static ANSWERS: Lazy<RHash> = Lazy::new(|ruby| ruby.hash_new());
 static CONVERTED_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Drops what was converted for an earlier index generation.
+fn same_generation(ruby: &Ruby, generation: u64) -> Result<(), Error> {
+    if CONVERTED_GENERATION.load(Ordering::Relaxed) != generation {
+        ruby.get_inner(&CONVERTED).clear()?;
+        ruby.get_inner(&VALUES).clear()?;
+        ruby.get_inner(&KEYS).clear()?;
+        ruby.get_inner(&ANSWERS).clear()?;
+        CONVERTED_GENERATION.store(generation, Ordering::Relaxed);
+    }
+    Ok(())
+}
 
 fn converted(ruby: &Ruby, selected: &Selected, position: u32) -> Result<Value, Error> {
     let cache = ruby.get_inner(&CONVERTED);
     let generation = selected.generation();
-    if CONVERTED_GENERATION.load(Ordering::Relaxed) != generation {
-        cache.clear()?;
-        ruby.get_inner(&VALUES).clear()?;
-        ruby.get_inner(&KEYS).clear()?;
-        CONVERTED_GENERATION.store(generation, Ordering::Relaxed);
-    }
+    same_generation(ruby, generation)?;
     let cached: Value = cache.entry(position as isize)?;
     if !cached.is_nil() {
         return Ok(cached);

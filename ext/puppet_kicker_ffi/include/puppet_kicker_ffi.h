@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 3. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 4. See ext/puppet_kicker_ffi/src/lib.rs.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (3); check it before any other call. */
+/* The ABI version this library implements (4); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 2)", the core's version. */
@@ -46,10 +46,13 @@ char *pk_configure(const uint8_t *req, size_t len);
 /* req: {"op": "servers_with_role", "roles": [s, ...], "environment": s}
  *    | {"op": "server_with_role",  "roles": [s, ...], "environment": s}
  *    | {"op": "servers_with_facts", "clauses": [s, ...], "environment": s}
- * A role is a name or "/regex/". ok: {"generation": n, "positions": [n, ...]}: the
- * selection, in fqdn-then-certname order, as the index generation and positions (at
- * most one for server_with_role), so that a caller keeping the servers it converted
- * per generation fetches only new ones. */
+ * A role is a name or "/regex/". ok: {"generation": n, "answer": n, "positions": [n, ...]}:
+ * the selection, in fqdn-then-certname order, as the index generation and positions
+ * (at most one for server_with_role), so that a caller keeping the servers it
+ * converted per generation fetches only new ones. The same non-zero answer is the
+ * same answer to an identical call: a caller may return what it built for it. With
+ * "known": A in the request (the answer the caller holds for this query), a reply
+ * whose answer is A leaves "positions" out. */
 char *pk_select(const uint8_t *req, size_t len);
 
 /* req: {"generation": n, "positions": [n, ...]}. ok: [server, ...] at those positions

@@ -11,7 +11,7 @@
 //! | `uint32_t pk_abi_version(void)` | | (returns the number itself) |
 //! | `char *pk_version(void)` | | `"0.1.0 (index format 2)"` |
 //! | `char *pk_configure(req, len)` | `{"confdir","vardir","server_datadir"?,"config_file"?}` | `null` |
-//! | `char *pk_select(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}` | `{"generation": G, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`) |
+//! | `char *pk_select(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}`, each with an optional `"known": A` | `{"generation": G, "answer": A, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`); the same `A` (non-zero) is the same answer to an identical call, and when it is the `known` one, `positions` is left out |
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[server, ..]` at those positions, or `null` when the index is no longer generation G |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
@@ -46,8 +46,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// Bumped on any change to the functions, requests or replies (2: pk_select and
 /// pk_servers_at, so callers can cache servers per index generation; 3: pk_query
 /// and the `unsupported` kind dropped, pk_take_log replaces pk_take_warnings and
-/// pk_take_kick_log, the `report` kind added).
-pub const ABI_VERSION: u32 = 3;
+/// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`).
+pub const ABI_VERSION: u32 = 4;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -89,7 +89,7 @@ with_request!(
     /// A query ([`seam::Query`]) as index generation and positions: a caller that
     /// keeps the servers it converted, per generation, fetches only new ones with
     /// `pk_servers_at` instead of parsing every server's facts on every call.
-    pk_select => seam::select);
+    pk_select => seam::select_known);
 with_request!(
     /// The servers at `positions` of index `generation`, or `null` once that index
     /// has been replaced (the caller selects again).

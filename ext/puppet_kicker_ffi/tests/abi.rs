@@ -142,7 +142,8 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     let web1 = web[0].as_object().unwrap();
     assert_eq!(web1["certname"], "web1.example.com");
     let selected = ok(call(pk_select, &json!({"op":"servers_with_role","roles":["web"],"environment":"production"})));
-    let request = serde_json::to_vec(&selected).unwrap();
+    let request =
+        serde_json::to_vec(&json!({"generation": selected["generation"], "positions": selected["positions"]})).unwrap();
     let reply = unsafe { pk_servers_at(request.as_ptr(), request.len()) };
     let raw = unsafe { CStr::from_ptr(reply) }.to_str().unwrap().to_string();
     unsafe { pk_free(reply) };
@@ -300,6 +301,34 @@ fn selections_are_fetched_by_generation_and_go_stale_with_a_new_index() {
     assert_eq!(servers, ok(query(&web)), "the same servers as a query, in order");
     let first = ok(call(pk_select, &json!({"op": "server_with_role", "roles": ["web"], "environment": "production"})));
     assert_eq!(first["positions"], json!([selected["positions"][0]]));
+
+    // The same query answers the same: same answer id, and no positions for a
+    // caller that says it holds that answer. server_with_role is never a kept answer.
+    let answer = selected["answer"].as_u64().unwrap();
+    assert_ne!(answer, 0);
+    let again = ok(call(pk_select, &web));
+    assert_eq!((again["answer"].as_u64(), &again["positions"]), (Some(answer), &selected["positions"]));
+    let held = ok(call(
+        pk_select,
+        &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production", "known": answer}),
+    ));
+    assert_eq!(held, json!({"generation": generation, "answer": answer}));
+    let other_known = ok(call(
+        pk_select,
+        &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production", "known": answer + 1}),
+    ));
+    assert_eq!(other_known["positions"], selected["positions"], "positions unless the held answer is the answer");
+    assert_eq!(first["answer"], 0);
+    let (kind, message) = error(&call(
+        pk_select,
+        &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production", "known": "x"}),
+    ));
+    assert_eq!((kind.as_str(), message.contains("`known` must be an answer id")), ("request", true), "{message}");
+    let (kind, message) = error(&call(
+        pk_select,
+        &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production", "nown": 1}),
+    ));
+    assert_eq!((kind.as_str(), message.contains("unknown field `nown`")), ("request", true), "{message}");
 
     // Another configuration means another index: the old generation is refused.
     let other = Master::new("select-other", "", &fleet());

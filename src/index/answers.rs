@@ -1,0 +1,91 @@
+//! Whole answers, kept per index generation.
+//!
+//! Manifests and templates ask the same few questions on every compile. An answer
+//! is kept with the index it came from, so an identical call costs one lookup, and
+//! a binding can hand back the very Ruby Array it built the first time (see
+//! [`Answer::id`]).
+//!
+//! The index never changes, but `max_age` is measured from now: servers only ever
+//! age out. An answer therefore holds until its oldest selected server passes
+//! `max_age`, and is computed again after that (or if the clock went back).
+
+use super::{Freshness, Index};
+use crate::sync::lock;
+use lru::LruCache;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Distinct questions answered per generation; manifests ask a few dozen.
+pub const ANSWERS: NonZeroUsize = NonZeroUsize::new(256).unwrap();
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A function's arguments, as the caller gave them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Question {
+    Role { roles: Vec<String>, environment: String },
+    Facts { clauses: Vec<String>, environment: String },
+}
+
+/// Positions selected for a question, in result order.
+#[derive(Debug)]
+pub struct Answer {
+    /// Unique in the process: the same id is the same answer, whatever the question.
+    pub id: u64,
+    pub positions: Vec<u32>,
+    /// Computed at this Unix second...
+    computed_at: i64,
+    /// ...and true up to this one (inclusive).
+    valid_until: i64,
+}
+
+impl Answer {
+    fn holds_at(&self, now: i64) -> bool {
+        (self.computed_at..=self.valid_until).contains(&now)
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Answers {
+    kept: Mutex<LruCache<(Question, u64), Arc<Answer>>>,
+}
+
+impl Default for Answers {
+    fn default() -> Answers {
+        Answers { kept: Mutex::new(LruCache::new(ANSWERS)) }
+    }
+}
+
+impl Answers {
+    pub(super) fn heap_bytes(&self) -> usize {
+        lock(&self.kept).iter().map(|(_, answer)| 4 * answer.positions.capacity() + 64).sum()
+    }
+}
+
+impl Index {
+    /// The answer to `question`, kept from an earlier identical call while it holds,
+    /// else computed by `compute` (outside the lock) and kept.
+    pub fn answer<E>(
+        &self,
+        question: Question,
+        fresh: Freshness,
+        compute: impl FnOnce() -> Result<Vec<u32>, E>,
+    ) -> Result<Arc<Answer>, E> {
+        let key = (question, fresh.max_age);
+        if let Some(kept) = lock(&self.answers.kept).get(&key).filter(|a| a.holds_at(fresh.now)) {
+            return Ok(kept.clone());
+        }
+        let positions = compute()?;
+        let oldest = positions.iter().map(|p| self.rows.timestamp[*p as usize]).min();
+        let valid_until = oldest.map_or(i64::MAX, |t| t.saturating_add(fresh.max_age.min(i64::MAX as u64) as i64));
+        let answer = Arc::new(Answer {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            positions,
+            computed_at: fresh.now,
+            valid_until,
+        });
+        lock(&self.answers.kept).put(key, answer.clone());
+        Ok(answer)
+    }
+}
