@@ -97,4 +97,25 @@ describe 'the magnus binding while the core waits' do
     expect(waited).to be >= 1.9
     expect(counted).to be > 50
   end
+
+  it 'answers every call while other Ruby threads run (a pending thread switch is not an error)' do
+    facts = File.join(@dir, 'server_data', 'facts')
+    FileUtils.mkdir_p(facts)
+    stamp = Time.now.utc.strftime('%Y-%m-%dT%H:%M:%S.%N+00:00')
+    document = { 'name' => 'web1.example.com', 'values' => { 'role' => 'web' }, 'timestamp' => stamp, 'expiration' => stamp }
+    File.write(File.join(facts, 'web1.example.com.json'), JSON.generate(document))
+    write_config('cache' => { 'dir' => File.join(@dir, 'cache') })
+    # A thread that never sleeps: MRI's timer asks the running thread to switch
+    # every 100 ms, and a call into the core can find that request pending.
+    busy = Thread.new { loop { Math.sqrt(2) } }
+    calls = 0
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 2
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      expect(PuppetKicker.native.servers_with_facts(['role=web'], 'production').size).to eq(1)
+      calls += 1
+    end
+    expect(calls).to be > 10
+  ensure
+    busy&.kill
+  end
 end

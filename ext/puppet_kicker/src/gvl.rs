@@ -10,10 +10,11 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Why `without_gvl` has no value: the closure panicked, or Ruby had an interrupt
-/// pending (`Thread#raise`, a signal) and did not run it.
-pub enum Failure {
+/// pending (a thread switch its timer asked for, a signal, `Thread#raise`) and did
+/// not run it; the closure comes back, to run once Ruby has handled the interrupt.
+pub enum Failure<F> {
     Panic(Box<dyn Any + Send + 'static>),
-    Interrupted,
+    Interrupted(F),
 }
 
 /// The closure and its outcome, passed through Ruby as one pointer.
@@ -28,7 +29,7 @@ struct Call<F, T> {
 /// `rb_thread_call_without_gvl2` rather than `..._gvl`: the latter checks interrupts
 /// after `body` returns and may raise, jumping over Rust frames; the former returns
 /// and leaves pending interrupts to Ruby's next check.
-pub fn without_gvl<F, T>(body: F) -> Result<T, Failure>
+pub fn without_gvl<F, T>(body: F) -> Result<T, Failure<F>>
 where
     F: FnOnce() -> T + Send,
 {
@@ -43,10 +44,12 @@ where
             std::ptr::null_mut(),
         );
     }
-    match call.outcome {
-        Some(Ok(value)) => Ok(value),
-        Some(Err(panic)) => Err(Failure::Panic(panic)),
-        None => Err(Failure::Interrupted),
+    match (call.outcome, call.body) {
+        (Some(Ok(value)), _) => Ok(value),
+        (Some(Err(panic)), _) => Err(Failure::Panic(panic)),
+        (None, Some(body)) => Err(Failure::Interrupted(body)),
+        // The trampoline takes the body only to run it; reported, never a panic here.
+        (None, None) => Err(Failure::Panic(Box::new("the call neither ran nor came back"))),
     }
 }
 

@@ -42,17 +42,28 @@ fn entry<T>(ruby: &Ruby, body: impl FnOnce() -> Result<T, Error>) -> Result<T, E
 }
 
 /// Runs a seam call without the GVL, its errors and panics raised as
-/// `PuppetKicker::*Error`.
+/// `PuppetKicker::*Error`. When Ruby has an interrupt pending, the call has not
+/// started: Ruby handles it first (switches threads, runs a signal's handler, or
+/// raises what `Thread#raise` sent, which then propagates), then the call runs.
 fn core<T: Send>(ruby: &Ruby, body: impl FnOnce() -> Result<T, puppet_kicker::Error> + Send) -> Result<T, Error> {
-    match gvl::without_gvl(body) {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(raise(ruby, e.into())),
-        Err(gvl::Failure::Panic(panic)) => Err(raise(ruby, Failure::panic(&*panic))),
-        Err(gvl::Failure::Interrupted) => {
-            Err(raise(ruby, Failure::internal("interrupted before the call could start")))
+    let mut body = body;
+    for _ in 0..MAX_INTERRUPTS {
+        match gvl::without_gvl(body) {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => return Err(raise(ruby, e.into())),
+            Err(gvl::Failure::Panic(panic)) => return Err(raise(ruby, Failure::panic(&*panic))),
+            Err(gvl::Failure::Interrupted(again)) => {
+                ruby.thread_check_ints()?;
+                body = again;
+            }
         }
     }
+    Err(raise(ruby, Failure::internal(format!("interrupted {MAX_INTERRUPTS} times before the call could start"))))
 }
+
+/// Interrupts handled before a call gives up: each is a thread switch at the least,
+/// so a call that meets this many has waited for the other threads long enough.
+const MAX_INTERRUPTS: u32 = 1000;
 
 /// A seam call whose value converts to Ruby.
 fn call<T: Send>(
