@@ -17,7 +17,7 @@ use crate::error::{internal_error_message, Error, Result};
 use crate::index::ServerRef;
 use crate::log::{Level, LogLine};
 use crate::service::{Selection, Service};
-use crate::store::View;
+use crate::store::{StrId, View};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value as Json;
@@ -103,6 +103,18 @@ pub struct ServersAt {
     pub positions: Vec<u32>,
 }
 
+/// Store values and fact names of index `generation`, by id (the C ABI's
+/// `pk_values`): what a caller lacks to build the servers `pk_servers_at` gave it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValuesAt {
+    pub generation: u64,
+    #[serde(default)]
+    pub values: Vec<u32>,
+    #[serde(default)]
+    pub keys: Vec<u32>,
+}
+
 /// `note_environment`'s arguments.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -175,6 +187,18 @@ pub fn select_known(request: Select) -> Result<Selected> {
 /// index has been replaced (the caller selects again).
 pub fn servers_at(at: ServersAt) -> Result<Option<Servers>> {
     Ok(Service::global()?.servers_at(at.generation, &at.positions).map(Servers))
+}
+
+/// The values and names `at` asks for, or `None` once that index has been replaced
+/// or when an id is not one of its own (the caller selects again).
+pub fn values_at(at: ValuesAt) -> Result<Option<Values>> {
+    let Some(index) = Service::global()?.index_at(at.generation) else { return Ok(None) };
+    let store = index.store();
+    if at.values.iter().any(|v| *v as usize >= store.values()) || at.keys.iter().any(|k| *k as usize >= store.strings())
+    {
+        return Ok(None);
+    }
+    Ok(Some(Values { index, at }))
 }
 
 /// Records the environment a certname compiles in.
@@ -288,16 +312,59 @@ impl Serialize for Selected {
     }
 }
 
-/// Servers by position: serialized as an array of [`Server`].
+/// Servers by position, serialized by reference: each server as `[[K, ..], [V, ..],
+/// certname]`, the Ks its fact names' string ids and the Vs their value ids in the
+/// index's store, in [`Server::entries`] order; `certname` is the certname to add
+/// under that name, or null when a fact already has that name. A caller converts each K and V once per
+/// index generation ([`values_at`]) and builds every server from them, as the magnus
+/// extension does, instead of parsing every server's facts again.
 pub struct Servers(Selection);
 
 impl Serialize for Servers {
     fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
         for server in self.0.servers() {
-            seq.serialize_element(&Server(server))?;
+            seq.serialize_element(&ServerIds(Server(server)))?;
         }
         seq.end()
+    }
+}
+
+struct ServerIds<'a>(Server<'a>);
+
+impl Serialize for ServerIds<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        let mut certname = None;
+        for (_, entry) in self.0.entries() {
+            match entry {
+                Entry::Value(key, value) => {
+                    keys.push(key);
+                    values.push(value.id());
+                }
+                Entry::Certname(text) => certname = Some(text),
+            }
+        }
+        (keys, values, certname).serialize(serializer)
+    }
+}
+
+/// Store values and names by id: `{"values": [value, ..], "keys": [name, ..]}`, in
+/// the order they were asked for.
+pub struct Values {
+    index: std::sync::Arc<crate::index::Index>,
+    at: ValuesAt,
+}
+
+impl Serialize for Values {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let store = self.index.store();
+        let mut map = serializer.serialize_map(Some(2))?;
+        let values: Vec<View> = self.at.values.iter().map(|id| store.view(*id)).collect();
+        map.serialize_entry("values", &values)?;
+        let keys: Vec<&str> = self.at.keys.iter().map(|id| store.str(*id)).collect();
+        map.serialize_entry("keys", &keys)?;
+        map.end()
     }
 }
 
@@ -309,9 +376,10 @@ pub struct Server<'a>(ServerRef<'a>);
 
 /// One value of a [`Server`].
 pub enum Entry<'a> {
-    /// A value of the index's store: bindings may cache what they convert by its id,
-    /// for the life of the index generation (equal values share one id).
-    Value(View<'a>),
+    /// A value of the index's store, with its name's string id: bindings may cache
+    /// what they convert of either by id, for the life of the index generation
+    /// (equal values share one id).
+    Value(StrId, View<'a>),
     /// The certname, added when no fact has that name.
     Certname(&'a str),
 }
@@ -321,7 +389,8 @@ impl<'a> Server<'a> {
         let server = self.0;
         let certname =
             Some(("certname", Entry::Certname(server.certname()))).filter(|_| !server.facts().contains_key("certname"));
-        server.entries().map(|(name, value)| (name, Entry::Value(value))).chain(certname)
+        let named = server.named_entries();
+        named.map(|(id, name, value)| (name, Entry::Value(id, value))).chain(certname)
     }
 }
 
@@ -330,7 +399,7 @@ impl Serialize for Server<'_> {
         let mut map = serializer.serialize_map(None)?;
         for (name, entry) in self.entries() {
             match entry {
-                Entry::Value(value) => map.serialize_entry(name, &value)?,
+                Entry::Value(_, value) => map.serialize_entry(name, &value)?,
                 Entry::Certname(certname) => map.serialize_entry(name, certname)?,
             }
         }

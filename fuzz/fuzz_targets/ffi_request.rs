@@ -8,7 +8,8 @@ use puppet_kicker_ffi::*;
 use std::sync::Once;
 
 type Call = unsafe extern "C" fn(*const u8, usize) -> *mut std::ffi::c_char;
-const CALLS: [Call; 4] = [pk_select, pk_servers_at, pk_note_environment, pk_kick];
+/// By the input's first byte (the seeds in fuzz/corpus-seeds/ffi_request follow it).
+const CALLS: [Call; 5] = [pk_select, pk_servers_at, pk_values, pk_note_environment, pk_kick];
 
 fuzz_target!(|input: &[u8]| {
     static CONFIGURED: Once = Once::new();

@@ -46,9 +46,8 @@ module PuppetKicker
         @lib = lib
         @library = path
         @cache_lock = Mutex.new
-        @cache_generation = nil
-        @cache = {}
-        @answers = {}
+        @cache_generation = :none
+        fresh_generation(nil)
         self
       end
 
@@ -117,7 +116,7 @@ module PuppetKicker
         lib.attach_function :pk_take_log, [], :strptr
         lib.attach_function :pk_kick_flush, [], :strptr
         lib.attach_function :pk_kick_status, [], :strptr
-        %i[pk_configure pk_select pk_servers_at pk_note_environment pk_kick].each do |name|
+        %i[pk_configure pk_select pk_servers_at pk_values pk_note_environment pk_kick].each do |name|
           lib.attach_function name, %i[string size_t], :strptr
         end
         lib.attach_function :pk_free, [:pointer], :void
@@ -129,15 +128,15 @@ module PuppetKicker
       end
 
       # A query's servers, each deep-frozen, in a frozen Array, as the magnus
-      # extension returns them. Parsing a server's facts costs far more than finding
-      # it, so servers are kept per index generation and only those not yet seen are
-      # fetched (pk_servers_at). A whole answer is kept too, by its query: pk_select
-      # is told the answer id held (`known`) and, when it is still the answer, sends
-      # no positions, and the same Array is returned. These caches must be of Ruby
-      # objects (the frozen Hashes JRuby hands to templates), so they cannot live in
-      # Rust; the rules they follow (per index generation, answer ids from the seam)
-      # are the magnus extension's `converted` and `ANSWERS`. The lock covers
-      # multithreaded JRuby.
+      # extension returns them. Converting a server costs far more than finding it, so
+      # what was converted is kept per index generation, as the magnus extension keeps
+      # it (`converted`, `VALUES`, `KEYS`, `ANSWERS`): each server's Hash, each fact
+      # name and each distinct value (pk_servers_at gives servers as ids, pk_values
+      # what this side lacks: a value many servers share, like `os`, is parsed once),
+      # and each whole answer by its query (pk_select is told the answer held as
+      # `known` and, when it is still the answer, sends no positions). These caches
+      # hold Ruby objects, the frozen Hashes JRuby hands to templates, so they cannot
+      # live in Rust. The lock covers multithreaded JRuby.
       def servers(query)
         key = JSON.generate(query)
         SELECT_ATTEMPTS.times do
@@ -173,12 +172,15 @@ module PuppetKicker
         servers
       end
 
-      # Forgets servers and answers of an earlier index generation.
+      # Forgets what was converted for an earlier index generation.
       def fresh_generation(generation)
         return if @cache_generation == generation
 
         @cache = {}
         @answers = {}
+        @values = []
+        @have = {} # value ids in @values (a value may be nil or false)
+        @keys = []
         @cache_generation = generation
       end
 
@@ -187,12 +189,38 @@ module PuppetKicker
       def cached(generation, positions)
         missing = positions.reject { |p| @cache.key?(p) }
         unless missing.empty?
-          fetched = request(:pk_servers_at, { 'generation' => generation, 'positions' => missing }, PARSE_FROZEN)
-          return nil if fetched.nil?
+          fetched = request(:pk_servers_at, 'generation' => generation, 'positions' => missing)
+          return nil if fetched.nil? || !values_for(generation, fetched)
 
-          missing.each_with_index { |p, i| @cache[p] = fetched[i] }
+          missing.each_with_index { |p, i| @cache[p] = server(*fetched[i]) }
         end
         positions.map { |p| @cache[p] }
+      end
+
+      # Fetches the names and values of `servers` (as pk_servers_at gives them) not
+      # yet kept; false if the index has been replaced meanwhile.
+      def values_for(generation, servers)
+        keys = servers.flat_map(&:first).uniq.reject { |k| @keys[k] }
+        values = servers.flat_map { |server| server[1] }.uniq.reject { |v| @have.key?(v) }
+        return true if keys.empty? && values.empty?
+
+        fetched = request(:pk_values, { 'generation' => generation, 'values' => values, 'keys' => keys }, PARSE_FROZEN)
+        return false if fetched.nil?
+
+        keys.zip(fetched['keys']) { |k, name| @keys[k] = name }
+        values.zip(fetched['values']) do |v, value|
+          @values[v] = value
+          @have[v] = true
+        end
+        true
+      end
+
+      # A server's frozen Hash from its names' and values' ids. @keys and @values are
+      # Arrays by id, so `values_at` looks them all up at once.
+      def server(keys, values, certname)
+        hash = @keys.values_at(*keys).zip(@values.values_at(*values)).to_h
+        hash['certname'] = certname.freeze unless certname.nil?
+        hash.freeze
       end
 
       # The reply's value, or its error raised as the magnus extension raises it.

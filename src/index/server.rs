@@ -2,7 +2,7 @@
 
 use super::{Index, InvalidRows, Rows, NEVER_ANSWERED};
 use crate::facts::{FactPath, Facts, Node};
-use crate::store::{Kind, ObjectRef, Store, View};
+use crate::store::{Kind, ObjectRef, Store, StrId, View};
 use std::cmp::Ordering;
 
 /// A server of an [`Index`]: what [`Node`] holds, without copying it out.
@@ -52,8 +52,13 @@ impl<'a> ServerRef<'a> {
     /// As [`Node::entries`]: the facts, then what the source reported beside them,
     /// never hiding a fact.
     pub fn entries(self) -> impl Iterator<Item = (&'a str, View<'a>)> + 'a {
+        self.named_entries().map(|(_, name, value)| (name, value))
+    }
+
+    /// [`Self::entries`] with each name's string id in the store.
+    pub fn named_entries(self) -> impl Iterator<Item = (StrId, &'a str, View<'a>)> + 'a {
         let facts = self.facts();
-        facts.iter().chain(self.extra().iter().filter(move |(name, _)| !facts.contains_key(name)))
+        facts.named().chain(self.extra().named().filter(move |(_, name, _)| !facts.contains_key(name)))
     }
 
     /// As [`Node::fact`]: a top-level fact named exactly `path` wins, else a dotted

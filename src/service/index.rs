@@ -194,6 +194,11 @@ impl IndexService {
         Some(Selection { index: Some(index), answer: None, positions: positions.to_vec() })
     }
 
+    /// The current index if it is still `generation` (the C ABI's value fetches).
+    pub fn index_at(&self, generation: u64) -> Option<Arc<Index>> {
+        self.shared.current.load_full().filter(|index| index.generation() == generation)
+    }
+
     /// Records where a certname compiled, for servers whose facts name no environment.
     pub fn note_environment(&self, certname: &str, environment: &str) {
         let mut seen = lock(&self.shared.seen_environments);

@@ -157,6 +157,12 @@ impl<'s> ObjectRef<'s> {
         self.pairs.chunks_exact(2).map(|p| (p[0], p[1]))
     }
 
+    /// Pairs as key id, key and value, for bindings that convert each key once.
+    pub fn named(self) -> impl ExactSizeIterator<Item = (u32, &'s str, View<'s>)> + 's {
+        let store = self.store;
+        self.pairs.chunks_exact(2).map(move |p| (p[0], store.str(p[0]), View::new(store, p[1])))
+    }
+
     pub fn iter(self) -> impl ExactSizeIterator<Item = (&'s str, View<'s>)> + 's {
         let store = self.store;
         self.pairs.chunks_exact(2).map(move |p| (store.str(p[0]), View::new(store, p[1])))

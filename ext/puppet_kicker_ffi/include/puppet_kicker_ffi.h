@@ -14,8 +14,9 @@
  * kick report), "io", "request" (a malformed request: a bug in the caller), "internal" (a Rust panic,
  * caught). No function unwinds or aborts: errors are data.
  *
- * A server is an object of its facts, in the core's order, then "certname" unless a
- * fact has that name: exactly the Hash the magnus extension returns.
+ * A server is its facts, in the core's order, then "certname" unless a fact has that
+ * name: exactly the Hash the magnus extension returns. pk_servers_at gives it as ids
+ * of the index generation, pk_values the names and values behind them.
  *
  * Threads: every function may be called from any number of threads at once. There
  * is one core per loaded library, shared by all callers in the process (all JRuby
@@ -55,9 +56,18 @@ char *pk_configure(const uint8_t *req, size_t len);
  * whose answer is A leaves "positions" out. */
 char *pk_select(const uint8_t *req, size_t len);
 
-/* req: {"generation": n, "positions": [n, ...]}. ok: [server, ...] at those positions
- * of that index, or null once the index has been replaced (select again). */
+/* req: {"generation": n, "positions": [n, ...]}. ok: [[[K, ...], [V, ...], certname],
+ * ...]: each server at those positions of that index as its fact names' string ids
+ * (K), their values' ids (V) in the same order, and the certname to add as
+ * "certname" (null when a fact has that name); or null once the index has been
+ * replaced (select again). */
 char *pk_servers_at(const uint8_t *req, size_t len);
+
+/* req: {"generation": n, "values": [V, ...], "keys": [K, ...]}. ok: {"values":
+ * [value, ...], "keys": [name, ...]} in the order asked, each id of that index
+ * generation; null once the index has been replaced or for an id it does not have
+ * (select again). A caller keeps them per generation: equal values share one id. */
+char *pk_values(const uint8_t *req, size_t len);
 
 /* req: {"certname": s, "environment": s}: where a node compiles. ok: null. */
 char *pk_note_environment(const uint8_t *req, size_t len);

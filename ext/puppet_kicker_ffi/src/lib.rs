@@ -12,7 +12,8 @@
 //! | `char *pk_version(void)` | | `"0.1.0 (index format 2)"` |
 //! | `char *pk_configure(req, len)` | `{"confdir","vardir","server_datadir"?,"config_file"?}` | `null` |
 //! | `char *pk_select(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}`, each with an optional `"known": A` | `{"generation": G, "answer": A, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`); the same `A` (non-zero) is the same answer to an identical call, and when it is the `known` one, `positions` is left out |
-//! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[server, ..]` at those positions, or `null` when the index is no longer generation G |
+//! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[[[K, ..], [V, ..], certname], ..]`: each server at those positions as its fact names' ids, their values' ids, and the certname to add (or `null`); `null` when the index is no longer generation G |
+//! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
 //! | `char *pk_status(void)` | | `{"servers","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
@@ -27,9 +28,11 @@
 //!   It is `{"ok": VALUE}` or `{"error": {"kind": KIND, "message": MESSAGE}}`, with
 //!   KIND one of `query`, `config`, `no_data`, `report`, `io` (the core's error
 //!   kinds), `request` (a malformed request: a bug in the caller), `internal`.
-//! - A server is a JSON object of its facts in the core's order, then `certname`
-//!   when no fact has that name ([`seam::Server`]): the same Hash, key for key,
-//!   that the magnus extension builds.
+//! - A server is its facts in the core's order, then `certname` when no fact has
+//!   that name ([`seam::Server`]): the same Hash, key for key, that the magnus
+//!   extension builds. `pk_servers_at` gives it by reference (name and value ids of
+//!   the index generation) and `pk_values` the names and values themselves, so a
+//!   caller parses each distinct value once per index, not once per server.
 //! - Errors are data, never a panic crossing the boundary or an abort: every
 //!   function runs inside `catch_unwind`; a panic is an `internal` error.
 //! - Every function is safe to call from any number of threads at once: the core
@@ -46,7 +49,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// Bumped on any change to the functions, requests or replies (2: pk_select and
 /// pk_servers_at, so callers can cache servers per index generation; 3: pk_query
 /// and the `unsupported` kind dropped, pk_take_log replaces pk_take_warnings and
-/// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`).
+/// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`,
+/// pk_servers_at by ids, pk_values).
 pub const ABI_VERSION: u32 = 4;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
@@ -94,6 +98,11 @@ with_request!(
     /// The servers at `positions` of index `generation`, or `null` once that index
     /// has been replaced (the caller selects again).
     pk_servers_at => seam::servers_at);
+with_request!(
+    /// Values and fact names of index `generation` by id, for the servers
+    /// `pk_servers_at` gave: `{"values": [..], "keys": [..]}`, or `null` once that
+    /// index has been replaced.
+    pk_values => seam::values_at);
 with_request!(
     /// Records the environment a certname compiles in. `ok`: `null`.
     pk_note_environment => seam::note_environment);

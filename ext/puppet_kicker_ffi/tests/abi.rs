@@ -98,24 +98,54 @@ fn fleet() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// A query's servers as the Ruby side fetches them, through pk_select then
-/// pk_servers_at: `{"ok": [server, ..]}` (the first server or null for
+/// A query's servers as the Ruby side fetches them, through pk_select, then
+/// pk_servers_at (servers as name and value ids) and pk_values (the names and values
+/// behind the ids): `{"ok": [server, ..]}` (the first server or null for
 /// `server_with_role`), or pk_select's error. Selects again when the index was
 /// replaced in between, as the Ruby side does.
 fn query(request: &Value) -> Value {
     for _ in 0..100 {
         let selected = call(pk_select, request);
         let Some(at) = selected.get("ok") else { return selected };
-        let servers = call(pk_servers_at, &json!({"generation": at["generation"], "positions": at["positions"]}));
-        if servers["ok"].is_null() {
-            continue;
-        }
+        let generation = &at["generation"];
+        let by_ids = ok(call(pk_servers_at, &json!({"generation": generation, "positions": at["positions"]})));
+        let Some(servers) = by_ids.as_array() else { continue };
+        let Some(servers) = built(generation, servers) else { continue };
         return match request["op"].as_str() {
-            Some("server_with_role") => json!({"ok": servers["ok"].get(0).cloned().unwrap_or(Value::Null)}),
-            _ => servers,
+            Some("server_with_role") => json!({"ok": servers.first().cloned().unwrap_or(Value::Null)}),
+            _ => json!({"ok": servers}),
         };
     }
     panic!("the index kept changing while {request} was read")
+}
+
+/// Servers as pk_servers_at gives them, `[[[K, ..], [V, ..], certname], ..]`, built
+/// into objects with what pk_values gives for their ids; None once the index is
+/// replaced.
+fn built(generation: &Value, servers: &[Value]) -> Option<Vec<Value>> {
+    let ids = |list: &Value| list.as_array().unwrap().iter().map(|id| id.as_u64().unwrap()).collect::<Vec<_>>();
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for server in servers {
+        assert_eq!(ids(&server[0]).len(), ids(&server[1]).len());
+        keys.extend(ids(&server[0]));
+        values.extend(ids(&server[1]));
+    }
+    let fetched = ok(call(pk_values, &json!({"generation": generation, "values": values, "keys": keys})));
+    if fetched.is_null() {
+        return None;
+    }
+    let (mut names, mut items) = (fetched["keys"].as_array()?.iter(), fetched["values"].as_array()?.iter());
+    let objects = servers.iter().map(|server| {
+        let mut object = serde_json::Map::new();
+        for _ in 0..ids(&server[0]).len() {
+            object.insert(names.next().unwrap().as_str().unwrap().to_string(), items.next().unwrap().clone());
+        }
+        if let Some(certname) = server[2].as_str() {
+            object.insert("certname".into(), certname.into());
+        }
+        Value::Object(object)
+    });
+    Some(objects.collect())
 }
 
 fn hostnames(servers: &Value) -> Vec<&str> {
@@ -144,14 +174,31 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     let selected = ok(call(pk_select, &json!({"op":"servers_with_role","roles":["web"],"environment":"production"})));
     let request =
         serde_json::to_vec(&json!({"generation": selected["generation"], "positions": selected["positions"]})).unwrap();
-    let reply = unsafe { pk_servers_at(request.as_ptr(), request.len()) };
-    let raw = unsafe { CStr::from_ptr(reply) }.to_str().unwrap().to_string();
-    unsafe { pk_free(reply) };
-    assert!(
-        raw.starts_with(r#"{"ok":[{"big":18446744073709551615,"disks":[{"name":"sda","size_bytes":1000000000000.0}],"#),
-        "{raw}"
+    let raw = |function: unsafe extern "C" fn(*const u8, usize) -> *mut c_char, request: &[u8]| {
+        let reply = unsafe { function(request.as_ptr(), request.len()) };
+        let raw = unsafe { CStr::from_ptr(reply) }.to_str().unwrap().to_string();
+        unsafe { pk_free(reply) };
+        raw
+    };
+    // Servers by id: the first fact's name and value ids, ..., the certname to add.
+    let by_ids = raw(pk_servers_at, &request);
+    assert!(by_ids.starts_with(r#"{"ok":[[["#) && by_ids.contains(r#"],"web1.example.com"],[["#), "{by_ids}");
+    let by_ids: Value = serde_json::from_str(&by_ids).unwrap();
+    let (keys, values) = (&by_ids["ok"][0][0], &by_ids["ok"][0][1]);
+    let request =
+        json!({"generation": selected["generation"], "values": [values[0], values[1]], "keys": [keys[0], keys[1]]});
+    let values = raw(pk_values, &serde_json::to_vec(&request).unwrap());
+    assert_eq!(
+        values,
+        r#"{"ok":{"values":[18446744073709551615,[{"name":"sda","size_bytes":1000000000000.0}]],"keys":["big","disks"]}}"#
     );
-    assert!(raw.contains(r#""virtual":false,"certname":"web1.example.com"},{"fqdn""#), "{raw}");
+    // Ids are of one generation: one the index does not have is as a replaced index.
+    let beyond = json!({"generation": selected["generation"], "values": [1_000_000], "keys": []});
+    assert_eq!(ok(call(pk_values, &beyond)), Value::Null);
+    let beyond = json!({"generation": selected["generation"], "values": [], "keys": [1_000_000]});
+    assert_eq!(ok(call(pk_values, &beyond)), Value::Null);
+    let other = json!({"generation": selected["generation"].as_u64().unwrap() + 1000, "values": [0]});
+    assert_eq!(ok(call(pk_values, &other)), Value::Null);
     assert_eq!(web1["big"], json!(18446744073709551615u64));
     assert_eq!(web1["neg"], json!(-3));
     assert_eq!(web1["load"], json!(0.25));
@@ -298,7 +345,8 @@ fn selections_are_fetched_by_generation_and_go_stale_with_a_new_index() {
     let generation = selected["generation"].clone();
     assert_eq!(selected["positions"].as_array().unwrap().len(), 2);
     let servers = ok(call(pk_servers_at, &json!({"generation": generation, "positions": selected["positions"]})));
-    assert_eq!(servers, ok(query(&web)), "the same servers as a query, in order");
+    let servers = built(&generation, servers.as_array().unwrap()).unwrap();
+    assert_eq!(Value::Array(servers), ok(query(&web)), "the same servers as a query, in order");
     let first = ok(call(pk_select, &json!({"op": "server_with_role", "roles": ["web"], "environment": "production"})));
     assert_eq!(first["positions"], json!([selected["positions"][0]]));
 
