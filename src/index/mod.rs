@@ -100,14 +100,22 @@ pub struct InvalidRows(pub String);
 
 impl Index {
     /// Builds the index; duplicate certnames keep the newest facts.
-    pub fn build(mut nodes: Vec<Node>, role_fact: &str, built_at: i64) -> Index {
-        nodes.sort_by(|a, b| a.certname.cmp(&b.certname).then(b.timestamp.cmp(&a.timestamp)));
-        nodes.dedup_by(|later, first| later.certname == first.certname);
-        nodes.sort_by(Node::canonical_cmp);
+    pub fn build(nodes: Vec<Node>, role_fact: &str, built_at: i64) -> Index {
+        Index::build_from(&nodes, role_fact, built_at, None)
+    }
 
-        let mut builder = Builder::new();
+    /// [`Index::build`] from borrowed servers, so the caller drops their trees when
+    /// it suits it (a refresh: after the new index serves). `previous`, the index
+    /// this one replaces, sizes the store's tables up front.
+    pub fn build_from(nodes: &[Node], role_fact: &str, built_at: i64, previous: Option<&Index>) -> Index {
+        let mut order: Vec<&Node> = nodes.iter().collect();
+        order.sort_by(|a, b| a.certname.cmp(&b.certname).then(b.timestamp.cmp(&a.timestamp)));
+        order.dedup_by(|later, first| later.certname == first.certname);
+        order.sort_by(|a, b| a.canonical_cmp(b));
+
+        let mut builder = previous.map_or_else(Builder::new, |p| Builder::sized_like(&p.store));
         let mut rows = Rows::default();
-        for node in &nodes {
+        for node in order {
             rows.certname.push(builder.string(&node.certname));
             rows.environment.push(builder.string(&node.environment));
             rows.facts.push(builder.object(node.facts.iter().map(|(k, v)| (k.as_str(), v))));
@@ -120,8 +128,6 @@ impl Index {
             rows.timestamp.push(node.timestamp);
             rows.answered_at.push(node.answered_at.unwrap_or(NEVER_ANSWERED));
         }
-        // The trees go while the index is put together, not on the caller's thread.
-        drop(nodes);
         Index::assemble(builder.finish(), rows, role_fact, built_at)
     }
 

@@ -51,6 +51,24 @@ impl Builder {
         builder
     }
 
+    /// A builder with room for a store the size of `like` (the previous generation's):
+    /// a refresh then grows no table and rehashes nothing on the way.
+    pub fn sized_like(like: &Store) -> Builder {
+        let mut builder = Builder::new();
+        let (values, strings) = (like.values(), like.strings());
+        let store = &mut builder.store;
+        store.text.reserve(like.text.len());
+        store.text_ends.reserve(strings);
+        store.tags.reserve(values);
+        store.lo.reserve(values);
+        store.hi.reserve(values);
+        store.children.reserve(like.children.len());
+        builder.strings.reserve(strings, |_| 0);
+        builder.values.reserve(values, |_| 0);
+        builder.string_values.reserve(strings);
+        builder
+    }
+
     pub fn finish(mut self) -> Store {
         let store = &mut self.store;
         for v in [&mut store.text_ends, &mut store.lo, &mut store.hi, &mut store.children] {
