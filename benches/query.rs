@@ -22,7 +22,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
 use std::hint::black_box;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn fleet_size() -> usize {
@@ -41,8 +41,13 @@ const MEASURE: Duration = Duration::from_secs(1);
 /// Samples per case: a batch of iterations each, so a fast case gets ~100 of them.
 const SAMPLES: u32 = 100;
 const MIN_SAMPLES: usize = 3;
+/// Most samples of a case that needs a fresh input each time.
+const MAX_EACH: usize = 30;
 
 fn main() {
+    if let Ok(cache_dir) = std::env::var(COLD_CHILD) {
+        return cold_child(Path::new(&cache_dir));
+    }
     let servers = fleet_size();
     // `cargo bench` passes `--bench`; a name filter is not supported, so ignore args.
     print_machine();
@@ -85,6 +90,7 @@ fn main() {
     service_queries(&root, &index, &before, fresh);
     drop((index, before));
     loading(&root, &facts_dir, nodes, built_at);
+    cold_starts(&root, cache_bytes);
 
     let _ = fs::remove_dir_all(&root);
     println!("load average at end: {}", load_average());
@@ -148,7 +154,7 @@ fn fact_queries(index: &Index, before: &reference::Index, fresh: Freshness) {
             quoted(clauses),
             by_index.len()
         ));
-        let fresh_index = || Index::build(before.nodes().to_vec(), ROLE_FACT, fresh.now);
+        let fresh_index = || Index::build_from(before.nodes(), ROLE_FACT, fresh.now, None);
         table.info(
             "first query of a generation: the path indexes built (excluded below)",
             measure_each(fresh_index, |i| i.with_facts(&query, ENVIRONMENT, fresh).len()),
@@ -277,6 +283,76 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     table.print();
 }
 
+/// Set in a child process: it starts the service on that cache dir, answers one
+/// `servers_with_role`, prints what it took, and exits.
+const COLD_CHILD: &str = "PK_BENCH_COLD_CHILD";
+const COLD_RUNS: usize = 7;
+
+/// (e) what a new process pays for its first answer (every `puppet apply`, every
+/// restarted master): from the snapshot vs from the JSON fact cache, each in
+/// `COLD_RUNS` new processes; and the resident memory the loaded index adds.
+fn cold_starts(root: &Path, cache_bytes: u64) {
+    let servers = fleet_size();
+    let child = |cache_dir: &Path| -> (f64, f64) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(COLD_CHILD, cache_dir)
+            .env("PK_BENCH_ROOT", root)
+            .output()
+            .expect("run the cold-start child");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find_map(|l| l.strip_prefix("cold ")).unwrap_or_else(|| panic!("child: {text}"));
+        let mut fields = line.split_whitespace().map(|f| f.parse::<f64>().unwrap());
+        (fields.next().unwrap(), fields.next().unwrap())
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let snapshot_dir = root.join("snapshot");
+    let (warm, warm_rss): (Vec<f64>, Vec<f64>) = (0..COLD_RUNS).map(|_| child(&snapshot_dir)).unzip();
+    let (json, json_rss): (Vec<f64>, Vec<f64>) = (0..COLD_RUNS)
+        .map(|i| {
+            let empty = root.join(format!("cold-json-{i}"));
+            let result = child(&empty);
+            let _ = fs::remove_dir_all(&empty);
+            result
+        })
+        .unzip();
+    let (warm, json) = (median(warm), median(json));
+    let (warm_rss, json_rss) = (median(warm_rss), median(json_rss));
+    println!("(e) a new process's first servers_with_role('node') ({servers} servers; median of {COLD_RUNS} processes each):");
+    println!(
+        "  > from the snapshot          {:>10}   resident memory +{warm_rss:.1} MB = {:.2}x the JSON fact cache ({:.1} MB)",
+        human(warm),
+        warm_rss * 1e6 / cache_bytes as f64,
+        cache_bytes as f64 / 1e6
+    );
+    println!(
+        "  * from the JSON fact cache   {:>10}   resident memory +{json_rss:.1} MB (parsing leaves freed memory resident)   snapshot {:.1}x faster",
+        human(json),
+        json / warm
+    );
+    println!();
+}
+
+/// The child of [`cold_starts`].
+fn cold_child(cache_dir: &Path) {
+    let root = PathBuf::from(std::env::var("PK_BENCH_ROOT").unwrap());
+    let config = cache_dir.with_extension("yaml");
+    let text = format!("cache:\n  ttl: 1d\n  cold_start_timeout: 5m\n  dir: {}\n", cache_dir.display());
+    fs::write(&config, text).unwrap();
+    let settings = PuppetSettings { config_file: Some(config.clone()), ..scratch_master(&root) };
+    let rss = rss_mb();
+    let started = Instant::now();
+    let service = Service::start(settings).expect("start the service");
+    let found = service.servers_with_role(&["node"], ENVIRONMENT).expect("the first answer").len();
+    let took = started.elapsed();
+    assert!(found > 0);
+    println!("cold {} {}", took.as_nanos(), rss_mb() - rss);
+    let _ = fs::remove_file(config);
+    std::process::exit(0);
+}
+
 fn quoted(clauses: &[&str]) -> String {
     clauses.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(", ")
 }
@@ -363,7 +439,8 @@ fn measure_each<S, T>(mut setup: impl FnMut() -> S, mut op: impl FnMut(S) -> T) 
     drop(black_box(op(setup()))); // warm-up
     let mut samples = Vec::new();
     let mut measured = Duration::ZERO;
-    while samples.len() < MIN_SAMPLES || measured < MEASURE {
+    // Bounded by count too: a setup (a whole index, say) can cost far more than the op.
+    while samples.len() < MIN_SAMPLES || (measured < MEASURE && samples.len() < MAX_EACH) {
         let input = setup();
         let t = Instant::now();
         let output = black_box(op(input));

@@ -418,10 +418,11 @@ pub struct Status {
 
 impl Status {
     /// Its fields in the order Ruby's Hash has them.
-    pub fn fields(&self) -> [(&'static str, Json); 9] {
+    pub fn fields(&self) -> [(&'static str, Json); 10] {
         let s = &self.index;
         [
             ("servers", s.servers.into()),
+            ("index_bytes", s.index_bytes.into()),
             ("built_at", s.built_at.into()),
             ("last_error", s.last_error.clone().into()),
             ("config_file", s.config_file.as_ref().map(|f| f.display().to_string()).into()),

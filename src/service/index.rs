@@ -92,6 +92,8 @@ impl Selection {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
     pub servers: usize,
+    /// Heap bytes the index holds (store, rows, maps, path indexes, kept answers).
+    pub index_bytes: usize,
     pub built_at: Option<i64>,
     pub last_error: Option<String>,
     pub config_file: Option<PathBuf>,
@@ -255,6 +257,7 @@ impl IndexService {
         let index = self.shared.current.load_full();
         Status {
             servers: index.as_ref().map_or(0, |i| i.len()),
+            index_bytes: index.as_ref().map_or(0, |i| i.heap_bytes()),
             built_at: index.as_ref().map(|i| i.built_at()),
             last_error: lock(&self.shared.last_error).clone(),
             config_file: self.shared.config.file.clone(),

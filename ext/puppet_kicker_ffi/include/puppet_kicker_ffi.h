@@ -76,7 +76,7 @@ char *pk_note_environment(const uint8_t *req, size_t len);
  * what the kick dispatcher logged. */
 char *pk_take_log(void);
 
-/* ok: {"servers": n, "built_at": n|null, "last_error": s|null,
+/* ok: {"servers": n, "index_bytes": n, "built_at": n|null, "last_error": s|null,
  *      "config_file": s|null, "cache_dir": s, "failures": n, "retry_at": n|null,
  *      "work_left": [s, ...], "helper": {...}|null}. */
 char *pk_status(void);

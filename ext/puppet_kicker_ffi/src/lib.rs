@@ -16,7 +16,7 @@
 //! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
-//! | `char *pk_status(void)` | | `{"servers","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
+//! | `char *pk_status(void)` | | `{"servers","index_bytes","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
 //! | `char *pk_kick(req, len)` | a report's kicks, as `lib/puppet_kicker/kick.rb` sends them | `[[level, message], ..]` to log |
 //! | `char *pk_kick_flush(void)` | | `[[level, message], ..]` (waits, bounded, for due kicks) |
 //! | `char *pk_kick_status(void)` | | the kick status document, as a JSON text in a string |

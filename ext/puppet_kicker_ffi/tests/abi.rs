@@ -229,7 +229,8 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     let status = ok(take(reply));
     // The magnus extension's key order.
     assert!(
-        raw.starts_with(r#"{"ok":{"servers":4,"built_at":"#) && raw.contains(r#","last_error":null,"config_file":""#)
+        raw.starts_with(r#"{"ok":{"servers":4,"index_bytes":"#)
+            && raw.contains(r#","last_error":null,"config_file":""#)
     );
     assert!(
         raw.contains(r#"","cache_dir":""#)
@@ -237,6 +238,7 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
         "{raw}"
     );
     assert_eq!(status["servers"], 4);
+    assert!(status["index_bytes"].as_u64().unwrap() > 1000, "{status}");
     assert!(status["config_file"].as_str().unwrap().ends_with("etc/puppet_kicker.yaml"));
     assert!(ok(take(pk_take_log())).is_array());
 }
