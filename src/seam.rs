@@ -315,9 +315,10 @@ impl Serialize for Selected {
 /// Servers by position, serialized by reference: each server as `[[K, ..], [V, ..],
 /// certname]`, the Ks its fact names' string ids and the Vs their value ids in the
 /// index's store, in [`Server::entries`] order; `certname` is the certname to add
-/// under that name, or null when a fact already has that name. A caller converts each K and V once per
-/// index generation ([`values_at`]) and builds every server from them, as the magnus
-/// extension does, instead of parsing every server's facts again.
+/// under that name, or null when a fact already has that name. A caller converts
+/// each K and V once per index generation ([`values_at`]) and builds every server
+/// from them, as the magnus extension does, instead of parsing every server's facts
+/// again.
 pub struct Servers(Selection);
 
 impl Serialize for Servers {
@@ -391,19 +392,6 @@ impl<'a> Server<'a> {
             Some(("certname", Entry::Certname(server.certname()))).filter(|_| !server.facts().contains_key("certname"));
         let named = server.named_entries();
         named.map(|(id, name, value)| (name, Entry::Value(id, value))).chain(certname)
-    }
-}
-
-impl Serialize for Server<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(None)?;
-        for (name, entry) in self.entries() {
-            match entry {
-                Entry::Value(_, value) => map.serialize_entry(name, &value)?,
-                Entry::Certname(certname) => map.serialize_entry(name, certname)?,
-            }
-        }
-        map.end()
     }
 }
 

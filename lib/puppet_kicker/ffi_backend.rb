@@ -46,8 +46,7 @@ module PuppetKicker
         @lib = lib
         @library = path
         @cache_lock = Mutex.new
-        @cache_generation = :none
-        fresh_generation(nil)
+        fresh_generation(:none) # no index generation seen yet
         self
       end
 

@@ -189,8 +189,8 @@ impl IndexService {
     /// The servers at `positions` of the current index, if it is still `generation`
     /// (a binding fetching what it has not cached of an earlier selection).
     pub fn servers_at(&self, generation: u64, positions: &[u32]) -> Option<Selection> {
-        let index = self.shared.current.load_full()?;
-        if index.generation() != generation || positions.iter().any(|p| *p as usize >= index.len()) {
+        let index = self.index_at(generation)?;
+        if positions.iter().any(|p| *p as usize >= index.len()) {
             return None;
         }
         Some(Selection { index: Some(index), answer: None, positions: positions.to_vec() })

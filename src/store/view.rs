@@ -152,11 +152,6 @@ impl<'s> ObjectRef<'s> {
         self.get(key).is_some()
     }
 
-    /// Pairs as (key id, value id), for bindings that cache converted keys by id.
-    pub fn ids(self) -> impl ExactSizeIterator<Item = (u32, ValueId)> + 's {
-        self.pairs.chunks_exact(2).map(|p| (p[0], p[1]))
-    }
-
     /// Pairs as key id, key and value, for bindings that convert each key once.
     pub fn named(self) -> impl ExactSizeIterator<Item = (u32, &'s str, View<'s>)> + 's {
         let store = self.store;
