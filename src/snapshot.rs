@@ -3,16 +3,21 @@
 //! version; written to a temporary file and renamed, so a reader never sees half.
 //!
 //! Format 2 is the index's own layout ([`crate::store`]): the string table, the
-//! value arrays and the row columns, each one MessagePack `bin`. Reading is a few
-//! bulk copies and one checking pass; nothing is allocated per fact.
+//! value arrays and the row columns, each one MessagePack `bin` starting at a
+//! multiple of 8 bytes in the file. Reading maps the file and uses those arrays in
+//! place ([`crate::store::Column`]) after one checking pass: nothing is copied or
+//! allocated per fact. (A file whose blobs are not aligned, written before they
+//! were, is read by copying them.)
 
-use crate::index::{Index, InvalidRows, Rows};
-use crate::store::{blob, OwnedStoreParts, Store, StoreParts};
-use serde::{Deserialize, Serialize};
+use crate::bounded_read::FileBytes;
+use crate::index::{Index, InvalidRows, RowBlobs, Rows};
+use crate::store::{Store, StoreBlobs};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"PKINDEX\0";
 /// Bump when the layout changes; older files are then ignored and rebuilt.
@@ -33,72 +38,29 @@ pub struct Snapshot {
     pub seen_environments: BTreeMap<String, String>,
 }
 
-/// What is written: borrowed from the index, so writing copies nothing.
-#[derive(Serialize)]
+/// What is written: borrowed from the index, so writing copies nothing twice.
 pub struct SnapshotRef<'a> {
     pub built_at: i64,
-    store: StoreParts<'a>,
-    rows: RowsRef<'a>,
+    store: &'a Store,
+    rows: &'a Rows,
     pub seen_environments: &'a BTreeMap<String, String>,
 }
 
 impl<'a> SnapshotRef<'a> {
     pub fn of(index: &'a Index, seen_environments: &'a BTreeMap<String, String>) -> SnapshotRef<'a> {
-        let rows = index.rows();
-        SnapshotRef {
-            built_at: index.built_at(),
-            store: index.store().parts(),
-            rows: RowsRef {
-                certname: &rows.certname,
-                environment: &rows.environment,
-                facts: &rows.facts,
-                extra: &rows.extra,
-                timestamp: &rows.timestamp,
-                answered_at: &rows.answered_at,
-            },
-            seen_environments,
-        }
+        SnapshotRef { built_at: index.built_at(), store: index.store(), rows: index.rows(), seen_environments }
     }
 }
 
-#[derive(Serialize)]
-struct RowsRef<'a> {
-    #[serde(serialize_with = "blob::serialize")]
-    certname: &'a [u32],
-    #[serde(serialize_with = "blob::serialize")]
-    environment: &'a [u32],
-    #[serde(serialize_with = "blob::serialize")]
-    facts: &'a [u32],
-    #[serde(serialize_with = "blob::serialize")]
-    extra: &'a [u32],
-    #[serde(serialize_with = "blob::serialize")]
-    timestamp: &'a [i64],
-    #[serde(serialize_with = "blob::serialize")]
-    answered_at: &'a [i64],
-}
-
+/// The payload as read: the arrays borrowed from the file, checked after.
 #[derive(Deserialize)]
-struct SnapshotFile {
+struct SnapshotFile<'a> {
     built_at: i64,
-    store: OwnedStoreParts,
-    rows: OwnedRows,
+    #[serde(borrow)]
+    store: StoreBlobs<'a>,
+    #[serde(borrow)]
+    rows: RowBlobs<'a>,
     seen_environments: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-struct OwnedRows {
-    #[serde(deserialize_with = "blob::deserialize")]
-    certname: Vec<u32>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    environment: Vec<u32>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    facts: Vec<u32>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    extra: Vec<u32>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    timestamp: Vec<i64>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    answered_at: Vec<i64>,
 }
 
 pub fn path_in(cache_dir: &Path) -> PathBuf {
@@ -195,7 +157,9 @@ impl std::error::Error for SnapshotError {
 /// we cannot use: in a directory others can write (see [`crate::cache_dir`]), larger
 /// than [`MAX_FILE_SIZE`], nested too deep, corrupt or of another format version.
 pub fn read(path: &Path, role_fact: &str) -> Result<Option<Snapshot>, SnapshotError> {
-    let bytes = match crate::bounded_read::read(path, MAX_FILE_SIZE) {
+    // Mapped: the snapshot is only ever replaced by rename (`write`), never rewritten
+    // in place, in a directory only this user writes (checked below, before use).
+    let bytes = match crate::bounded_read::map(path, MAX_FILE_SIZE) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(SnapshotError::Read { path: path.to_path_buf(), source }),
@@ -204,14 +168,15 @@ pub fn read(path: &Path, role_fact: &str) -> Result<Option<Snapshot>, SnapshotEr
         crate::cache_dir::ensure(dir)
             .map_err(|source| SnapshotError::UnsafeDir { path: path.to_path_buf(), source })?;
     }
-    decode(&bytes, path, role_fact).map(Some)
+    decode(bytes, path, role_fact).map(Some)
 }
 
 /// The snapshot in `bytes`, as [`read`] decodes a file's content, with role maps for
-/// `role_fact`; `path` only names it
-/// in errors. Everything is checked before use (see [`Store::from_parts`] and
-/// [`Index::from_rows`]).
-pub fn decode(bytes: &[u8], path: &Path, role_fact: &str) -> Result<Snapshot, SnapshotError> {
+/// `role_fact`; `path` only names it in errors. The index reads its arrays in place
+/// from `bytes` where they are aligned. Everything is checked before use (see
+/// [`Store::from_blobs`] and [`Index::from_rows`]).
+pub fn decode(bytes: impl Into<FileBytes>, path: &Path, role_fact: &str) -> Result<Snapshot, SnapshotError> {
+    let bytes = Arc::new(bytes.into());
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
         return Err(SnapshotError::NotAnIndex { path: path.to_path_buf() });
     };
@@ -225,16 +190,8 @@ pub fn decode(bytes: &[u8], path: &Path, role_fact: &str) -> Result<Snapshot, Sn
     let file = SnapshotFile::deserialize(&mut decoder)
         .map_err(|source| SnapshotError::Corrupt { path: path.to_path_buf(), source })?;
     let invalid = |reason: String| SnapshotError::Invalid { path: path.to_path_buf(), reason };
-    let store = Store::from_parts(file.store).map_err(|e| invalid(e.0))?;
-    let r = file.rows;
-    let rows = Rows {
-        certname: r.certname,
-        environment: r.environment,
-        facts: r.facts,
-        extra: r.extra,
-        timestamp: r.timestamp,
-        answered_at: r.answered_at,
-    };
+    let store = Store::from_blobs(&bytes, file.store).map_err(|e| invalid(e.0))?;
+    let rows = Rows::from_blobs(&bytes, file.rows).map_err(|InvalidRows(e)| invalid(e))?;
     let index = Index::from_rows(store, rows, role_fact, file.built_at).map_err(|InvalidRows(e)| invalid(e))?;
     Ok(Snapshot { built_at: file.built_at, index, seen_environments: file.seen_environments })
 }
@@ -242,22 +199,33 @@ pub fn decode(bytes: &[u8], path: &Path, role_fact: &str) -> Result<Snapshot, Sn
 /// Writes the snapshot atomically (see [`crate::atomic_file`]); on failure the
 /// previous snapshot is left as it was.
 pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), SnapshotError> {
-    let payload = rmp_serde::to_vec_named(snapshot)
-        .map_err(|source| SnapshotError::Encode { path: path.to_path_buf(), source })?;
-    let size = (MAGIC.len() + 4 + payload.len()) as u64;
+    let bytes = encode(snapshot).map_err(|source| SnapshotError::Encode { path: path.to_path_buf(), source })?;
+    let size = bytes.len() as u64;
     if size > MAX_FILE_SIZE {
         return Err(SnapshotError::TooLarge { path: path.to_path_buf(), size });
     }
-    crate::atomic_file::write(path, &[MAGIC, &FORMAT_VERSION.to_le_bytes(), &payload])
-        .map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })
+    crate::atomic_file::write(path, &[&bytes]).map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })
 }
 
-/// The file's bytes for `snapshot`, as [`write`] writes them (fuzz seeds, tests).
+/// The file's bytes for `snapshot`, as [`write`] writes them (fuzz seeds, tests):
+/// the magic, the format version, then a MessagePack map with `built_at`, `store`,
+/// `rows` and `seen_environments`.
 pub fn encode(snapshot: &SnapshotRef<'_>) -> Result<Vec<u8>, rmp_serde::encode::Error> {
-    let mut bytes = MAGIC.to_vec();
-    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    rmp_serde::encode::write_named(&mut bytes, snapshot)?;
-    Ok(bytes)
+    let arrays = snapshot.store.heap_bytes() + 32 * snapshot.rows.len();
+    let mut out = Vec::with_capacity(MAGIC.len() + 4 + arrays + 4096);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let key = |out: &mut Vec<u8>, key: &str| rmp::encode::write_str(out, key).expect("writing to a Vec");
+    rmp::encode::write_map_len(&mut out, 4).expect("writing to a Vec");
+    key(&mut out, "built_at");
+    rmp::encode::write_sint(&mut out, snapshot.built_at).expect("writing to a Vec");
+    key(&mut out, "store");
+    snapshot.store.write(&mut out);
+    key(&mut out, "rows");
+    snapshot.rows.write(&mut out);
+    key(&mut out, "seen_environments");
+    rmp_serde::encode::write_named(&mut out, snapshot.seen_environments)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -295,6 +263,7 @@ pub(crate) mod tests {
         assert_eq!(nodes(&snap.index), nodes(&index));
         assert_eq!(snap.index.store(), index.store());
         assert_eq!(snap.index.rows(), index.rows());
+        assert_eq!(snap.index.store().is_mapped(), cfg!(target_endian = "little"), "read in place");
         let leftovers: Vec<_> =
             fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name() != FILE_NAME).collect();
         assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
@@ -337,48 +306,24 @@ pub(crate) mod tests {
         let (index, seen) = sample();
         let mut rows = index.rows().clone();
         let reorder = |rows: &mut Rows| {
-            rows.certname.swap(0, 1);
-            rows.facts.swap(0, 1);
+            rows.certname.make_mut().swap(0, 1);
+            rows.facts.make_mut().swap(0, 1);
         };
         type Change<'a> = &'a dyn Fn(&mut Rows);
         let cases: [(Change, &str); 3] = [
-            (&|r| r.facts[0] = crate::store::NULL, "is not a hash"),
-            (&|r| r.certname[1] = r.certname[0], "stored twice"),
+            (&|r| r.facts.make_mut()[0] = crate::store::NULL, "is not a hash"),
+            (&|r| r.certname.make_mut()[1] = r.certname[0], "stored twice"),
             (&reorder, "out of order"),
         ];
         for (change, reason) in cases {
             rows.clone_from(index.rows());
             change(&mut rows);
-            let bad = BadIndex { store: index.store(), rows: &rows };
-            write(&path, &bad.snapshot(&seen)).unwrap();
+            let bad = SnapshotRef { built_at: 1, store: index.store(), rows: &rows, seen_environments: &seen };
+            write(&path, &bad).unwrap();
             let err = read(&path, "role").unwrap_err();
             assert!(matches!(err, SnapshotError::Invalid { .. }), "{err:?}");
             assert!(err.to_string().contains(reason), "{err} should say {reason}");
             assert!(err.to_string().ends_with("; it will be rebuilt"), "{err}");
-        }
-    }
-
-    /// Rows an index would never hold, written as a snapshot.
-    struct BadIndex<'a> {
-        store: &'a Store,
-        rows: &'a Rows,
-    }
-
-    impl BadIndex<'_> {
-        fn snapshot<'s>(&'s self, seen: &'s BTreeMap<String, String>) -> SnapshotRef<'s> {
-            SnapshotRef {
-                built_at: 1,
-                store: self.store.parts(),
-                rows: RowsRef {
-                    certname: &self.rows.certname,
-                    environment: &self.rows.environment,
-                    facts: &self.rows.facts,
-                    extra: &self.rows.extra,
-                    timestamp: &self.rows.timestamp,
-                    answered_at: &self.rows.answered_at,
-                },
-                seen_environments: seen,
-            }
         }
     }
 
@@ -403,8 +348,20 @@ pub(crate) mod tests {
                 "{} is stale: PK_WRITE_SEEDS=1 cargo test",
                 path.display()
             );
-            assert!(decode(&bytes, &path, "role").is_ok());
+            assert!(decode(bytes, &path, "role").is_ok());
         }
+    }
+
+    /// Format 2 as written before its blobs were aligned: still read, by copying.
+    #[test]
+    fn a_snapshot_with_unaligned_blobs_is_read_by_copying_them() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus-seeds/snapshot/two-servers-unaligned");
+        let bytes = fs::read(&path).unwrap();
+        let snap = decode(bytes, &path, "role").unwrap();
+        let (index, seen) = sample();
+        assert_eq!(nodes(&snap.index), nodes(&index));
+        assert_eq!(snap.seen_environments, seen);
+        assert!(!snap.index.store().is_mapped());
     }
 
     #[test]

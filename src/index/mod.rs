@@ -18,13 +18,17 @@ pub use crate::query::RoleSelector;
 pub use answers::{Answer, Question, ANSWERS};
 pub use server::ServerRef;
 
+use crate::bounded_read::FileBytes;
 use crate::facts::Node;
 use crate::query::Query;
-use crate::store::{Builder, Store, StrId, ValueId, EMPTY_OBJECT};
+use crate::store::blob::{self, Blob};
+use crate::store::{Builder, Column, Store, StrId, ValueId, EMPTY_OBJECT};
 use answers::Answers;
 use path::PathIndexes;
+use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
 
@@ -47,16 +51,33 @@ impl Freshness {
 /// The servers, one column per field, position `p` in each being server `p`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Rows {
-    pub certname: Vec<StrId>,
-    pub environment: Vec<StrId>,
+    pub certname: Column<StrId>,
+    pub environment: Column<StrId>,
     /// An object value: the server's facts.
-    pub facts: Vec<ValueId>,
+    pub facts: Column<ValueId>,
     /// An object value: what the source reported beside the facts ([`Node::extra`]).
-    pub extra: Vec<ValueId>,
+    pub extra: Column<ValueId>,
     /// Unix seconds at which the facts were collected.
-    pub timestamp: Vec<i64>,
+    pub timestamp: Column<i64>,
     /// [`Node::answered_at`], with [`NEVER_ANSWERED`] for `None`.
-    pub answered_at: Vec<i64>,
+    pub answered_at: Column<i64>,
+}
+
+/// The rows as a snapshot holds them, borrowed from the file.
+#[derive(Deserialize)]
+pub struct RowBlobs<'a> {
+    #[serde(borrow)]
+    certname: Blob<'a>,
+    #[serde(borrow)]
+    environment: Blob<'a>,
+    #[serde(borrow)]
+    facts: Blob<'a>,
+    #[serde(borrow)]
+    extra: Blob<'a>,
+    #[serde(borrow)]
+    timestamp: Blob<'a>,
+    #[serde(borrow)]
+    answered_at: Blob<'a>,
 }
 
 /// `answered_at` of a server whose source reads a cache.
@@ -69,6 +90,34 @@ impl Rows {
 
     pub fn is_empty(&self) -> bool {
         self.certname.is_empty()
+    }
+
+    /// Appends the rows to a snapshot: a map of aligned blobs that [`RowBlobs`] reads.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        rmp::encode::write_map_len(out, 2 * 6).expect("writing to a Vec");
+        blob::write_entry(out, "certname", &self.certname);
+        blob::write_entry(out, "environment", &self.environment);
+        blob::write_entry(out, "facts", &self.facts);
+        blob::write_entry(out, "extra", &self.extra);
+        blob::write_entry(out, "timestamp", &self.timestamp);
+        blob::write_entry(out, "answered_at", &self.answered_at);
+    }
+
+    /// Rows over the blobs of a snapshot in `file` (checked by [`Index::from_rows`]).
+    pub fn from_blobs(file: &Arc<FileBytes>, blobs: RowBlobs<'_>) -> Result<Rows, InvalidRows> {
+        fn column<T: blob::Word>(file: &Arc<FileBytes>, name: &str, blob: Blob) -> Result<Column<T>, InvalidRows> {
+            Column::from_blob(file, blob.0).ok_or_else(|| {
+                InvalidRows(format!("{name}: {} bytes are not a whole number of {}-byte words", blob.0.len(), T::WIDTH))
+            })
+        }
+        Ok(Rows {
+            certname: column(file, "certname", blobs.certname)?,
+            environment: column(file, "environment", blobs.environment)?,
+            facts: column(file, "facts", blobs.facts)?,
+            extra: column(file, "extra", blobs.extra)?,
+            timestamp: column(file, "timestamp", blobs.timestamp)?,
+            answered_at: column(file, "answered_at", blobs.answered_at)?,
+        })
     }
 }
 
@@ -114,20 +163,30 @@ impl Index {
         order.sort_by(|a, b| a.canonical_cmp(b));
 
         let mut builder = previous.map_or_else(Builder::new, |p| Builder::sized_like(&p.store));
-        let mut rows = Rows::default();
+        let n = order.len();
+        let (mut certname, mut environment) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut facts, mut extra) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut timestamp, mut answered_at) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for node in order {
-            rows.certname.push(builder.string(&node.certname));
-            rows.environment.push(builder.string(&node.environment));
-            rows.facts.push(builder.object(node.facts.iter().map(|(k, v)| (k.as_str(), v))));
-            let extra = if node.extra.is_empty() {
+            certname.push(builder.string(&node.certname));
+            environment.push(builder.string(&node.environment));
+            facts.push(builder.object(node.facts.iter().map(|(k, v)| (k.as_str(), v))));
+            extra.push(if node.extra.is_empty() {
                 EMPTY_OBJECT
             } else {
                 builder.object(node.extra.iter().map(|(k, v)| (k.as_str(), v)))
-            };
-            rows.extra.push(extra);
-            rows.timestamp.push(node.timestamp);
-            rows.answered_at.push(node.answered_at.unwrap_or(NEVER_ANSWERED));
+            });
+            timestamp.push(node.timestamp);
+            answered_at.push(node.answered_at.unwrap_or(NEVER_ANSWERED));
         }
+        let rows = Rows {
+            certname: certname.into(),
+            environment: environment.into(),
+            facts: facts.into(),
+            extra: extra.into(),
+            timestamp: timestamp.into(),
+            answered_at: answered_at.into(),
+        };
         Index::assemble(builder.finish(), rows, role_fact, built_at)
     }
 
@@ -140,10 +199,15 @@ impl Index {
         if let Some((x, _)) = a.zip(b).find(|(x, y)| index.server(**x).certname() == index.server(**y).certname()) {
             return Err(InvalidRows(format!("certname '{}' is stored twice", index.server(*x).certname())));
         }
-        for p in 1..index.len() as u32 {
-            if index.server(p - 1).canonical_cmp(&index.server(p)) != std::cmp::Ordering::Less {
+        // As `canonical_cmp` on each neighbour pair, each server's sort name found once.
+        let mut previous: Option<(&str, &str)> = None;
+        for p in 0..index.len() as u32 {
+            let server = index.server(p);
+            let key = (server.sort_name(), server.certname());
+            if previous.is_some_and(|previous| previous >= key) {
                 return Err(InvalidRows(format!("servers {} and {p} are out of order", p - 1)));
             }
+            previous = Some(key);
         }
         Ok(index)
     }
@@ -202,9 +266,12 @@ impl Index {
     /// so far included), for `status` and the benchmarks.
     pub fn heap_bytes(&self) -> usize {
         let rows = &self.rows;
-        let row_bytes = 4 * (rows.certname.capacity() + rows.environment.capacity())
-            + 4 * (rows.facts.capacity() + rows.extra.capacity())
-            + 8 * (rows.timestamp.capacity() + rows.answered_at.capacity());
+        let row_bytes = rows.certname.heap_bytes()
+            + rows.environment.heap_bytes()
+            + rows.facts.heap_bytes()
+            + rows.extra.heap_bytes()
+            + rows.timestamp.heap_bytes()
+            + rows.answered_at.heap_bytes();
         let maps: usize = self
             .by_environment
             .iter()

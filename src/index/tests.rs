@@ -113,11 +113,11 @@ fn stored_rows_are_checked_before_they_make_an_index() {
     let again = Index::from_rows(idx.store().clone(), idx.rows().clone(), "role", NOW).unwrap();
     assert_eq!(certnames(&again, (0..again.len() as u32).collect()), certnames(&idx, (0..idx.len() as u32).collect()));
     let mut short = idx.rows().clone();
-    short.timestamp.pop();
+    short.timestamp.make_mut().pop();
     let err = Index::from_rows(idx.store().clone(), short, "role", NOW).unwrap_err();
     assert!(err.0.contains("but a column of"), "{err:?}");
     let mut bad = idx.rows().clone();
-    bad.certname[0] = u32::MAX;
+    bad.certname.make_mut()[0] = u32::MAX;
     let err = Index::from_rows(idx.store().clone(), bad, "role", NOW).unwrap_err();
     assert!(err.0.contains("past the end"), "{err:?}");
 }

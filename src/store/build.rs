@@ -57,12 +57,12 @@ impl Builder {
         let mut builder = Builder::new();
         let (values, strings) = (like.values(), like.strings());
         let store = &mut builder.store;
-        store.text.reserve(like.text.len());
-        store.text_ends.reserve(strings);
-        store.tags.reserve(values);
-        store.lo.reserve(values);
-        store.hi.reserve(values);
-        store.children.reserve(like.children.len());
+        store.text.make_mut().reserve(like.text.len());
+        store.text_ends.make_mut().reserve(strings);
+        store.tags.make_mut().reserve(values);
+        store.lo.make_mut().reserve(values);
+        store.hi.make_mut().reserve(values);
+        store.children.make_mut().reserve(like.children.len());
         builder.strings.reserve(strings, |_| 0);
         builder.values.reserve(values, |_| 0);
         builder.string_values.reserve(strings);
@@ -72,10 +72,10 @@ impl Builder {
     pub fn finish(mut self) -> Store {
         let store = &mut self.store;
         for v in [&mut store.text_ends, &mut store.lo, &mut store.hi, &mut store.children] {
-            v.shrink_to_fit();
+            v.make_mut().shrink_to_fit();
         }
-        store.text.shrink_to_fit();
-        store.tags.shrink_to_fit();
+        store.text.make_mut().shrink_to_fit();
+        store.tags.make_mut().shrink_to_fit();
         self.store
     }
 
@@ -96,8 +96,9 @@ impl Builder {
             Entry::Occupied(e) => *e.get(),
             Entry::Vacant(e) => {
                 let id = store.text_ends.len() as StrId;
-                store.text.extend_from_slice(s.as_bytes());
-                store.text_ends.push(store.text.len() as u32);
+                store.text.make_mut().extend_from_slice(s.as_bytes());
+                let end = store.text.len() as u32;
+                store.text_ends.make_mut().push(end);
                 e.insert(id);
                 id
             }
@@ -196,14 +197,14 @@ impl Builder {
                 let id = store.tags.len() as ValueId;
                 let lo = if is_container(slot.tag) {
                     let start = store.children.len() as u32;
-                    store.children.extend_from_slice(children);
+                    store.children.make_mut().extend_from_slice(children);
                     start
                 } else {
                     slot.lo
                 };
-                store.tags.push(slot.tag as u8);
-                store.lo.push(lo);
-                store.hi.push(slot.hi);
+                store.tags.make_mut().push(slot.tag as u8);
+                store.lo.make_mut().push(lo);
+                store.hi.make_mut().push(slot.hi);
                 e.insert(id);
                 id
             }

@@ -18,12 +18,16 @@
 
 pub mod blob;
 mod build;
+mod column;
 mod view;
 
 pub use build::Builder;
+pub use column::Column;
 pub use view::{ArrayRef, Kind, ObjectRef, View};
 
+use crate::bounded_read::FileBytes;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Index of a string in a [`Store`].
 pub type StrId = u32;
@@ -96,12 +100,12 @@ impl Slot {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Store {
-    text: Vec<u8>,
-    text_ends: Vec<u32>,
-    tags: Vec<u8>,
-    lo: Vec<u32>,
-    hi: Vec<u32>,
-    children: Vec<u32>,
+    text: Column<u8>,
+    text_ends: Column<u32>,
+    tags: Column<u8>,
+    lo: Column<u32>,
+    hi: Column<u32>,
+    children: Column<u32>,
 }
 
 /// Why a decoded store was refused.
@@ -141,9 +145,18 @@ impl Store {
 
     /// Heap bytes held, for `status` and the benchmarks.
     pub fn heap_bytes(&self) -> usize {
-        self.text.capacity()
-            + 4 * (self.text_ends.capacity() + self.lo.capacity() + self.hi.capacity() + self.children.capacity())
-            + self.tags.capacity()
+        self.text.heap_bytes()
+            + self.text_ends.heap_bytes()
+            + self.tags.heap_bytes()
+            + self.lo.heap_bytes()
+            + self.hi.heap_bytes()
+            + self.children.heap_bytes()
+    }
+
+    /// Whether every array is read in place from a mapped snapshot.
+    pub fn is_mapped(&self) -> bool {
+        let words = [&self.text_ends, &self.lo, &self.hi, &self.children];
+        self.text.is_mapped() && self.tags.is_mapped() && words.iter().all(|c| c.is_mapped())
     }
 
     fn slot(&self, id: ValueId) -> Slot {
@@ -152,29 +165,35 @@ impl Store {
         Slot { tag, lo: self.lo[i], hi: self.hi[i] }
     }
 
-    /// The flat arrays, for the snapshot.
-    pub fn parts(&self) -> StoreParts<'_> {
-        StoreParts {
-            text: &self.text,
-            text_ends: &self.text_ends,
-            tags: &self.tags,
-            lo: &self.lo,
-            hi: &self.hi,
-            children: &self.children,
-        }
+    /// Appends the store to a snapshot: a MessagePack map of its arrays, one aligned
+    /// blob each (see [`blob::write_entry`]), that [`StoreBlobs`] reads back.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        rmp::encode::write_map_len(out, 2 * 6).expect("writing to a Vec");
+        blob::write_entry(out, "text", &self.text);
+        blob::write_entry(out, "text_ends", &self.text_ends);
+        blob::write_entry(out, "tags", &self.tags);
+        blob::write_entry(out, "lo", &self.lo);
+        blob::write_entry(out, "hi", &self.hi);
+        blob::write_entry(out, "children", &self.children);
     }
 
-    /// Rebuilds a store from its flat arrays, checking everything a reader relies on:
-    /// lengths agree, strings are UTF-8, every reference points back to an earlier
-    /// value, object keys are sorted and unique, nesting stays within [`MAX_DEPTH`].
-    pub fn from_parts(parts: OwnedStoreParts) -> Result<Store, Invalid> {
+    /// A store over the arrays of a snapshot in `file`, read in place where they are
+    /// aligned, after checking everything a reader relies on: lengths agree, strings
+    /// are UTF-8, every reference points back to an earlier value, object keys are
+    /// sorted and unique, nesting stays within [`MAX_DEPTH`].
+    pub fn from_blobs(file: &Arc<FileBytes>, blobs: StoreBlobs<'_>) -> Result<Store, Invalid> {
+        fn column<T: blob::Word>(file: &Arc<FileBytes>, name: &str, blob: blob::Blob) -> Result<Column<T>, Invalid> {
+            Column::from_blob(file, blob.0).ok_or_else(|| {
+                Invalid(format!("{name}: {} bytes are not a whole number of {}-byte words", blob.0.len(), T::WIDTH))
+            })
+        }
         let store = Store {
-            text: parts.text,
-            text_ends: parts.text_ends,
-            tags: parts.tags,
-            lo: parts.lo,
-            hi: parts.hi,
-            children: parts.children,
+            text: column(file, "text", blobs.text)?,
+            text_ends: column(file, "text_ends", blobs.text_ends)?,
+            tags: column(file, "tags", blobs.tags)?,
+            lo: column(file, "lo", blobs.lo)?,
+            hi: column(file, "hi", blobs.hi)?,
+            children: column(file, "children", blobs.children)?,
         };
         store.validate()?;
         Ok(store)
@@ -182,14 +201,19 @@ impl Store {
 
     fn validate(&self) -> Result<(), Invalid> {
         let bad = |what: String| Err(Invalid(what));
+        // All the text UTF-8 and every string ending on a character boundary: then
+        // each string is UTF-8 (one pass over the text, not one call per string).
+        if let Err(e) = std::str::from_utf8(&self.text) {
+            return bad(format!("the text is not UTF-8 at byte {}", e.valid_up_to()));
+        }
         let mut start = 0usize;
         for (i, &end) in self.text_ends.iter().enumerate() {
             let end = end as usize;
             if end < start || end > self.text.len() {
                 return bad(format!("string {i} ends at {end}, outside {start}..{}", self.text.len()));
             }
-            if std::str::from_utf8(&self.text[start..end]).is_err() {
-                return bad(format!("string {i} is not UTF-8"));
+            if self.text.get(end).is_some_and(|&b| b & 0xc0 == 0x80) {
+                return bad(format!("string {i} ends inside a character"));
             }
             start = end;
         }
@@ -204,7 +228,11 @@ impl Store {
         if n < constants.len() {
             return bad(format!("{n} values, fewer than the {} constants", constants.len()));
         }
-        let mut depth = vec![0u32; n];
+        const _: () = assert!(MAX_DEPTH < u8::MAX as u32);
+        let mut depth = vec![0u8; n];
+        // Servers share their key sequences: the last key found to follow each key
+        // spares comparing the same two strings again for every server.
+        let mut checked_next = vec![u32::MAX; self.text_ends.len()];
         for id in 0..n {
             let Some(tag) = Tag::from_u8(self.tags[id]) else {
                 return bad(format!("value {id} has unknown tag {}", self.tags[id]));
@@ -238,17 +266,20 @@ impl Store {
                         return bad(format!("value {id} has children past the end"));
                     }
                     let mut deepest = 0;
-                    let mut previous_key: Option<&str> = None;
+                    let mut previous_key: Option<StrId> = None;
                     for (k, &child) in self.children[slot.children()].iter().enumerate() {
                         if tag == Tag::Object && k % 2 == 0 {
                             if child as usize >= self.text_ends.len() {
                                 return bad(format!("value {id} has key string {child}, past the end"));
                             }
-                            let key = self.str(child);
-                            if previous_key.is_some_and(|p| p >= key) {
-                                return bad(format!("value {id} has keys out of order or repeated ('{key}')"));
+                            if let Some(previous) = previous_key.filter(|&p| checked_next[p as usize] != child) {
+                                if self.str(previous) >= self.str(child) {
+                                    let key = self.str(child);
+                                    return bad(format!("value {id} has keys out of order or repeated ('{key}')"));
+                                }
+                                checked_next[previous as usize] = child;
                             }
-                            previous_key = Some(key);
+                            previous_key = Some(child);
                             continue;
                         }
                         if child as usize >= id {
@@ -257,7 +288,7 @@ impl Store {
                         deepest = deepest.max(depth[child as usize]);
                     }
                     depth[id] = deepest + 1;
-                    if depth[id] > MAX_DEPTH {
+                    if depth[id] as u32 > MAX_DEPTH {
                         return bad(format!("value {id} nests deeper than {MAX_DEPTH}"));
                     }
                 }
@@ -267,39 +298,21 @@ impl Store {
     }
 }
 
-/// A store's arrays, borrowed: what the snapshot serializes, each as one blob.
-#[derive(Serialize)]
-pub struct StoreParts<'a> {
-    #[serde(serialize_with = "blob::serialize")]
-    pub text: &'a [u8],
-    #[serde(serialize_with = "blob::serialize")]
-    pub text_ends: &'a [u32],
-    #[serde(serialize_with = "blob::serialize")]
-    pub tags: &'a [u8],
-    #[serde(serialize_with = "blob::serialize")]
-    pub lo: &'a [u32],
-    #[serde(serialize_with = "blob::serialize")]
-    pub hi: &'a [u32],
-    #[serde(serialize_with = "blob::serialize")]
-    pub children: &'a [u32],
-}
-
-/// A store's arrays, owned: what the snapshot deserializes, checked by
-/// [`Store::from_parts`] before use.
+/// A store's arrays as a snapshot holds them, borrowed from the file.
 #[derive(Deserialize)]
-pub struct OwnedStoreParts {
-    #[serde(deserialize_with = "blob::deserialize")]
-    pub text: Vec<u8>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    pub text_ends: Vec<u32>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    pub tags: Vec<u8>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    pub lo: Vec<u32>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    pub hi: Vec<u32>,
-    #[serde(deserialize_with = "blob::deserialize")]
-    pub children: Vec<u32>,
+pub struct StoreBlobs<'a> {
+    #[serde(borrow)]
+    pub text: blob::Blob<'a>,
+    #[serde(borrow)]
+    pub text_ends: blob::Blob<'a>,
+    #[serde(borrow)]
+    pub tags: blob::Blob<'a>,
+    #[serde(borrow)]
+    pub lo: blob::Blob<'a>,
+    #[serde(borrow)]
+    pub hi: blob::Blob<'a>,
+    #[serde(borrow)]
+    pub children: blob::Blob<'a>,
 }
 
 #[cfg(test)]

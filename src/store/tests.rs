@@ -1,16 +1,39 @@
 use super::*;
 use serde_json::{json, Value};
 
-fn owned(store: &Store) -> OwnedStoreParts {
-    let p = store.parts();
-    OwnedStoreParts {
-        text: p.text.to_vec(),
-        text_ends: p.text_ends.to_vec(),
-        tags: p.tags.to_vec(),
-        lo: p.lo.to_vec(),
-        hi: p.hi.to_vec(),
-        children: p.children.to_vec(),
+/// A store's arrays as plain vectors, to change before checking them.
+struct Parts {
+    text: Vec<u8>,
+    text_ends: Vec<u32>,
+    tags: Vec<u8>,
+    lo: Vec<u32>,
+    hi: Vec<u32>,
+    children: Vec<u32>,
+}
+
+fn owned(store: &Store) -> Parts {
+    Parts {
+        text: store.text.to_vec(),
+        text_ends: store.text_ends.to_vec(),
+        tags: store.tags.to_vec(),
+        lo: store.lo.to_vec(),
+        hi: store.hi.to_vec(),
+        children: store.children.to_vec(),
     }
+}
+
+/// What [`Store::from_blobs`] does after reading the arrays.
+fn from_parts(p: Parts) -> Result<Store, Invalid> {
+    let store = Store {
+        text: p.text.into(),
+        text_ends: p.text_ends.into(),
+        tags: p.tags.into(),
+        lo: p.lo.into(),
+        hi: p.hi.into(),
+        children: p.children.into(),
+    };
+    store.validate()?;
+    Ok(store)
 }
 
 fn sample() -> Value {
@@ -88,7 +111,7 @@ fn a_store_survives_its_flat_arrays() {
     let mut builder = Builder::new();
     let id = builder.value(&sample());
     let store = builder.finish();
-    let again = Store::from_parts(owned(&store)).unwrap();
+    let again = from_parts(owned(&store)).unwrap();
     assert_eq!(again, store);
     assert_eq!(again.view(id).to_json(), sample());
 }
@@ -98,10 +121,10 @@ fn decoded_stores_are_checked_before_use() {
     let mut builder = Builder::new();
     let top = builder.value(&json!({"a": ["x", {"b": 1}], "c": "y"}));
     let store = builder.finish();
-    let refused = |change: &dyn Fn(&mut OwnedStoreParts), what: &str| {
+    let refused = |change: &dyn Fn(&mut Parts), what: &str| {
         let mut parts = owned(&store);
         change(&mut parts);
-        let error = Store::from_parts(parts).expect_err(what);
+        let error = from_parts(parts).expect_err(what);
         assert!(error.0.contains(what), "{error} should say {what}");
     };
     let top = top as usize;
@@ -158,10 +181,52 @@ fn nested(depth: u32) -> Value {
 fn nesting_is_accepted_up_to_max_depth_and_refused_beyond() {
     let mut builder = Builder::new();
     builder.value(&nested(MAX_DEPTH));
-    assert!(Store::from_parts(owned(&builder.finish())).is_ok());
+    assert!(from_parts(owned(&builder.finish())).is_ok());
 
     let mut builder = Builder::new();
     builder.value(&nested(MAX_DEPTH + 1));
-    let error = Store::from_parts(owned(&builder.finish())).unwrap_err();
+    let error = from_parts(owned(&builder.finish())).unwrap_err();
     assert!(error.0.contains("nests deeper than"), "{error}");
+}
+
+#[test]
+fn a_string_ending_inside_a_character_is_refused() {
+    let mut builder = Builder::new();
+    builder.value(&json!(["é", "x"]));
+    let mut parts = owned(&builder.finish());
+    let e = parts.text.iter().position(|&b| b == 0xc3).unwrap() as u32;
+    let i = parts.text_ends.iter().position(|&end| end == e + 2).unwrap();
+    parts.text_ends[i] = e + 1;
+    let error = from_parts(parts).unwrap_err();
+    assert!(error.0.contains("ends inside a character"), "{error}");
+}
+
+#[test]
+fn a_written_store_is_read_back_in_place_from_the_mapped_file() {
+    let mut builder = Builder::new();
+    let id = builder.value(&sample());
+    let store = builder.finish();
+    // As in a snapshot: the blobs are aligned from the file's first byte, whatever
+    // comes before them.
+    for prefix in 0..9 {
+        let mut bytes = vec![0xc0; prefix];
+        store.write(&mut bytes);
+        let dir = crate::snapshot::tests::tempdir(&format!("store-in-place-{prefix}"));
+        std::fs::write(dir.join("store"), &bytes).unwrap();
+        let file = Arc::new(crate::bounded_read::map(&dir.join("store"), 1 << 20).unwrap());
+        let mut decoder = rmp_serde::Deserializer::from_read_ref(&file[prefix..]);
+        let blobs = StoreBlobs::deserialize(&mut decoder).unwrap();
+        let read = Store::from_blobs(&file, blobs).unwrap();
+        assert_eq!(read, store);
+        assert_eq!(read.view(id).to_json(), sample());
+        assert_eq!(read.is_mapped(), cfg!(target_endian = "little"), "prefix {prefix}");
+        assert_eq!(read.heap_bytes(), bytes_of(&store));
+        drop(read);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// The bytes of a store's arrays (what a mapped store reports as held).
+fn bytes_of(store: &Store) -> usize {
+    store.text.len() + store.tags.len() + 4 * (store.text_ends.len() + store.lo.len() + store.hi.len() + store.children.len())
 }
