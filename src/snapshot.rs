@@ -204,7 +204,8 @@ pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), SnapshotErro
     if size > MAX_FILE_SIZE {
         return Err(SnapshotError::TooLarge { path: path.to_path_buf(), size });
     }
-    crate::atomic_file::write(path, &[&bytes]).map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })
+    crate::atomic_file::write(path, &[&bytes])
+        .map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })
 }
 
 /// The file's bytes for `snapshot`, as [`write`] writes them (fuzz seeds, tests):

@@ -14,7 +14,11 @@ pub struct Column<T: Word>(Words<T>);
 enum Words<T> {
     Heap(Vec<T>),
     /// `len` words at `ptr`, inside `file`, which keeps them alive.
-    File { ptr: NonNull<T>, len: usize, file: Arc<FileBytes> },
+    File {
+        ptr: NonNull<T>,
+        len: usize,
+        file: Arc<FileBytes>,
+    },
 }
 
 // SAFETY: a `File` column only reads immutable bytes kept alive by an `Arc` of a

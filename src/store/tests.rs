@@ -228,5 +228,7 @@ fn a_written_store_is_read_back_in_place_from_the_mapped_file() {
 
 /// The bytes of a store's arrays (what a mapped store reports as held).
 fn bytes_of(store: &Store) -> usize {
-    store.text.len() + store.tags.len() + 4 * (store.text_ends.len() + store.lo.len() + store.hi.len() + store.children.len())
+    store.text.len()
+        + store.tags.len()
+        + 4 * (store.text_ends.len() + store.lo.len() + store.hi.len() + store.children.len())
 }
