@@ -105,18 +105,13 @@ impl Rows {
 
     /// Rows over the blobs of a snapshot in `file` (checked by [`Index::from_rows`]).
     pub fn from_blobs(file: &Arc<FileBytes>, blobs: RowBlobs<'_>) -> Result<Rows, InvalidRows> {
-        fn column<T: blob::Word>(file: &Arc<FileBytes>, name: &str, blob: Blob) -> Result<Column<T>, InvalidRows> {
-            Column::from_blob(file, blob.0).ok_or_else(|| {
-                InvalidRows(format!("{name}: {} bytes are not a whole number of {}-byte words", blob.0.len(), T::WIDTH))
-            })
-        }
         Ok(Rows {
-            certname: column(file, "certname", blobs.certname)?,
-            environment: column(file, "environment", blobs.environment)?,
-            facts: column(file, "facts", blobs.facts)?,
-            extra: column(file, "extra", blobs.extra)?,
-            timestamp: column(file, "timestamp", blobs.timestamp)?,
-            answered_at: column(file, "answered_at", blobs.answered_at)?,
+            certname: Column::from_blob(file, "certname", blobs.certname.0).map_err(InvalidRows)?,
+            environment: Column::from_blob(file, "environment", blobs.environment.0).map_err(InvalidRows)?,
+            facts: Column::from_blob(file, "facts", blobs.facts.0).map_err(InvalidRows)?,
+            extra: Column::from_blob(file, "extra", blobs.extra.0).map_err(InvalidRows)?,
+            timestamp: Column::from_blob(file, "timestamp", blobs.timestamp.0).map_err(InvalidRows)?,
+            answered_at: Column::from_blob(file, "answered_at", blobs.answered_at.0).map_err(InvalidRows)?,
         })
     }
 }

@@ -28,21 +28,23 @@ unsafe impl<T: Word + Send + Sync> Send for Column<T> {}
 unsafe impl<T: Word + Send + Sync> Sync for Column<T> {}
 
 impl<T: Word> Column<T> {
-    /// The words of `blob`, a little-endian byte slice: borrowed when `blob` lies in
-    /// `file` and is aligned for `T` on a little-endian machine, else copied.
-    /// `None` when its length is not a whole number of words.
-    pub fn from_blob(file: &Arc<FileBytes>, blob: &[u8]) -> Option<Column<T>> {
+    /// The words of `blob`, the little-endian array `name`: borrowed when `blob` lies
+    /// in `file` and is aligned for `T` on a little-endian machine, else copied. An
+    /// error, naming the array, when its length is not a whole number of words.
+    pub fn from_blob(file: &Arc<FileBytes>, name: &str, blob: &[u8]) -> Result<Column<T>, String> {
         if !blob.len().is_multiple_of(T::WIDTH) {
-            return None;
+            let len = blob.len();
+            return Err(format!("{name}: {len} bytes are not a whole number of {}-byte words", T::WIDTH));
         }
         let len = blob.len() / T::WIDTH;
         let inside = file.as_ptr_range().start <= blob.as_ptr() && blob.as_ptr_range().end <= file.as_ptr_range().end;
         let aligned = (blob.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>());
         if cfg!(target_endian = "little") && inside && aligned && std::mem::size_of::<T>() == T::WIDTH {
-            let ptr = NonNull::new(blob.as_ptr().cast_mut().cast::<T>())?;
-            return Some(Column(Words::File { ptr, len, file: Arc::clone(file) }));
+            if let Some(ptr) = NonNull::new(blob.as_ptr().cast_mut().cast::<T>()) {
+                return Ok(Column(Words::File { ptr, len, file: Arc::clone(file) }));
+            }
         }
-        Some(Column(Words::Heap(blob.chunks_exact(T::WIDTH).map(T::get).collect())))
+        Ok(Column(Words::Heap(blob.chunks_exact(T::WIDTH).map(T::get).collect())))
     }
 
     /// The words as a `Vec` to change; a column read from a file is copied first.
@@ -130,22 +132,23 @@ mod tests {
         let start = file.as_ptr() as usize;
         // A heap Vec is at least 8-aligned here; offset 4 then is 4-aligned.
         assert!(start.is_multiple_of(8));
-        let in_place = Column::<u32>::from_blob(&file, &file[4..16]).unwrap();
+        let in_place = Column::<u32>::from_blob(&file, "t", &file[4..16]).unwrap();
         assert_eq!(*in_place, [1, 2, u32::MAX]);
         assert_eq!(in_place.is_mapped(), cfg!(target_endian = "little"));
-        let unaligned = Column::<u32>::from_blob(&file, &file[5..9]).unwrap();
+        let unaligned = Column::<u32>::from_blob(&file, "t", &file[5..9]).unwrap();
         assert_eq!(*unaligned, [0x0200_0000]);
         assert!(!unaligned.is_mapped());
         let elsewhere = [7u8, 0, 0, 0];
-        assert!(!Column::<u32>::from_blob(&file, &elsewhere).unwrap().is_mapped());
-        assert!(Column::<u32>::from_blob(&file, &file[4..7]).is_none(), "3 bytes are not a u32");
+        assert!(!Column::<u32>::from_blob(&file, "t", &elsewhere).unwrap().is_mapped());
+        let error = Column::<u32>::from_blob(&file, "t", &file[4..7]).unwrap_err();
+        assert_eq!(error, "t: 3 bytes are not a whole number of 4-byte words");
         let mut copy = in_place.clone();
         copy.make_mut().push(3);
         assert_eq!(*copy, [1, 2, u32::MAX, 3]);
         assert!(!copy.is_mapped());
         assert_eq!(*in_place, [1, 2, u32::MAX], "the original is unchanged");
         assert_eq!(in_place, Column::from(vec![1, 2, u32::MAX]));
-        let longs = Column::<i64>::from_blob(&file, &file[8..16]).unwrap();
+        let longs = Column::<i64>::from_blob(&file, "t", &file[8..16]).unwrap();
         assert_eq!(*longs, [i64::from_le_bytes([2, 0, 0, 0, 0xff, 0xff, 0xff, 0xff])]);
     }
 }

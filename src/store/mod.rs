@@ -182,18 +182,13 @@ impl Store {
     /// are UTF-8, every reference points back to an earlier value, object keys are
     /// sorted and unique, nesting stays within [`MAX_DEPTH`].
     pub fn from_blobs(file: &Arc<FileBytes>, blobs: StoreBlobs<'_>) -> Result<Store, Invalid> {
-        fn column<T: blob::Word>(file: &Arc<FileBytes>, name: &str, blob: blob::Blob) -> Result<Column<T>, Invalid> {
-            Column::from_blob(file, blob.0).ok_or_else(|| {
-                Invalid(format!("{name}: {} bytes are not a whole number of {}-byte words", blob.0.len(), T::WIDTH))
-            })
-        }
         let store = Store {
-            text: column(file, "text", blobs.text)?,
-            text_ends: column(file, "text_ends", blobs.text_ends)?,
-            tags: column(file, "tags", blobs.tags)?,
-            lo: column(file, "lo", blobs.lo)?,
-            hi: column(file, "hi", blobs.hi)?,
-            children: column(file, "children", blobs.children)?,
+            text: Column::from_blob(file, "text", blobs.text.0).map_err(Invalid)?,
+            text_ends: Column::from_blob(file, "text_ends", blobs.text_ends.0).map_err(Invalid)?,
+            tags: Column::from_blob(file, "tags", blobs.tags.0).map_err(Invalid)?,
+            lo: Column::from_blob(file, "lo", blobs.lo.0).map_err(Invalid)?,
+            hi: Column::from_blob(file, "hi", blobs.hi.0).map_err(Invalid)?,
+            children: Column::from_blob(file, "children", blobs.children.0).map_err(Invalid)?,
         };
         store.validate()?;
         Ok(store)
