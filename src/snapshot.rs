@@ -38,7 +38,8 @@ pub struct Snapshot {
     pub seen_environments: BTreeMap<String, String>,
 }
 
-/// What is written: borrowed from the index, so writing copies nothing twice.
+/// What is written, borrowed from the index: `encode` copies each array once, into
+/// the file's bytes.
 pub struct SnapshotRef<'a> {
     pub built_at: i64,
     store: &'a Store,

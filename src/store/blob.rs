@@ -105,6 +105,6 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Blob<'a> {
                 Err(A::Error::custom("an array where a blob belongs"))
             }
         }
-        d.deserialize_bytes(Bytes).map(|Blob(bytes)| Blob(bytes))
+        d.deserialize_bytes(Bytes)
     }
 }
