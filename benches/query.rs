@@ -274,20 +274,57 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     );
     let warm_start = |()| snapshot::read(&snapshot_path, ROLE_FACT).unwrap().unwrap().index;
     table.ours("start from the snapshot: snapshot::read (checked, role maps built)", measure_each(|| (), warm_start));
+    let seen = BTreeMap::new();
     table.info(
-        "puppet_cache::load (read and parse the JSON files)",
-        measure_each(|| (), |()| puppet_cache::load(&dirs).unwrap()),
+        "Harvest::into_index: servers already decoded into the store (dedup, order, role maps)",
+        measure_each(|| puppet_cache::load(&dirs).unwrap(), |h| h.into_index(None, &seen, ROLE_FACT, built_at)),
     );
-    let from_source = |()| {
-        let harvest = puppet_cache::load(&dirs).unwrap();
-        let nodes = harvest.observations.into_iter().map(|o| Node::new(o.certname, o.facts, o.timestamp, None));
-        Index::build(nodes.collect(), ROLE_FACT, built_at)
+    for readers in [2, 1] {
+        table.info(
+            &format!("puppet_cache::load, {readers} reader{}: JSON files decoded into the store", plural(readers)),
+            measure_each(|| (), |()| puppet_cache::load_with_readers(&dirs, readers).unwrap()),
+        );
+    }
+    let (dirs, seen) = (&dirs, &seen);
+    let from_source = |readers: usize| {
+        move |()| {
+            let harvest = puppet_cache::load_with_readers(dirs, readers).unwrap();
+            harvest.into_index(None, seen, ROLE_FACT, built_at)
+        }
     };
+    table.ours(
+        "start from the JSON cache: puppet_cache::load + into_index (2 readers)",
+        measure_each(|| (), from_source(2)),
+    );
+    table.ours("  the same, 1 reader", measure_each(|| (), from_source(1)));
     table.alternative(
-        "start from the JSON cache: puppet_cache::load + Node::new + Index::build",
-        measure_each(|| (), from_source),
+        "before: each file to a serde_json tree, Node::new, Index::build (1 thread)",
+        measure_each(|| (), |()| Index::build(read_trees(facts_dir), ROLE_FACT, built_at)),
     );
     table.print();
+}
+
+/// The fact cache read the way it was before the store: a serde_json tree per file.
+fn read_trees(dir: &Path) -> Vec<Node> {
+    let mut paths: Vec<PathBuf> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    let node = |path: &PathBuf| {
+        let document: Value = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+        let Value::Object(mut top) = document else { panic!("{} is not a mapping", path.display()) };
+        let Some(Value::Object(facts)) = top.remove("values") else { panic!("{} has no values", path.display()) };
+        let timestamp = top.get("timestamp").and_then(Value::as_str).and_then(puppet_kicker::time::parse_timestamp);
+        let certname = top.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        Node::new(certname, facts, timestamp.unwrap_or(0), None)
+    };
+    paths.iter().map(node).collect()
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 /// Set in a child process: it starts the service on that cache dir, answers one

@@ -12,6 +12,16 @@ pub type Facts = serde_json::Map<String, Value>;
 /// The environment assumed for a server that tells us nothing else.
 pub const DEFAULT_ENVIRONMENT: &str = "production";
 
+/// [`Node::new`]'s rule, over any store of facts: `fact` gives a top-level fact when
+/// it is a string.
+pub fn decide_environment<'a>(fact: impl Fn(&str) -> Option<&'a str>, last_seen_env: Option<&'a str>) -> &'a str {
+    ["environment", "agent_specified_environment"]
+        .iter()
+        .find_map(|name| fact(name).filter(|s| !s.is_empty()))
+        .or(last_seen_env.filter(|s| !s.is_empty()))
+        .unwrap_or(DEFAULT_ENVIRONMENT)
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Node {
     pub certname: String,
@@ -36,15 +46,8 @@ impl Node {
     /// the `environment` fact, else `agent_specified_environment`, else where the
     /// master last saw it compile or report, else `production`.
     pub fn new(certname: String, facts: Facts, timestamp: i64, last_seen_env: Option<&str>) -> Node {
-        let environment = ["environment", "agent_specified_environment"]
-            .iter()
-            .find_map(|name| match facts.get(*name) {
-                Some(Value::String(s)) if !s.is_empty() => Some(s.as_str()),
-                _ => None,
-            })
-            .or(last_seen_env.filter(|s| !s.is_empty()))
-            .unwrap_or(DEFAULT_ENVIRONMENT)
-            .to_string();
+        let fact = |name: &str| facts.get(name).and_then(Value::as_str);
+        let environment = decide_environment(fact, last_seen_env).to_string();
         Node { certname, environment, facts, timestamp, extra: Facts::new(), answered_at: None }
     }
 

@@ -682,8 +682,7 @@ mod tests {
         assert!(write_puppet_cache(&dir, &nodes).unwrap() > 25 * 5000);
         let harvest = crate::source::puppet_cache::load(std::slice::from_ref(&dir)).unwrap();
         assert!(harvest.warnings.is_empty(), "{:?}", harvest.warnings);
-        let mut loaded: Vec<Node> =
-            harvest.observations.into_iter().map(|o| Node::new(o.certname, o.facts, o.timestamp, None)).collect();
+        let mut loaded: Vec<Node> = harvest.observations.iter().map(|o| harvest.node(o, None)).collect();
         let mut expected = nodes;
         loaded.sort_by(|a, b| a.certname.cmp(&b.certname));
         expected.sort_by(|a, b| a.certname.cmp(&b.certname));

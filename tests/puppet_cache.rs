@@ -28,9 +28,11 @@ fn reads_puppetserver_json_and_legacy_yaml_caches() {
     );
     let from_yaml = harvest.observations.iter().rfind(|o| o.certname == "lb1.example.com").unwrap();
     let from_json = harvest.observations.iter().find(|o| o.certname == "lb1.example.com").unwrap();
-    assert_eq!(from_yaml.facts, from_json.facts, "both formats carry the same structured facts");
-    assert_eq!(from_json.facts["os"]["release"]["full"], json!("12.5"));
-    assert_eq!(from_json.facts["memory"]["system"]["total_bytes"], json!(2147483648u64));
+    assert_eq!(harvest.facts_json(from_yaml), harvest.facts_json(from_json), "both formats carry the same facts");
+    assert_eq!(from_yaml.facts, from_json.facts, "so the store holds them once");
+    let facts = harvest.facts_json(from_json);
+    assert_eq!(facts["os"]["release"]["full"], json!("12.5"));
+    assert_eq!(facts["memory"]["system"]["total_bytes"], json!(2147483648u64));
     assert!(from_json.timestamp > 1_700_000_000, "timestamp parsed from the file, not defaulted");
     let node0 = harvest.observations.iter().find(|o| o.certname == "node0.example.com").unwrap();
     assert!(from_json.timestamp - node0.timestamp >= 29 * 86_400, "node0's facts are a month old");
@@ -51,4 +53,72 @@ fn a_missing_directory_is_fine_while_another_is_readable_but_not_when_none_is() 
     assert!(puppet_cache::load(&[fixture("nope"), fixture("yaml/facts")]).is_ok());
     let err = puppet_cache::load(&[fixture("nope"), fixture("also-nope")]).unwrap_err().to_string();
     assert!(err.contains("no fact cache directory could be read") && err.contains("nope (not found)"), "{err}");
+}
+
+/// Every file of `dirs` read both ways: straight into the store, and through a
+/// serde_json tree as before the store. Same certname, timestamp and facts.
+fn assert_both_paths_agree(dirs: &[PathBuf]) -> usize {
+    use puppet_kicker::source::puppet_cache::{parse_fact_file, parse_fact_file_via_tree, Format};
+    use puppet_kicker::store::Builder;
+    let (mut new, mut old) = (Builder::new(), Builder::new());
+    let mut compared = 0;
+    for dir in dirs {
+        for path in std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()) {
+            if Format::of(&path) != Some(Format::Json) {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let decoded = parse_fact_file(&bytes, Format::Json, &path, 5, &mut new);
+            let via_tree = parse_fact_file_via_tree(&bytes, &path, 5, &mut old);
+            match (decoded, via_tree) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!((&a.certname, a.timestamp), (&b.certname, b.timestamp), "{}", path.display());
+                    let facts = |builder: &Builder, id| builder.store().view(id).to_json();
+                    assert_eq!(facts(&new, a.facts), facts(&old, b.facts), "{}", path.display());
+                    compared += 1;
+                }
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => panic!("{}: {a:?} but before {b:?}", path.display()),
+            }
+        }
+    }
+    compared
+}
+
+#[test]
+fn json_decoded_into_the_store_reads_what_the_serde_json_trees_read() {
+    assert_eq!(assert_both_paths_agree(&[fixture("server_data/facts")]), 6);
+    let dir = std::env::temp_dir().join(format!("pk-paths-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    puppet_kicker::synthetic::write_puppet_cache(&dir, &puppet_kicker::synthetic::fleet(200, 3, 1_764_000_000))
+        .unwrap();
+    assert_eq!(assert_both_paths_agree(std::slice::from_ref(&dir)), 200);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn one_reader_or_two_give_the_same_store_id_for_id_and_the_same_index() {
+    use puppet_kicker::Index;
+    use std::collections::BTreeMap;
+    let dir = std::env::temp_dir().join(format!("pk-readers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = puppet_kicker::synthetic::fleet(300, 5, 1_764_000_000);
+    puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
+    std::fs::write(dir.join("broken.example.com.json"), "{").unwrap();
+    let dirs = [dir.clone(), fixture("server_data/facts")];
+    let (one, two) =
+        (puppet_cache::load_with_readers(&dirs, 1).unwrap(), puppet_cache::load_with_readers(&dirs, 2).unwrap());
+    assert_eq!(one.builder.store(), two.builder.store());
+    assert_eq!(one.observations, two.observations);
+    assert_eq!(one.warnings, two.warnings);
+    assert_eq!(one.warnings.len(), 2, "{:?}", one.warnings);
+
+    // And the index is the one the serde_json trees gave.
+    let seen = BTreeMap::new();
+    let index = two.into_index(None, &seen, "role", 1_764_000_000);
+    let before = Index::build(one.observations.iter().map(|o| one.node(o, None)).collect(), "role", 1_764_000_000);
+    let servers = |i: &Index| i.servers().map(|s| s.to_node()).collect::<Vec<_>>();
+    assert_eq!(servers(&index), servers(&before));
+    assert_eq!(index.len(), 300 + 6);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

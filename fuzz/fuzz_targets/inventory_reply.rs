@@ -10,6 +10,7 @@ use puppet_kicker::mcollective::marshal::DecodeLimits;
 use puppet_kicker::mcollective::message::Reply;
 use puppet_kicker::mcollective::RpcReply;
 use puppet_kicker::source::mcollective::observation;
+use puppet_kicker::store::Builder;
 
 const PSK: &str = "fuzz";
 
@@ -30,5 +31,5 @@ fuzz_target!(|input: &[u8]| {
     };
     let Ok(reply) = Reply::decode_verified(&outer, PSK, limits) else { return };
     let Ok(rpc) = RpcReply::from_reply(reply, limits) else { return };
-    let _ = observation(&rpc, 1_700_000_000, "mcollective");
+    let _ = observation(&rpc, 1_700_000_000, "mcollective", &mut Builder::new());
 });

@@ -1,11 +1,37 @@
 //! A JSON fact file (puppetserver's `facts_terminus = json`) as the puppet cache
-//! source parses a file's content.
+//! source decodes it straight into the store, held to the path it replaced (a
+//! serde_json tree first): both refuse the same files, and read the same facts from
+//! the others. A file that fails half way leaves the builder fit for the next one.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use puppet_kicker::source::puppet_cache::{parse_fact_file, Format};
+use puppet_kicker::source::puppet_cache::{parse_fact_file, parse_fact_file_via_tree, FactFileError, Format};
+use puppet_kicker::store::Builder;
 use std::path::Path;
 
+const NEXT: &[u8] = br#"{"name": "next", "values": {"b": [1, {"c": "d"}], "a": 2.5}}"#;
+
 fuzz_target!(|input: &[u8]| {
-    let _ = parse_fact_file(input, Format::Json, Path::new("fuzz.example.com.json"), 0);
+    let path = Path::new("fuzz.example.com.json");
+    let mut builder = Builder::new();
+    let decoded = parse_fact_file(input, Format::Json, path, 7, &mut builder);
+    let mut tree_builder = Builder::new();
+    let via_tree = parse_fact_file_via_tree(input, path, 7, &mut tree_builder);
+    match (&decoded, &via_tree) {
+        (Ok(new), Ok(old)) => {
+            assert_eq!((&new.certname, new.timestamp), (&old.certname, old.timestamp));
+            let facts = |b: &Builder, id| b.store().view(id).to_json();
+            assert_eq!(facts(&builder, new.facts), facts(&tree_builder, old.facts));
+        }
+        // Past serde_json's own recursion limit the tree never gets to count levels.
+        (Err(FactFileError::JsonTooDeep { .. }), Err(FactFileError::Json { source, .. }))
+            if source.to_string().contains("recursion limit") => {}
+        (Err(new), Err(old)) => {
+            assert_eq!(std::mem::discriminant(new), std::mem::discriminant(old), "{new} / {old}")
+        }
+        _ => panic!("decoded {decoded:?} but via a tree {via_tree:?}"),
+    }
+    let next = parse_fact_file(NEXT, Format::Json, Path::new("next.json"), 0, &mut builder).expect("a good file");
+    let expected = serde_json::json!({"a": 2.5, "b": [1, {"c": "d"}]});
+    assert_eq!(builder.store().view(next.facts).to_json(), expected);
 });

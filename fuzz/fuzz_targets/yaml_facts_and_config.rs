@@ -5,6 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use puppet_kicker::source::puppet_cache::{parse_fact_file, Format};
+use puppet_kicker::store::Builder;
 use puppet_kicker::{Config, PuppetSettings};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -16,5 +17,5 @@ fuzz_target!(|input: &[u8]| {
     static SETTINGS: OnceLock<PuppetSettings> = OnceLock::new();
     let settings = SETTINGS.get_or_init(|| puppet_kicker_fuzz::fleet_settings(""));
     let _ = Config::parse(text, settings.config_file.as_deref().expect("a config file"), settings);
-    let _ = parse_fact_file(input, Format::Yaml, Path::new("fuzz.example.com.yaml"), 0);
+    let _ = parse_fact_file(input, Format::Yaml, Path::new("fuzz.example.com.yaml"), 0, &mut Builder::new());
 });

@@ -61,7 +61,7 @@ pub fn indexes() -> &'static (Index, reference::Index) {
         let facts = fixtures();
         let dirs = [facts.join("server_data/facts"), facts.join("yaml/facts")];
         let harvest = puppet_kicker::source::puppet_cache::load(&dirs).expect("the fixture fleet loads");
-        let nodes: Vec<_> = harvest.observations.into_iter().map(|o| o.into_node(None)).collect();
+        let nodes: Vec<_> = harvest.observations.iter().map(|o| harvest.node(o, None)).collect();
         (Index::build(nodes.clone(), "role", 0), reference::Index::build(nodes, "role", 0))
     })
 }

@@ -22,7 +22,7 @@ use crate::bounded_read::FileBytes;
 use crate::facts::Node;
 use crate::query::Query;
 use crate::store::blob::{self, Blob};
-use crate::store::{Builder, Column, Store, StrId, ValueId, EMPTY_OBJECT};
+use crate::store::{Builder, Column, Store, StrId, ValueId, View, EMPTY_OBJECT};
 use answers::Answers;
 use path::PathIndexes;
 use serde::Deserialize;
@@ -116,6 +116,21 @@ impl Rows {
     }
 }
 
+/// A server whose facts are in a [`Builder`]'s store, before [`Index::from_staged`]
+/// places it: what a row holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Staged {
+    pub certname: StrId,
+    pub environment: StrId,
+    /// An object value.
+    pub facts: ValueId,
+    /// An object value ([`EMPTY_OBJECT`] for none).
+    pub extra: ValueId,
+    pub timestamp: i64,
+    /// [`NEVER_ANSWERED`] for a source that reads a cache.
+    pub answered_at: i64,
+}
+
 #[derive(Debug)]
 pub struct Index {
     store: Store,
@@ -149,39 +164,57 @@ impl Index {
     }
 
     /// [`Index::build`] from borrowed servers, so the caller drops their trees when
-    /// it suits it (a refresh: after the new index serves). `previous`, the index
-    /// this one replaces, sizes the store's tables up front.
+    /// it suits it. `previous`, the index this one replaces, sizes the store's tables
+    /// up front.
     pub fn build_from(nodes: &[Node], role_fact: &str, built_at: i64, previous: Option<&Index>) -> Index {
+        // Interned in result order: the same servers give the same store, id for id,
+        // in whatever order they come.
         let mut order: Vec<&Node> = nodes.iter().collect();
         order.sort_by(|a, b| a.certname.cmp(&b.certname).then(b.timestamp.cmp(&a.timestamp)));
         order.dedup_by(|later, first| later.certname == first.certname);
         order.sort_by(|a, b| a.canonical_cmp(b));
-
         let mut builder = previous.map_or_else(Builder::new, |p| Builder::sized_like(&p.store));
-        let n = order.len();
-        let (mut certname, mut environment) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut facts, mut extra) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut timestamp, mut answered_at) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for node in order {
-            certname.push(builder.string(&node.certname));
-            environment.push(builder.string(&node.environment));
-            facts.push(builder.object(node.facts.iter().map(|(k, v)| (k.as_str(), v))));
-            extra.push(if node.extra.is_empty() {
-                EMPTY_OBJECT
-            } else {
-                builder.object(node.extra.iter().map(|(k, v)| (k.as_str(), v)))
-            });
-            timestamp.push(node.timestamp);
-            answered_at.push(node.answered_at.unwrap_or(NEVER_ANSWERED));
-        }
-        let rows = Rows {
-            certname: certname.into(),
-            environment: environment.into(),
-            facts: facts.into(),
-            extra: extra.into(),
-            timestamp: timestamp.into(),
-            answered_at: answered_at.into(),
+        let staged = order
+            .into_iter()
+            .map(|node| Staged {
+                certname: builder.string(&node.certname),
+                environment: builder.string(&node.environment),
+                facts: builder.object(node.facts.iter().map(|(k, v)| (k.as_str(), v))),
+                extra: if node.extra.is_empty() {
+                    EMPTY_OBJECT
+                } else {
+                    builder.object(node.extra.iter().map(|(k, v)| (k.as_str(), v)))
+                },
+                timestamp: node.timestamp,
+                answered_at: node.answered_at.unwrap_or(NEVER_ANSWERED),
+            })
+            .collect();
+        Index::from_staged(builder, staged, role_fact, built_at)
+    }
+
+    /// The index over servers already in `builder`'s store (decoded straight into
+    /// it by a source): duplicate certnames keep the newest facts (the first given,
+    /// of equal ones), then the rows are put in the one result order.
+    pub fn from_staged(builder: Builder, mut staged: Vec<Staged>, role_fact: &str, built_at: i64) -> Index {
+        let store = builder.store();
+        staged.sort_by(|a, b| store.str(a.certname).cmp(store.str(b.certname)).then(b.timestamp.cmp(&a.timestamp)));
+        staged.dedup_by(|later, first| later.certname == first.certname);
+        let sort_name = |s: &Staged| {
+            let fqdn = store.view(s.facts).as_object().and_then(|f| f.get("fqdn")).and_then(View::as_str);
+            fqdn.filter(|f| !f.is_empty()).unwrap_or(store.str(s.certname))
         };
+        let mut keyed: Vec<(&str, &str, Staged)> =
+            staged.into_iter().map(|s| (sort_name(&s), store.str(s.certname), s)).collect();
+        keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let rows = Rows {
+            certname: keyed.iter().map(|k| k.2.certname).collect::<Vec<_>>().into(),
+            environment: keyed.iter().map(|k| k.2.environment).collect::<Vec<_>>().into(),
+            facts: keyed.iter().map(|k| k.2.facts).collect::<Vec<_>>().into(),
+            extra: keyed.iter().map(|k| k.2.extra).collect::<Vec<_>>().into(),
+            timestamp: keyed.iter().map(|k| k.2.timestamp).collect::<Vec<_>>().into(),
+            answered_at: keyed.iter().map(|k| k.2.answered_at).collect::<Vec<_>>().into(),
+        };
+        drop(keyed);
         Index::assemble(builder.finish(), rows, role_fact, built_at)
     }
 

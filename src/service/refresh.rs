@@ -5,7 +5,6 @@
 use super::{MAX_PENDING_WARNINGS, REFRESH_LOCK};
 use crate::config::{Config, SourceKind};
 use crate::error::{Error, Result};
-use crate::facts::Node;
 use crate::index::Index;
 use crate::snapshot::{self, SnapshotRef};
 use crate::source::mcollective::McollectiveSource;
@@ -158,27 +157,18 @@ impl Shared {
             return Ok(());
         }
         let started = now();
-        let harvest: Harvest = match (self.config.source, &self.mcollective) {
+        let mut harvest: Harvest = match (self.config.source, &self.mcollective) {
             (SourceKind::Mcollective, Some(mcollective)) => {
                 mcollective.refresh(self.current.load().as_deref(), started)?
             }
             _ => puppet_cache::load(&self.config.puppet_cache_dirs)?,
         };
-        for warning in harvest.warnings {
+        for warning in std::mem::take(&mut harvest.warnings) {
             self.warn(warning.to_string());
         }
         let seen = lock(&self.seen_environments).clone();
-        let mut nodes: Vec<Node> = harvest
-            .observations
-            .into_iter()
-            .map(|o| {
-                let seen_env = seen.get(&o.certname).map(String::as_str);
-                o.into_node(seen_env)
-            })
-            .collect();
-        nodes.extend(harvest.kept);
         let previous = self.current.load_full();
-        let index = Index::build_from(&nodes, &self.config.role_fact, started, previous.as_deref());
+        let index = harvest.into_index(previous.as_deref(), &seen, &self.config.role_fact, started);
         drop(previous);
         if !self.is_current(ticket) {
             return Ok(());
@@ -190,9 +180,7 @@ impl Shared {
                 self.current.store(Some(index.clone()));
             }
         }
-        // The new index serves first; writing the snapshot and freeing the parsed
-        // servers (a third of a build's time) come after.
-        drop(nodes);
+        // The new index serves first; writing the snapshot comes after.
         let snap = SnapshotRef::of(&index, &seen);
         if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
             self.warn(warning.to_string());

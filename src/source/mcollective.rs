@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::facts::Facts;
 use crate::index::Index;
 use crate::mcollective::{self as mco, Client, Filter, RpcReply};
+use crate::store::Builder;
 use crate::time::now;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -209,7 +210,7 @@ impl McollectiveSource {
         }
 
         for (identity, (reply, at)) in best {
-            match observation(&reply, at, &self.client.config().main_collective) {
+            match observation(&reply, at, &self.client.config().main_collective, &mut harvest.builder) {
                 Ok(o) => harvest.observations.push(o),
                 Err(why) => harvest.warnings.push(format!("mcollective: ignored the inventory of {identity}: {why}")),
             }
@@ -264,7 +265,7 @@ impl McollectiveSource {
                 if last >= previous.built_at() {
                     newly_silent.push(server.certname());
                 }
-                harvest.kept.push(server.to_node());
+                harvest.kept.push(server.position());
             } else {
                 dropped.push(server.certname());
             }
@@ -401,6 +402,7 @@ pub fn observation(
     reply: &RpcReply,
     at: i64,
     main_collective: &str,
+    builder: &mut Builder,
 ) -> std::result::Result<Observation, InventoryError> {
     let identity = reply.sender.as_str();
     if identity.is_empty() || !identity.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
@@ -437,11 +439,11 @@ pub fn observation(
     extra.insert(COLLECTIVES.to_string(), strings(collectives));
     Ok(Observation {
         certname: identity.to_string(),
-        facts,
+        facts: builder.object(facts.iter().map(|(k, v)| (k.as_str(), v))),
         // The daemon's clock, but never ahead of ours: a far-future `:msgtime`
         // (unsigned) would keep these facts fresh forever.
         timestamp: if reply.msgtime > 0 { reply.msgtime.min(at) } else { at },
-        extra,
+        extra: builder.object(extra.iter().map(|(k, v)| (k.as_str(), v))),
         answered_at: Some(at),
         environment_hint,
     })
@@ -519,27 +521,26 @@ mod tests {
 
     #[test]
     fn an_inventory_reply_becomes_facts_plus_classes_agents_and_collectives() {
-        let o =
-            observation(&reply("web1.example.com", &["staging", "mcollective"]), 1_700_000_005, "mcollective").unwrap();
+        let (o, harvest) = observe(&reply("web1.example.com", &["staging", "mcollective"]), 1_700_000_005).unwrap();
         assert_eq!(o.certname, "web1.example.com");
+        let node = harvest.node(&o, None);
         assert_eq!(
-            Value::Object(o.facts.clone()),
+            Value::Object(node.facts.clone()),
             json!({"role": "node", "processorcount": "4", "os": {"release": {"full": "12.5"}},
                    "addresses": ["10.0.0.1", "10.0.0.2"]})
         );
-        assert_eq!(o.extra[CLASSES], json!(["ntp", "role::node", "settings"]));
-        assert_eq!(o.extra[AGENTS], json!(["discovery", "puppet", "rpcutil"]));
-        assert_eq!(o.extra[COLLECTIVES], json!(["mcollective", "staging"]));
+        assert_eq!(node.extra[CLASSES], json!(["ntp", "role::node", "settings"]));
+        assert_eq!(node.extra[AGENTS], json!(["discovery", "puppet", "rpcutil"]));
+        assert_eq!(node.extra[COLLECTIVES], json!(["mcollective", "staging"]));
         assert_eq!((o.timestamp, o.answered_at), (1_700_000_000, Some(1_700_000_005)));
         assert_eq!(o.environment_hint.as_deref(), Some("staging"));
 
         // The hint only decides when neither the facts nor the master name the environment.
-        let node = o.clone().into_node(None);
         assert_eq!(node.environment, "staging");
-        assert_eq!(o.clone().into_node(Some("dev")).environment, "dev");
-        let only_main = observation(&reply("a.example.com", &["mcollective"]), 1, "mcollective").unwrap();
+        assert_eq!(harvest.node(&o, Some("dev")).environment, "dev");
+        let (only_main, _) = observe(&reply("a.example.com", &["mcollective"]), 1).unwrap();
         assert_eq!(only_main.environment_hint, None);
-        let two = observation(&reply("a.example.com", &["mcollective", "x", "y"]), 1, "mcollective").unwrap();
+        let (two, _) = observe(&reply("a.example.com", &["mcollective", "x", "y"]), 1).unwrap();
         assert_eq!(two.environment_hint, None);
     }
 
@@ -547,15 +548,16 @@ mod tests {
     fn facts_are_never_dated_in_the_future() {
         let mut r = reply("web1.example.com", &["mcollective"]);
         r.msgtime = 4_102_444_800; // 2100
-        let o = observation(&r, 1_700_000_005, "mcollective").unwrap();
+        let (o, _) = observe(&r, 1_700_000_005).unwrap();
         assert_eq!(o.timestamp, 1_700_000_005);
         r.msgtime = 1_700_000_001;
-        assert_eq!(observation(&r, 1_700_000_005, "mcollective").unwrap().timestamp, 1_700_000_001);
+        assert_eq!(observe(&r, 1_700_000_005).unwrap().0.timestamp, 1_700_000_001);
     }
 
     #[test]
     fn classes_and_friends_are_queryable_and_never_hide_a_fact() {
-        let node = observation(&reply("web1.example.com", &["mcollective"]), 1, "mcollective").unwrap().into_node(None);
+        let (o, harvest) = observe(&reply("web1.example.com", &["mcollective"]), 1).unwrap();
+        let node = harvest.node(&o, None);
         let q = crate::Query::parse(&["mcollective::classes=role::node", "os.release.full>=12"]).unwrap();
         assert!(q.matches(&node));
         let q = crate::Query::parse(&["mcollective::agents=puppetd"]).unwrap();
@@ -567,18 +569,24 @@ mod tests {
     #[test]
     fn bad_replies_are_refused_with_a_reason() {
         let mut r = reply("bad identity", &["mcollective"]);
-        let err = observation(&r, 1, "mcollective").unwrap_err();
+        let err = observe(&r, 1).unwrap_err();
         assert_eq!(err, InventoryError::BadIdentity { identity: "bad identity".into() });
         assert_eq!(err.to_string(), "identity \"bad identity\" is not a valid certname");
         r.sender = "ok.example.com".into();
         r.statuscode = 5;
         r.statusmsg = "boom".into();
-        let err = observation(&r, 1, "mcollective").unwrap_err();
+        let err = observe(&r, 1).unwrap_err();
         assert_eq!(err, InventoryError::Status { code: 5, message: "boom".into() });
         assert_eq!(err.to_string(), "status 5 boom");
         r.statuscode = 0;
         r.data = mco::Value::Hash(vec![]);
-        assert_eq!(observation(&r, 1, "mcollective").unwrap_err(), InventoryError::NoFacts);
+        assert_eq!(observe(&r, 1).unwrap_err(), InventoryError::NoFacts);
+    }
+
+    fn observe(reply: &RpcReply, at: i64) -> std::result::Result<(Observation, Harvest), InventoryError> {
+        let mut harvest = Harvest::default();
+        let o = observation(reply, at, "mcollective", &mut harvest.builder)?;
+        Ok((o, harvest))
     }
 
     fn source(collectives: &[&str], grace: u64) -> McollectiveSource {
@@ -637,14 +645,17 @@ mod tests {
         );
         let mut harvest = Harvest::default();
         s.apply_grace(&previous, &BTreeSet::from(["answered"]), 1010, &mut harvest);
-        let kept: Vec<&str> = harvest.kept.iter().map(|n| n.certname.as_str()).collect();
+        let kept: Vec<&str> = harvest.kept.iter().map(|p| previous.server(*p).certname()).collect();
         assert_eq!(kept, ["silent-now"]);
         assert_eq!(harvest.warnings.len(), 2, "{:?}", harvest.warnings);
         assert!(harvest.warnings[0].contains("no answer from silent-now; kept"), "{:?}", harvest.warnings);
         assert!(harvest.warnings[1].contains("dropped silent-long"), "{:?}", harvest.warnings);
 
         // Still silent at the next refresh: kept, without a new warning, until the grace ends.
-        let next = Index::build(harvest.kept.clone(), "role", 1010);
+        let next = harvest.into_index(Some(&previous), &BTreeMap::new(), "role", 1010);
+        let carried = next.by_certname("silent-now").expect("kept");
+        assert_eq!((carried.environment(), carried.answered_at()), ("production", Some(1000)));
+        assert_eq!(next.len(), 1);
         let mut again = Harvest::default();
         s.apply_grace(&next, &BTreeSet::new(), 1060, &mut again);
         assert_eq!(again.kept.len(), 1);

@@ -4,18 +4,22 @@
 pub mod mcollective;
 pub mod puppet_cache;
 
-use crate::facts::{Facts, Node};
+use crate::facts::{decide_environment, Facts, Node};
+use crate::index::{Index, Staged, NEVER_ANSWERED};
+use crate::store::{Builder, Store, ValueId, View, EMPTY_OBJECT};
+use std::collections::{BTreeMap, HashMap};
 
-/// One server's facts as a source saw them.
+/// One server as a source saw it, its facts decoded into the [`Harvest`]'s store.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observation {
     pub certname: String,
-    pub facts: Facts,
+    /// An object value of [`Harvest::builder`].
+    pub facts: ValueId,
     /// Unix seconds when the facts were collected.
     pub timestamp: i64,
-    /// Reported beside the facts (see [`Node::extra`]).
-    pub extra: Facts,
-    /// When a live source heard from the server (see [`Node::answered_at`]).
+    /// Reported beside the facts (see [`crate::facts::Node::extra`]): an object value.
+    pub extra: ValueId,
+    /// When a live source heard from the server (see [`crate::facts::Node::answered_at`]).
     pub answered_at: Option<i64>,
     /// The environment the source suggests when neither the facts nor the master
     /// name one (mcollective: the one collective besides the main one).
@@ -23,27 +27,121 @@ pub struct Observation {
 }
 
 impl Observation {
-    pub fn new(certname: String, facts: Facts, timestamp: i64) -> Observation {
-        Observation { certname, facts, timestamp, extra: Facts::new(), answered_at: None, environment_hint: None }
+    pub fn new(certname: String, facts: ValueId, timestamp: i64) -> Observation {
+        Observation { certname, facts, timestamp, extra: EMPTY_OBJECT, answered_at: None, environment_hint: None }
     }
 
-    /// The node, its environment decided by [`Node::new`]'s rule with the source's
-    /// hint after where the master last saw it.
-    pub fn into_node(self, last_seen_env: Option<&str>) -> Node {
+    /// Its environment by [`crate::facts::Node::new`]'s rule, with the source's hint
+    /// after where the master last saw it.
+    pub fn environment<'s>(&'s self, store: &'s Store, last_seen_env: Option<&'s str>) -> &'s str {
+        let facts = store.view(self.facts).as_object();
+        let fact = |name: &str| facts.and_then(|f| f.get(name)).and_then(View::as_str);
         let env = last_seen_env.filter(|e| !e.is_empty()).or(self.environment_hint.as_deref());
-        let mut node = Node::new(self.certname, self.facts, self.timestamp, env);
-        node.extra = self.extra;
-        node.answered_at = self.answered_at;
-        node
+        decide_environment(fact, env)
     }
 }
 
 /// What a refresh read: the servers, and what it had to skip and why.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Harvest {
+    /// The store the observations' facts were decoded into.
+    pub builder: Builder,
     pub observations: Vec<Observation>,
-    /// Servers of the previous index carried over unchanged: a live source keeps a
-    /// server that stopped answering for a grace period.
-    pub kept: Vec<Node>,
+    /// Positions of servers of the previous index carried over unchanged: a live
+    /// source keeps a server that stopped answering for a grace period.
+    pub kept: Vec<u32>,
     pub warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for Harvest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harvest")
+            .field("observations", &self.observations.len())
+            .field("kept", &self.kept)
+            .field("warnings", &self.warnings)
+            .finish()
+    }
+}
+
+impl Harvest {
+    /// The facts of an observation, as JSON (tests and tools).
+    pub fn facts_json(&self, observation: &Observation) -> serde_json::Value {
+        self.builder.store().view(observation.facts).to_json()
+    }
+
+    /// An observation as a [`Node`], its facts copied out (tests and tools).
+    pub fn node(&self, o: &Observation, last_seen_env: Option<&str>) -> Node {
+        let store = self.builder.store();
+        let copy = |id: ValueId| match store.view(id).to_json() {
+            serde_json::Value::Object(map) => map,
+            _ => Facts::new(),
+        };
+        Node {
+            certname: o.certname.clone(),
+            environment: o.environment(store, last_seen_env).to_string(),
+            facts: copy(o.facts),
+            timestamp: o.timestamp,
+            extra: copy(o.extra),
+            answered_at: o.answered_at,
+        }
+    }
+
+    /// Appends another harvest (of the next files): its store merged into this one,
+    /// its observations renumbered, its warnings after these.
+    pub fn merge(&mut self, other: Harvest) {
+        if self.observations.is_empty() && self.kept.is_empty() && self.builder.store().values() <= 4 {
+            let warnings = std::mem::take(&mut self.warnings);
+            *self = other;
+            self.warnings.splice(0..0, warnings);
+            return;
+        }
+        let remap = self.builder.absorb(other.builder.store());
+        self.observations.extend(other.observations.into_iter().map(|o| Observation {
+            facts: remap.values[o.facts as usize],
+            extra: remap.values[o.extra as usize],
+            ..o
+        }));
+        self.kept.extend(other.kept);
+        self.warnings.extend(other.warnings);
+    }
+
+    /// The new index: every observation, then the kept servers of `previous` copied
+    /// over. `seen` is where the master last saw each certname compile.
+    pub fn into_index(
+        self,
+        previous: Option<&Index>,
+        seen: &BTreeMap<String, String>,
+        role_fact: &str,
+        built_at: i64,
+    ) -> Index {
+        let Harvest { mut builder, observations, kept, .. } = self;
+        let mut staged = Vec::with_capacity(observations.len() + kept.len());
+        for o in &observations {
+            let environment = o.environment(builder.store(), seen.get(&o.certname).map(String::as_str)).to_string();
+            staged.push(Staged {
+                certname: builder.string(&o.certname),
+                environment: builder.string(&environment),
+                facts: o.facts,
+                extra: o.extra,
+                timestamp: o.timestamp,
+                answered_at: o.answered_at.unwrap_or(NEVER_ANSWERED),
+            });
+        }
+        if let Some(previous) = previous.filter(|_| !kept.is_empty()) {
+            let mut memo = HashMap::new();
+            for position in kept {
+                let server = previous.server(position);
+                let row = previous.rows();
+                staged.push(Staged {
+                    certname: builder.string(server.certname()),
+                    environment: builder.string(server.environment()),
+                    facts: builder.import(previous.store(), row.facts[position as usize], &mut memo),
+                    extra: builder.import(previous.store(), row.extra[position as usize], &mut memo),
+                    timestamp: server.timestamp(),
+                    answered_at: row.answered_at[position as usize],
+                });
+            }
+        }
+        Index::from_staged(builder, staged, role_fact, built_at)
+    }
 }

@@ -4,7 +4,10 @@
 
 use super::{Harvest, Observation};
 use crate::error::{Error, Result};
+use crate::store::json::{Depth, JsonError, Skip, ValueSeed};
+use crate::store::{Builder, Store, ValueId, View};
 use crate::time::parse_timestamp;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
 use std::fs;
@@ -17,9 +20,19 @@ pub const MAX_FILE_SIZE: u64 = 16 << 20;
 
 /// Reads every `*.json` and `*.yaml` file in `dirs`. Fails only when no directory
 /// can be read at all; a file that does not parse is skipped with a warning.
+///
+/// The files are read by up to [`MAX_READERS`] threads (never more than the cores),
+/// each decoding its share into a store of its own; the stores are then merged in
+/// file order, so the index is the same whatever the number of threads.
 pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
-    let mut harvest = Harvest::default();
+    let readers = std::thread::available_parallelism().map_or(1, usize::from).clamp(1, MAX_READERS);
+    load_with_readers(dirs, readers)
+}
+
+/// [`load`] on `readers` threads at most.
+pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
     let mut failures = Vec::new();
+    let mut files = Vec::new();
     let mut readable = 0;
     for dir in dirs {
         let entries = match fs::read_dir(dir) {
@@ -32,20 +45,38 @@ pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
         readable += 1;
         let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
         paths.sort();
-        for path in paths {
-            let Some(format) = Format::of(&path) else {
-                continue;
-            };
-            match read_file(&path, format) {
-                Ok(observation) => harvest.observations.push(observation),
-                Err(error) => harvest.warnings.push(format!("skipped {error}")),
-            }
-        }
+        files.extend(paths.into_iter().filter_map(|path| Format::of(&path).map(|format| (path, format))));
     }
     if readable == 0 {
         return Err(Error::Io(format!("no fact cache directory could be read: {}", failures.join(", "))));
     }
+    let share = files.len().div_ceil(readers.max(1)).max(MIN_SHARE);
+    let parts: Vec<std::thread::Result<Harvest>> = std::thread::scope(|scope| {
+        let running: Vec<_> = files.chunks(share).map(|share| scope.spawn(move || read_files(share))).collect();
+        running.into_iter().map(|reader| reader.join()).collect()
+    });
+    let mut harvest = Harvest::default();
+    for part in parts {
+        let part = part.map_err(|_| Error::Io("internal error: reading the fact cache panicked".into()))?;
+        harvest.merge(part);
+    }
     Ok(harvest)
+}
+
+/// Threads reading fact files at most: a refresh shares the master with compiles.
+pub const MAX_READERS: usize = 2;
+/// Files below which a second thread is not worth starting.
+const MIN_SHARE: usize = 64;
+
+fn read_files(files: &[(PathBuf, Format)]) -> Harvest {
+    let mut harvest = Harvest::default();
+    for (path, format) in files {
+        match read_file(path, *format, &mut harvest.builder) {
+            Ok(observation) => harvest.observations.push(observation),
+            Err(error) => harvest.warnings.push(format!("skipped {error}")),
+        }
+    }
+    harvest
 }
 
 /// The two formats of Puppet's fact cache, by file extension.
@@ -131,7 +162,7 @@ impl std::error::Error for FactFileError {
     }
 }
 
-fn read_file(path: &Path, format: Format) -> std::result::Result<Observation, FactFileError> {
+fn read_file(path: &Path, format: Format, builder: &mut Builder) -> std::result::Result<Observation, FactFileError> {
     let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE)
         .map_err(|source| FactFileError::Read { path: path.to_path_buf(), source })?;
     let mtime = fs::metadata(path)
@@ -139,39 +170,250 @@ fn read_file(path: &Path, format: Format) -> std::result::Result<Observation, Fa
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| d.as_secs() as i64);
-    parse_fact_file(&bytes, format, path, mtime.unwrap_or(0))
+    parse_fact_file(&bytes, format, path, mtime.unwrap_or(0), builder)
 }
 
-/// One fact file's content, as [`load`] reads it: `path` names it (and gives the
-/// certname when the document has none), `mtime` dates facts without a timestamp.
+/// One fact file's content, as [`load`] reads it, its facts added to `builder`:
+/// `path` names it (and gives the certname when the document has none), `mtime`
+/// dates facts without a timestamp.
+///
+/// JSON is decoded straight into the store. Facts from every format and source stop
+/// at the same depth as YAML's ([`crate::yaml::MAX_DEPTH`]).
 pub fn parse_fact_file(
     bytes: &[u8],
     format: Format,
     path: &Path,
     mtime: i64,
+    builder: &mut Builder,
 ) -> std::result::Result<Observation, FactFileError> {
     let document = match format {
-        // serde_json stops at 128 levels, before its recursion can hurt; facts from
-        // every format and source stop at the same depth as YAML's.
         Format::Json => {
-            let value = serde_json::from_slice(bytes)
-                .map_err(|source| FactFileError::Json { path: path.to_path_buf(), source })?;
-            if deeper_than(&value, crate::yaml::MAX_DEPTH) {
-                return Err(FactFileError::JsonTooDeep { path: path.to_path_buf(), limit: crate::yaml::MAX_DEPTH });
+            let mark = builder.open();
+            let decoded = decode_document(bytes, builder);
+            if decoded.is_err() {
+                builder.discard_open(mark);
             }
-            value
+            decoded.map_err(|e| match e {
+                JsonError::Syntax(source) => FactFileError::Json { path: path.to_path_buf(), source },
+                JsonError::TooDeep { limit } => FactFileError::JsonTooDeep { path: path.to_path_buf(), limit },
+            })?
         }
         Format::Yaml => {
             let text = std::str::from_utf8(bytes)
                 .map_err(|source| FactFileError::NotUtf8 { path: path.to_path_buf(), source })?;
-            crate::yaml::parse(text).map_err(|source| FactFileError::Yaml { path: path.to_path_buf(), source })?
+            let tree =
+                crate::yaml::parse(text).map_err(|source| FactFileError::Yaml { path: path.to_path_buf(), source })?;
+            Document::of_tree(tree, builder)
         }
     };
-    observation(document, path, mtime)
+    document.observation(builder.store(), path, mtime)
+}
+
+/// `{name, values, timestamp, expiration}`, as `Puppet::Node::Facts` serializes,
+/// with `values` in the store and only what the index keeps of the rest.
+enum Document {
+    NotAMapping,
+    Mapping { name: Option<String>, timestamp: Option<String>, values: Option<ValueId> },
+}
+
+impl Document {
+    /// A document parsed as a tree first (YAML).
+    fn of_tree(tree: Value, builder: &mut Builder) -> Document {
+        let Value::Object(top) = tree else { return Document::NotAMapping };
+        let text = |key: &str| top.get(key).and_then(Value::as_str).map(str::to_string);
+        Document::Mapping {
+            name: text("name"),
+            timestamp: text("timestamp"),
+            values: top.get("values").map(|v| builder.value(v)),
+        }
+    }
+
+    fn observation(self, store: &Store, path: &Path, mtime: i64) -> std::result::Result<Observation, FactFileError> {
+        let Document::Mapping { name, timestamp, values } = self else {
+            return Err(FactFileError::NotAMapping { path: path.to_path_buf() });
+        };
+        let Some((values, facts)) = values.and_then(|id| Some((id, store.view(id).as_object()?))) else {
+            return Err(FactFileError::NoValues { path: path.to_path_buf() });
+        };
+        let certname = match name {
+            Some(name) if !name.is_empty() => name,
+            _ => path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string(),
+        };
+        if certname.is_empty() || certname.contains(['/', '\0']) {
+            return Err(FactFileError::BadCertname { path: path.to_path_buf(), certname });
+        }
+        // Puppet 3 kept the time inside the values as `_timestamp`.
+        let timestamp = timestamp
+            .as_deref()
+            .and_then(parse_timestamp)
+            .or_else(|| facts.get("_timestamp").and_then(View::as_str).and_then(parse_timestamp))
+            .unwrap_or(mtime);
+        Ok(Observation::new(certname, values, timestamp))
+    }
+}
+
+fn decode_document(bytes: &[u8], builder: &mut Builder) -> std::result::Result<Document, JsonError> {
+    let mut depth = Depth::new(crate::yaml::MAX_DEPTH);
+    let mut input = serde_json::Deserializer::from_slice(bytes);
+    let decoded = DocumentSeed { builder, depth: &mut depth }.deserialize(&mut input).and_then(|document| {
+        input.end()?;
+        Ok(document)
+    });
+    decoded.map_err(|e| {
+        if depth.exceeded {
+            JsonError::TooDeep { limit: crate::yaml::MAX_DEPTH }
+        } else {
+            JsonError::Syntax(e)
+        }
+    })
+}
+
+struct DocumentSeed<'b> {
+    builder: &'b mut Builder,
+    depth: &'b mut Depth,
+}
+
+impl<'de> DeserializeSeed<'de> for DocumentSeed<'_> {
+    type Value = Document;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> std::result::Result<Document, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentSeed<'_> {
+    type Value = Document;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a Puppet::Node::Facts document")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Document, A::Error> {
+        self.read_mapping(map)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Document, A::Error> {
+        Skip { depth: self.depth }.visit_seq(seq).map(|()| Document::NotAMapping)
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<Document, E> {
+        Ok(Document::NotAMapping)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<Document, E> {
+        Ok(Document::NotAMapping)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<Document, E> {
+        Ok(Document::NotAMapping)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<Document, E> {
+        Ok(Document::NotAMapping)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<Document, E> {
+        Ok(Document::NotAMapping)
+    }
+
+    fn visit_str<E>(self, _: &str) -> std::result::Result<Document, E> {
+        Ok(Document::NotAMapping)
+    }
+}
+
+impl DocumentSeed<'_> {
+    fn read_mapping<'de, A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Document, A::Error> {
+        self.depth.enter()?;
+        let (mut name, mut timestamp, mut values) = (None, None, None);
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "values" => {
+                    values =
+                        Some(map.next_value_seed(ValueSeed { builder: &mut *self.builder, depth: &mut *self.depth })?)
+                }
+                "name" => name = map.next_value_seed(TextOrSkip { depth: &mut *self.depth })?,
+                "timestamp" => timestamp = map.next_value_seed(TextOrSkip { depth: &mut *self.depth })?,
+                _ => map.next_value_seed(Skip { depth: &mut *self.depth })?,
+            }
+        }
+        self.depth.leave();
+        Ok(Document::Mapping { name, timestamp, values })
+    }
+}
+
+/// A string kept, anything else read past (within the depth bound).
+struct TextOrSkip<'b> {
+    depth: &'b mut Depth,
+}
+
+impl<'de> DeserializeSeed<'de> for TextOrSkip<'_> {
+    type Value = Option<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> std::result::Result<Option<String>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TextOrSkip<'_> {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_str<E>(self, s: &str) -> std::result::Result<Option<String>, E> {
+        Ok(Some(s.to_string()))
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<Option<String>, E> {
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<Option<String>, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<Option<String>, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<Option<String>, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<Option<String>, E> {
+        Ok(None)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Option<String>, A::Error> {
+        Skip { depth: self.depth }.visit_seq(seq).map(|()| None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Option<String>, A::Error> {
+        Skip { depth: self.depth }.visit_map(map).map(|()| None)
+    }
+}
+
+/// The path before the store (kept to show the new one reads the same): a
+/// serde_json tree first, then the store.
+#[cfg(any(test, feature = "synthetic"))]
+pub fn parse_fact_file_via_tree(
+    bytes: &[u8],
+    path: &Path,
+    mtime: i64,
+    builder: &mut Builder,
+) -> std::result::Result<Observation, FactFileError> {
+    let tree: Value =
+        serde_json::from_slice(bytes).map_err(|source| FactFileError::Json { path: path.to_path_buf(), source })?;
+    if deeper_than(&tree, crate::yaml::MAX_DEPTH) {
+        return Err(FactFileError::JsonTooDeep { path: path.to_path_buf(), limit: crate::yaml::MAX_DEPTH });
+    }
+    Document::of_tree(tree, builder).observation(builder.store(), path, mtime)
 }
 
 /// Whether `value` has more than `max` collections nested in one another; without
 /// recursion.
+#[cfg(any(test, feature = "synthetic"))]
 fn deeper_than(value: &Value, max: usize) -> bool {
     let mut pending = vec![(value, 0)];
     while let Some((value, depth)) = pending.pop() {
@@ -186,30 +428,6 @@ fn deeper_than(value: &Value, max: usize) -> bool {
         pending.extend(children.map(|child| (child, depth + 1)));
     }
     false
-}
-
-/// `{name, values, timestamp, expiration}`, as `Puppet::Node::Facts` serializes.
-fn observation(document: Value, path: &Path, mtime: i64) -> std::result::Result<Observation, FactFileError> {
-    let Value::Object(mut top) = document else {
-        return Err(FactFileError::NotAMapping { path: path.to_path_buf() });
-    };
-    let Some(Value::Object(facts)) = top.remove("values") else {
-        return Err(FactFileError::NoValues { path: path.to_path_buf() });
-    };
-    let certname = match top.get("name") {
-        Some(Value::String(name)) if !name.is_empty() => name.clone(),
-        _ => path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string(),
-    };
-    if certname.is_empty() || certname.contains(['/', '\0']) {
-        return Err(FactFileError::BadCertname { path: path.to_path_buf(), certname });
-    }
-    // Puppet 3 kept the time inside the values as `_timestamp`.
-    let timestamp = [top.get("timestamp"), facts.get("_timestamp")]
-        .into_iter()
-        .flatten()
-        .find_map(|t| t.as_str().and_then(parse_timestamp))
-        .unwrap_or(mtime);
-    Ok(Observation::new(certname, facts, timestamp))
 }
 
 fn describe(e: &std::io::Error) -> String {
@@ -228,22 +446,23 @@ mod tests {
     #[test]
     fn a_bad_fact_file_is_a_typed_error_naming_it() {
         let path = Path::new("/facts/web1.example.com.yaml");
-        let err = parse_fact_file(b"values: [1\n", Format::Yaml, path, 0).unwrap_err();
+        let err = parse_fact_file(b"values: [1\n", Format::Yaml, path, 0, &mut Builder::new()).unwrap_err();
         assert!(matches!(&err, FactFileError::Yaml { source: crate::yaml::YamlError::Syntax(_), .. }), "{err:?}");
         assert_eq!(err.path(), path);
         assert!(err.to_string().starts_with("fact cache file /facts/web1.example.com.yaml: invalid YAML: "), "{err}");
         assert!(err.source().is_some_and(|s| s.is::<crate::yaml::YamlError>()));
 
-        let err = parse_fact_file(b"{\"name\": \"web1\"}", Format::Json, path, 0).unwrap_err();
+        let err = parse_fact_file(b"{\"name\": \"web1\"}", Format::Json, path, 0, &mut Builder::new()).unwrap_err();
         assert!(matches!(err, FactFileError::NoValues { .. }), "{err:?}");
-        let err = parse_fact_file(b"{\"name\": \"a/b\", \"values\": {}}", Format::Json, path, 0).unwrap_err();
+        let err = parse_fact_file(b"{\"name\": \"a/b\", \"values\": {}}", Format::Json, path, 0, &mut Builder::new())
+            .unwrap_err();
         assert_eq!(err.to_string(), "fact cache file /facts/web1.example.com.yaml: invalid certname \"a/b\"");
     }
 
     #[test]
     fn an_unreadable_fact_file_keeps_the_io_error_as_its_source() {
         let path = Path::new("/nonexistent/puppet-kicker/web1.example.com.json");
-        let err = read_file(path, Format::Json).unwrap_err();
+        let err = read_file(path, Format::Json, &mut Builder::new()).unwrap_err();
         assert!(matches!(&err, FactFileError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound));
         assert_eq!(err.to_string(), format!("fact cache file {}: not found", path.display()));
         let source = err.source().and_then(|s| s.downcast_ref::<io::Error>()).expect("the io error");

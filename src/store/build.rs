@@ -4,6 +4,7 @@ use super::{Slot, Store, StrId, Tag, ValueId, EMPTY_OBJECT, FALSE, NULL, TRUE};
 use hashbrown::hash_table::{Entry, HashTable};
 use hashbrown::DefaultHashBuilder;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 
 /// Adds values to a store; each distinct string and value gets one id.
@@ -22,6 +23,12 @@ pub struct Builder {
 }
 
 const NONE: u32 = u32::MAX;
+
+/// What [`Builder::absorb`] made of another store's ids.
+pub struct Remap {
+    pub strings: Vec<StrId>,
+    pub values: Vec<ValueId>,
+}
 
 impl Default for Builder {
     fn default() -> Builder {
@@ -113,14 +120,13 @@ impl Builder {
             Value::Bool(false) => FALSE,
             Value::Bool(true) => TRUE,
             Value::Number(n) => {
-                let slot = if let Some(i) = n.as_i64() {
-                    Slot::of_bits(Tag::Int, i as u64)
+                if let Some(i) = n.as_i64() {
+                    self.int(i)
                 } else if let Some(u) = n.as_u64() {
-                    Slot::of_bits(Tag::UInt, u)
+                    self.uint(u)
                 } else {
-                    Slot::of_bits(Tag::Float, n.as_f64().unwrap_or(0.0).to_bits())
-                };
-                self.intern_slot(slot, &[])
+                    self.float(n.as_f64().unwrap_or(0.0))
+                }
             }
             Value::String(s) => self.string_value(s),
             Value::Array(items) => {
@@ -154,8 +160,125 @@ impl Builder {
         self.close(Tag::Object, mark)
     }
 
+    pub fn int(&mut self, i: i64) -> ValueId {
+        self.intern_slot(Slot::of_bits(Tag::Int, i as u64), &[])
+    }
+
+    /// An unsigned integer: as serde_json keeps it, an `Int` when it fits one.
+    pub fn uint(&mut self, u: u64) -> ValueId {
+        match i64::try_from(u) {
+            Ok(i) => self.int(i),
+            Err(_) => self.intern_slot(Slot::of_bits(Tag::UInt, u), &[]),
+        }
+    }
+
+    /// A float; a reader passes only finite ones (JSON and Marshal have no others
+    /// that a fact can hold, and [`Store::validate`] refuses them).
+    pub fn float(&mut self, f: f64) -> ValueId {
+        debug_assert!(f.is_finite());
+        self.intern_slot(Slot::of_bits(Tag::Float, f.to_bits()), &[])
+    }
+
+    /// Where the children of a container being decoded start: push them with
+    /// [`Builder::push_child`] (an object's as key, value), then close it.
+    pub fn open(&self) -> usize {
+        self.scratch.len()
+    }
+
+    pub fn push_child(&mut self, id: u32) {
+        self.scratch.push(id);
+    }
+
+    pub fn close_array(&mut self, mark: usize) -> ValueId {
+        self.close(Tag::Array, mark)
+    }
+
+    /// Closes an object whose pairs came in document order: sorted by key, and of a
+    /// key given twice the last value kept (as a serde_json map would).
+    pub fn close_object(&mut self, mark: usize) -> ValueId {
+        let store = &self.store;
+        let key = |id: u32| store_str_bytes(store, id);
+        let pairs = &self.scratch[mark..];
+        let in_order = pairs.chunks_exact(2).zip(pairs.chunks_exact(2).skip(1)).all(|(a, b)| key(a[0]) < key(b[0]));
+        if !in_order {
+            let mut sorted: Vec<(u32, u32)> = pairs.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+            sorted.sort_by(|a, b| key(a.0).cmp(key(b.0)));
+            self.scratch.truncate(mark);
+            for (k, v) in sorted {
+                match self.scratch[mark..].len() {
+                    n if n >= 2 && self.scratch[mark + n - 2] == k => self.scratch[mark + n - 1] = v,
+                    _ => self.scratch.extend([k, v]),
+                }
+            }
+        }
+        self.close(Tag::Object, mark)
+    }
+
+    /// Forgets the children pushed since `mark` (a decode that failed half way).
+    /// What was interned stays, unreferenced.
+    pub fn discard_open(&mut self, mark: usize) {
+        self.scratch.truncate(mark);
+    }
+
+    /// Copies value `id` of another store into this one; `memo` maps the other
+    /// store's ids already copied, so a value shared by many servers is copied once.
+    pub fn import(&mut self, from: &Store, id: ValueId, memo: &mut HashMap<ValueId, ValueId>) -> ValueId {
+        if let Some(&done) = memo.get(&id) {
+            return done;
+        }
+        let slot = from.slot(id);
+        let copied = match slot.tag {
+            Tag::Str => self.string_value(from.str(slot.lo)),
+            Tag::Array | Tag::Object => {
+                let mark = self.scratch.len();
+                for (i, &child) in from.children[slot.children()].iter().enumerate() {
+                    let child = if slot.tag == Tag::Object && i % 2 == 0 {
+                        self.string(from.str(child))
+                    } else {
+                        // Children have smaller ids: the recursion is bounded by MAX_DEPTH.
+                        self.import(from, child, memo)
+                    };
+                    self.scratch.push(child);
+                }
+                self.close(slot.tag, mark)
+            }
+            _ => self.intern_slot(slot, &[]),
+        };
+        memo.insert(id, copied);
+        copied
+    }
+
+    /// Copies every value of `other` (another builder's store) into this one, giving
+    /// for each of its value ids and string ids the id here. Children come before
+    /// their containers, so one pass in id order suffices.
+    pub fn absorb(&mut self, other: &Store) -> Remap {
+        let strings: Vec<StrId> = (0..other.strings() as StrId).map(|id| self.string(other.str(id))).collect();
+        let mut values: Vec<ValueId> = Vec::with_capacity(other.values());
+        for id in 0..other.values() as ValueId {
+            let slot = other.slot(id);
+            let copied = match slot.tag {
+                Tag::Str => self.string_value_of(strings[slot.lo as usize]),
+                Tag::Array | Tag::Object => {
+                    let mark = self.scratch.len();
+                    for (i, &child) in other.children[slot.children()].iter().enumerate() {
+                        let object_key = slot.tag == Tag::Object && i % 2 == 0;
+                        self.scratch.push(if object_key { strings[child as usize] } else { values[child as usize] });
+                    }
+                    self.close(slot.tag, mark)
+                }
+                _ => self.intern_slot(slot, &[]),
+            };
+            values.push(copied);
+        }
+        Remap { strings, values }
+    }
+
     pub fn string_value(&mut self, s: &str) -> ValueId {
         let sid = self.string(s);
+        self.string_value_of(sid)
+    }
+
+    fn string_value_of(&mut self, sid: StrId) -> ValueId {
         if let Some(&id) = self.string_values.get(sid as usize).filter(|&&id| id != NONE) {
             return id;
         }

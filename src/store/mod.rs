@@ -19,9 +19,10 @@
 pub mod blob;
 mod build;
 mod column;
+pub mod json;
 mod view;
 
-pub use build::Builder;
+pub use build::{Builder, Remap};
 pub use column::Column;
 pub use view::{ArrayRef, Kind, ObjectRef, View};
 

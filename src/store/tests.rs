@@ -232,3 +232,34 @@ fn bytes_of(store: &Store) -> usize {
         + store.tags.len()
         + 4 * (store.text_ends.len() + store.lo.len() + store.hi.len() + store.children.len())
 }
+
+#[test]
+fn absorbing_a_store_renumbers_it_into_this_one_sharing_what_both_hold() {
+    let (mut a, mut b) = (Builder::new(), Builder::new());
+    let shared = json!({"os": {"family": "Debian"}, "n": [1, 2.5, null]});
+    let own = json!({"os": {"family": "Debian"}, "host": "b1", "big": 18446744073709551615u64});
+    let in_a = a.value(&shared);
+    let (b_shared, b_own) = (b.value(&own), b.value(&shared));
+    let values_before = a.store().values();
+    let remap = a.absorb(b.store());
+    assert_eq!(remap.values[b_own as usize], in_a, "an equal value is the same id");
+    assert_eq!(a.store().view(remap.values[b_shared as usize]).to_json(), own);
+    for id in 0..b.store().values() as ValueId {
+        assert_eq!(a.store().view(remap.values[id as usize]).to_json(), b.store().view(id).to_json());
+    }
+    assert!(a.store().values() < values_before + b.store().values(), "shared values are not copied");
+}
+
+#[test]
+fn importing_a_value_copies_it_once_however_often_it_is_asked_for() {
+    let mut from = Builder::new();
+    let id = from.value(&json!({"k": ["v", {"x": 1}]}));
+    let from = from.finish();
+    let mut to = Builder::new();
+    let mut memo = std::collections::HashMap::new();
+    let copied = to.import(&from, id, &mut memo);
+    let values = to.store().values();
+    assert_eq!(to.import(&from, id, &mut memo), copied);
+    assert_eq!(to.store().values(), values);
+    assert_eq!(to.store().view(copied).to_json(), json!({"k": ["v", {"x": 1}]}));
+}
