@@ -62,18 +62,29 @@ impl Builder {
     /// a refresh then grows no table and rehashes nothing on the way.
     pub fn sized_like(like: &Store) -> Builder {
         let mut builder = Builder::new();
+        builder.reserve(like);
+        builder
+    }
+
+    /// Room for as much again as `like` holds.
+    fn reserve(&mut self, like: &Store) {
         let (values, strings) = (like.values(), like.strings());
-        let store = &mut builder.store;
+        let store = &mut self.store;
         store.text.make_mut().reserve(like.text.len());
         store.text_ends.make_mut().reserve(strings);
         store.tags.make_mut().reserve(values);
         store.lo.make_mut().reserve(values);
         store.hi.make_mut().reserve(values);
         store.children.make_mut().reserve(like.children.len());
-        builder.strings.reserve(strings, |_| 0);
-        builder.values.reserve(values, |_| 0);
-        builder.string_values.reserve(strings);
-        builder
+        let hasher = &self.hasher;
+        self.strings.reserve(strings, |&id| hasher.hash_one(store_str_bytes(store, id)));
+        let rehash = |&id: &ValueId| {
+            let s = store.slot(id);
+            let lo = if is_container(s.tag) { 0 } else { s.lo };
+            slot_hash(hasher, s.tag, lo, s.hi, &store.children[container_range(s)])
+        };
+        self.values.reserve(values, rehash);
+        self.string_values.reserve(strings);
     }
 
     pub fn finish(mut self) -> Store {
@@ -252,6 +263,7 @@ impl Builder {
     /// for each of its value ids and string ids the id here. Children come before
     /// their containers, so one pass in id order suffices.
     pub fn absorb(&mut self, other: &Store) -> Remap {
+        self.reserve(other);
         let strings: Vec<StrId> = (0..other.strings() as StrId).map(|id| self.string(other.str(id))).collect();
         let mut values: Vec<ValueId> = Vec::with_capacity(other.values());
         for id in 0..other.values() as ValueId {
