@@ -23,9 +23,10 @@ fuzz_target!(|input: &[u8]| {
             let facts = |b: &Builder, id| b.store().view(id).to_json();
             assert_eq!(facts(&builder, new.facts), facts(&tree_builder, old.facts));
         }
-        // Past serde_json's own recursion limit the tree never gets to count levels.
-        (Err(FactFileError::JsonTooDeep { .. }), Err(FactFileError::Json { source, .. }))
-            if source.to_string().contains("recursion limit") => {}
+        // Both refuse the file. Decoding stops at the first level too deep; the tree
+        // is parsed whole first, so it reports a later syntax error (or serde_json's
+        // own recursion limit) instead.
+        (Err(FactFileError::JsonTooDeep { .. }), Err(FactFileError::Json { .. })) => {}
         (Err(new), Err(old)) => {
             assert_eq!(std::mem::discriminant(new), std::mem::discriminant(old), "{new} / {old}")
         }
