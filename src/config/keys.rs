@@ -125,7 +125,8 @@ keys! {
         set |c, v, _| c.source = choice(v, &[("puppet_cache", SourceKind::PuppetCache), ("mcollective", SourceKind::Mcollective)], "one of: puppet_cache, mcollective")?,
         show |c| &c.source;
     /// Directories of cached facts: JSON (puppetserver 7, `facts_terminus = json`) and Ruby-tagged YAML
-    /// (older masters). A file that does not parse is skipped with a warning naming it, as is one over
+    /// (older masters). Read on up to two threads (never more than the cores). A file that does not
+    /// parse is skipped with a warning naming it, as is one over
     /// 16 MiB or nested deeper than 64 levels; a YAML file is also skipped past 10,000 aliases, aliases
     /// repeating 100,000 values, or 1,000,000 values or 64 MiB of text counting what aliases repeat.
     Plain "puppet_cache.dirs" = Described("`[$server_datadir/facts, $vardir/yaml/facts]`"),
