@@ -7,12 +7,13 @@
 //! Those per-value results are kept too, per clause, so a repeated clause costs
 //! only the lookups.
 
+use super::server::PathHints;
 use super::Index;
 use crate::query::Clause;
 use crate::store::{StrId, ValueId};
 use crate::sync::lock;
+use hashbrown::HashMap;
 use lru::LruCache;
-use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
@@ -103,10 +104,11 @@ impl PathIndexes {
 /// The path's index: one code per distinct [`Found`], in order of first sight.
 fn build(index: &Index, clause: &Clause) -> PathIndex {
     let rows = &index.rows;
-    let found_at = |p: usize| -> Found {
+    let mut hints = PathHints::new(clause.fact_path());
+    let mut found_at = |p: usize| -> Found {
         match clause.path() {
             "environment" => Found::Text(rows.environment[p]),
-            path => match index.server(p as u32).fact(clause.fact_path()) {
+            path => match index.server(p as u32).fact_hinted(clause.fact_path(), &mut hints) {
                 Some(value) => Found::Value(value.id()),
                 None if path == "certname" => Found::Text(rows.certname[p]),
                 None => Found::Missing,

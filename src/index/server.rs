@@ -2,7 +2,7 @@
 
 use super::{Index, InvalidRows, Rows, NEVER_ANSWERED};
 use crate::facts::{FactPath, Facts, Node};
-use crate::store::{Kind, ObjectRef, Store, StrId, View};
+use crate::store::{KeyHint, Kind, ObjectRef, Store, StrId, View};
 use std::cmp::Ordering;
 
 /// A server of an [`Index`]: what [`Node`] holds, without copying it out.
@@ -64,13 +64,19 @@ impl<'a> ServerRef<'a> {
     /// As [`Node::fact`]: a top-level fact named exactly `path` wins, else a dotted
     /// walk into hashes and, by number, arrays; else what the source reported.
     pub fn fact(self, path: &FactPath) -> Option<View<'a>> {
+        self.fact_hinted(path, &mut PathHints::new(path))
+    }
+
+    /// [`Self::fact`] for a path asked of server after server of one index (a path's
+    /// index): `hints`, made for `path`, keep where its keys were found last.
+    pub fn fact_hinted(self, path: &FactPath, hints: &mut PathHints) -> Option<View<'a>> {
         let facts = self.facts();
-        if let Some(value) = facts.get(path.as_str()) {
+        if let Some(value) = facts.get_hinted(&mut hints.whole) {
             return Some(value);
         }
         let walked = match path.segments() {
-            [first, rest @ ..] if !rest.is_empty() => {
-                let mut current = facts.get(first);
+            [_, rest @ ..] if !rest.is_empty() => {
+                let mut current = facts.get_hinted(&mut hints.first);
                 for segment in rest {
                     current = match current.map(View::kind) {
                         Some(Kind::Object(map)) => map.get(segment),
@@ -123,6 +129,21 @@ impl<'a> ServerRef<'a> {
             extra: copy(self.extra()),
             answered_at: self.answered_at(),
         }
+    }
+}
+
+/// Where [`ServerRef::fact_hinted`] found a path's top-level keys last: the whole
+/// path as one fact name, and its first segment.
+#[derive(Clone, Copy, Debug)]
+pub struct PathHints<'p> {
+    whole: KeyHint<'p>,
+    first: KeyHint<'p>,
+}
+
+impl<'p> PathHints<'p> {
+    pub fn new(path: &'p FactPath) -> PathHints<'p> {
+        let first = path.segments().first().map_or(path.as_str(), String::as_str);
+        PathHints { whole: KeyHint::new(path.as_str()), first: KeyHint::new(first) }
     }
 }
 

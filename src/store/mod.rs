@@ -24,7 +24,7 @@ mod view;
 
 pub use build::{Builder, Remap};
 pub use column::Column;
-pub use view::{ArrayRef, Kind, ObjectRef, View};
+pub use view::{ArrayRef, KeyHint, Kind, ObjectRef, View};
 
 use crate::bounded_read::FileBytes;
 use serde::{Deserialize, Serialize};

@@ -263,3 +263,26 @@ fn importing_a_value_copies_it_once_however_often_it_is_asked_for() {
     assert_eq!(to.store().values(), values);
     assert_eq!(to.store().view(copied).to_json(), json!({"k": ["v", {"x": 1}]}));
 }
+
+#[test]
+fn a_key_hint_answers_as_the_binary_search_does_wherever_the_key_is() {
+    let mut b = Builder::new();
+    let objects = [
+        json!({"a": 1, "hostname": "x", "z": 2}),
+        json!({"hostname": "y"}),
+        json!({"a": 1, "b": 2, "c": 3, "hostname": "z"}),
+        json!({"a": 1, "b": 2, "c": 3, "d": 4}),
+        json!({"a": 1, "b": 2, "c": 3, "hostname": "w"}),
+        json!({}),
+    ];
+    let ids: Vec<ValueId> = objects.iter().map(|o| b.value(o)).collect();
+    let store = b.finish();
+    let mut hints = ["hostname", "a", "d", "missing"].map(KeyHint::new);
+    for (id, object) in ids.iter().zip(&objects) {
+        for (hint, key) in hints.iter_mut().zip(["hostname", "a", "d", "missing"]) {
+            let found = store.view(*id).as_object().unwrap().get_hinted(hint);
+            assert_eq!(found.map(View::to_json), object.get(key).cloned(), "{key} in {object}");
+            assert_eq!(found.map(View::id), store.view(*id).as_object().unwrap().get(key).map(View::id));
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Reading a store: a value by id, as a cheap copyable handle.
 
-use super::{Slot, Store, Tag, ValueId};
+use super::{Slot, Store, StrId, Tag, ValueId};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Number, Value};
@@ -29,6 +29,21 @@ pub enum Kind<'s> {
 pub struct ArrayRef<'s> {
     store: &'s Store,
     items: &'s [u32],
+}
+
+/// A key for [`ObjectRef::get_hinted`], with where it was last found and its string
+/// id in the store it was found in.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyHint<'k> {
+    key: &'k str,
+    id: Option<StrId>,
+    at: usize,
+}
+
+impl<'k> KeyHint<'k> {
+    pub fn new(key: &'k str) -> KeyHint<'k> {
+        KeyHint { key, id: None, at: 0 }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -143,6 +158,31 @@ impl<'s> ObjectRef<'s> {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
                 std::cmp::Ordering::Equal => return Some(View::new(self.store, self.pairs[2 * mid + 1])),
+            }
+        }
+        None
+    }
+
+    /// [`Self::get`] for a key asked of many objects of one store in turn: the hint
+    /// remembers the key's string id and where it was last found, and an object that
+    /// has it at the same place answers without comparing text (servers list their
+    /// facts alike).
+    pub fn get_hinted(self, hint: &mut KeyHint<'_>) -> Option<View<'s>> {
+        if let Some(id) = hint.id {
+            if self.pairs.get(2 * hint.at) == Some(&id) {
+                return Some(View::new(self.store, self.pairs[2 * hint.at + 1]));
+            }
+        }
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.store.str(self.pairs[2 * mid]).cmp(hint.key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => {
+                    (hint.id, hint.at) = (Some(self.pairs[2 * mid]), mid);
+                    return Some(View::new(self.store, self.pairs[2 * mid + 1]));
+                }
             }
         }
         None
