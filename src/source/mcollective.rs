@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::facts::Facts;
 use crate::index::Index;
 use crate::mcollective::{self as mco, Client, Filter, RpcReply};
-use crate::store::Builder;
+use crate::store::{Builder, ValueId, NULL};
 use crate::time::now;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -411,8 +411,8 @@ pub fn observation(
     if reply.statuscode != 0 {
         return Err(InventoryError::Status { code: reply.statuscode, message: reply.statusmsg.clone() });
     }
-    let facts = match reply.data.get_sym("facts").map(to_json) {
-        Some(Value::Object(facts)) => facts,
+    let facts = match reply.data.get_sym("facts") {
+        Some(facts @ mco::Value::Hash(_)) => facts,
         Some(_) => return Err(InventoryError::FactsNotAHash),
         None => return Err(InventoryError::NoFacts),
     };
@@ -439,7 +439,7 @@ pub fn observation(
     extra.insert(COLLECTIVES.to_string(), strings(collectives));
     Ok(Observation {
         certname: identity.to_string(),
-        facts: builder.object(facts.iter().map(|(k, v)| (k.as_str(), v))),
+        facts: add_to_store(facts, builder, 0),
         // The daemon's clock, but never ahead of ours: a far-future `:msgtime`
         // (unsigned) would keep these facts fresh forever.
         timestamp: if reply.msgtime > 0 { reply.msgtime.min(at) } else { at },
@@ -452,6 +452,51 @@ pub fn observation(
 /// A Ruby value as JSON: Strings and Symbols become strings, Hash keys strings.
 pub fn to_json(value: &mco::Value) -> Value {
     convert(value, 0)
+}
+
+/// [`to_json`]'s value added to the store, without the JSON tree (the same value:
+/// `facts_go_to_the_store_as_to_json_reads_them` and the inventory_reply fuzz target
+/// hold one to the other).
+fn add_to_store(value: &mco::Value, builder: &mut Builder, depth: usize) -> ValueId {
+    use mco::Value as R;
+    if depth > MAX_DEPTH {
+        return NULL;
+    }
+    match value {
+        R::Nil | R::Other(_) => NULL,
+        R::Bool(b) => builder.value(&Value::Bool(*b)),
+        R::Int(i) => builder.int(*i),
+        R::Float(f) if f.is_finite() => builder.float(*f),
+        R::Float(_) => NULL,
+        R::Str { bytes, .. } => builder.string_value(&String::from_utf8_lossy(bytes)),
+        R::Sym(s) => builder.string_value(s),
+        R::Array(items) => {
+            let mark = builder.open();
+            for item in items {
+                let id = add_to_store(item, builder, depth + 1);
+                builder.push_child(id);
+            }
+            builder.close_array(mark)
+        }
+        R::Hash(pairs) => {
+            let mark = builder.open();
+            for (k, v) in pairs {
+                let key = match k {
+                    _ if depth + 1 > MAX_DEPTH => builder.string("null"),
+                    R::Str { bytes, .. } => builder.string(&String::from_utf8_lossy(bytes)),
+                    R::Sym(s) => builder.string(s),
+                    other => match convert(other, depth + 1) {
+                        Value::String(s) => builder.string(&s),
+                        other => builder.string(&other.to_string()),
+                    },
+                };
+                let value = add_to_store(v, builder, depth + 1);
+                builder.push_child(key);
+                builder.push_child(value);
+            }
+            builder.close_object(mark)
+        }
+    }
 }
 
 fn convert(value: &mco::Value, depth: usize) -> Value {
@@ -690,6 +735,36 @@ mod tests {
         assert!(err.to_string().starts_with("source: mcollective: mcollective config"), "{err}");
         let cause = err.source().and_then(|s| s.downcast_ref::<mco::Error>()).expect("the mcollective error");
         assert!(matches!(cause, mco::Error::Config { .. }), "{cause:?}");
+    }
+
+    #[test]
+    fn facts_go_to_the_store_as_to_json_reads_them() {
+        use mco::Value as R;
+        let mut deep = R::Hash(vec![(R::str("leaf"), R::Int(1))]);
+        for level in 0..70 {
+            deep = R::Hash(vec![(R::sym(format!("l{level}")), deep), (R::Int(level), R::Array(vec![R::Nil]))]);
+        }
+        let values = [
+            ruby_facts(),
+            R::Hash(vec![
+                (R::sym("a"), R::Int(-3)),
+                (R::Int(1), R::Float(0.5)),
+                (R::str("n"), R::Nil),
+                (R::str("b"), R::Bool(true)),
+                (R::str("o"), R::Other("Object".into())),
+                (R::str("bin"), R::binary(vec![0xff, b'a'])),
+                (R::Nil, R::Float(f64::NAN)),
+                (R::Array(vec![R::Int(1), R::str("x")]), R::Float(f64::INFINITY)),
+                (R::str("a"), R::str("the last of a repeated key")),
+                (R::Bool(false), R::Hash(vec![])),
+            ]),
+            deep,
+        ];
+        for value in values {
+            let mut builder = Builder::new();
+            let id = add_to_store(&value, &mut builder, 0);
+            assert_eq!(builder.store().view(id).to_json(), to_json(&value));
+        }
     }
 
     #[test]
