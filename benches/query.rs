@@ -301,6 +301,31 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
         "before: each file to a serde_json tree, Node::new, Index::build (1 thread)",
         measure_each(|| (), |()| Index::build(read_trees(facts_dir), ROLE_FACT, built_at)),
     );
+    // A refresh after the last one: the files were written long enough ago (the
+    // tables above took minutes) for their stamps to be trusted.
+    for changed in [10, 0] {
+        let setup = || {
+            let (harvest, memo) = puppet_cache::load_since(dirs, None).unwrap();
+            let (index, tables) = harvest.into_index_and_tables(None, seen, ROLE_FACT, built_at);
+            let mut rewritten = nodes[..changed].to_vec();
+            for node in &mut rewritten {
+                node.timestamp += 60;
+                node.facts.insert("uptime_seconds".into(), Value::from(node.timestamp));
+            }
+            synthetic::write_puppet_cache(facts_dir, &rewritten).unwrap();
+            (index, tables, memo)
+        };
+        let refresh = |(index, tables, memo): (Index, _, _)| {
+            let previous = puppet_cache::Previous { store: index.store(), tables, memo };
+            let (harvest, _) = puppet_cache::load_since(dirs, Some(previous)).unwrap();
+            assert_eq!(harvest.reused, servers - changed);
+            (harvest.into_index(None, seen, ROLE_FACT, built_at), index)
+        };
+        table.ours(
+            &format!("a refresh after the last one, {changed} of {servers} files changed: load_since + into_index"),
+            measure_each(setup, refresh),
+        );
+    }
     table.print();
 }
 

@@ -122,3 +122,103 @@ fn one_reader_or_two_give_the_same_store_id_for_id_and_the_same_index() {
     assert_eq!(index.len(), 300 + 6);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_refresh_reads_only_the_files_that_changed_and_gives_what_a_full_read_gives() {
+    use puppet_cache::Previous;
+    use puppet_kicker::Index;
+    use std::collections::BTreeMap;
+    let dir = std::env::temp_dir().join(format!("pk-since-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let now = 1_764_000_000;
+    let mut nodes = puppet_kicker::synthetic::fleet(200, 9, now);
+    puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
+    std::fs::write(dir.join("broken.example.com.json"), "{").unwrap();
+    // Written an hour ago: a file modified in the last seconds is read every time.
+    let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        std::fs::File::options().write(true).open(entry.unwrap().path()).unwrap().set_modified(an_hour_ago).unwrap();
+    }
+    let dirs = [dir.clone()];
+    let seen = BTreeMap::new();
+    let servers = |i: &Index| i.servers().map(|s| s.to_node()).collect::<Vec<_>>();
+
+    let (first, memo) = puppet_cache::load_since(&dirs, None).unwrap();
+    assert_eq!((first.reused, first.observations.len(), first.warnings.len()), (0, 200, 1));
+    let (index, tables) = first.into_index_and_tables(None, &seen, "role", now);
+
+    // Nothing changed: nothing is read, the bad file is still reported.
+    let previous = Previous { store: index.store(), tables, memo };
+    let (again, memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
+    assert_eq!((again.reused, again.warnings.len()), (201, 1), "{:?}", again.warnings);
+    let (same, tables) = again.into_index_and_tables(None, &seen, "role", now);
+    assert_eq!(servers(&same), servers(&index));
+
+    // Three servers rewritten (one with a new role), one removed, one added.
+    for node in nodes.iter_mut().take(3) {
+        node.facts.insert("role".into(), serde_json::json!("rewritten"));
+        node.timestamp += 60;
+    }
+    let removed = nodes.remove(10);
+    std::fs::remove_file(dir.join(format!("{}.json", removed.certname))).unwrap();
+    let mut added = puppet_kicker::synthetic::fleet(1, 10, now).remove(0);
+    added.certname = "added.example.com".into();
+    added.facts.insert("fqdn".into(), serde_json::json!("added.example.com"));
+    nodes.push(added);
+    let mut changed = nodes[..3].to_vec();
+    changed.push(nodes.last().unwrap().clone());
+    puppet_kicker::synthetic::write_puppet_cache(&dir, &changed).unwrap();
+
+    let previous = Previous { store: same.store(), tables, memo };
+    let (incremental, _) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
+    assert_eq!(incremental.reused, 200 - 3 - 1 + 1, "only the four written files are read");
+    let incremental = incremental.into_index(None, &seen, "role", now);
+    let full = puppet_cache::load(&dirs).unwrap().into_index(None, &seen, "role", now);
+    assert_eq!(servers(&incremental), servers(&full));
+    assert_eq!(incremental.len(), 200);
+    assert!(incremental.by_certname(&removed.certname).is_none());
+    let rewritten = incremental.by_certname(&nodes[0].certname).unwrap();
+    assert_eq!(rewritten.role("role"), Some("rewritten"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_store_is_read_whole_again_once_changed_servers_doubled_it() {
+    use puppet_cache::{Previous, GARBAGE_FACTOR};
+    use std::collections::BTreeMap;
+    let dir = std::env::temp_dir().join(format!("pk-garbage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let now = 1_764_000_000;
+    let mut nodes = puppet_kicker::synthetic::fleet(20, 4, now);
+    puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
+    let dirs = [dir.clone()];
+    let seen = BTreeMap::new();
+    let (harvest, mut memo) = puppet_cache::load_since(&dirs, None).unwrap();
+    let mut last_full = harvest.builder.store().values();
+    let (mut index, mut tables) = harvest.into_index_and_tables(None, &seen, "role", now);
+    let mut full_reads = 0;
+    for round in 0..40 {
+        // Every server changes every round: each leaves its old values behind.
+        for node in nodes.iter_mut() {
+            node.facts.insert("uptime_seconds".into(), serde_json::json!(1000 + round));
+            let noise: Vec<String> = (0..50).map(|i| format!("{}-{round}-{i}", node.certname)).collect();
+            node.facts.insert("round".into(), serde_json::json!({"n": round, "noise": noise}));
+        }
+        puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
+        let before = index.store().values();
+        let previous = Previous { store: index.store(), tables, memo };
+        let (harvest, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
+        assert_eq!(harvest.reused, 0);
+        let after = harvest.builder.store().values();
+        if before > GARBAGE_FACTOR * last_full {
+            assert!(after < before, "round {round}: a store over {GARBAGE_FACTOR}x is read whole again");
+            (full_reads, last_full) = (full_reads + 1, after);
+        } else {
+            assert!(after >= before, "round {round}: below it, the store goes on from the last one");
+        }
+        (index, tables) = harvest.into_index_and_tables(None, &seen, "role", now);
+        memo = next_memo;
+    }
+    assert!(full_reads >= 2, "{full_reads} full reads in 40 rounds");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -137,6 +137,7 @@ impl IndexService {
             requests,
             config,
             worst_case,
+            carried: Mutex::new(None),
         });
         match snapshot::read(&snapshot::path_in(&shared.config.cache_dir), &shared.config.role_fact) {
             Ok(Some(snap)) => {
@@ -397,6 +398,43 @@ mod tests {
         assert!(kicker.shared.current.load_full().is_some());
         assert!(kicker.refresh_and_wait(Duration::from_secs(10)), "refreshes go on");
         assert_eq!(state().ticket, 3);
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// A refresh of the fact cache reads only the files changed since the one that
+    /// built the current index, and serves what a full read would.
+    #[test]
+    fn refreshes_read_only_changed_fact_files() {
+        let root = std::env::temp_dir().join(format!("pk-service-since-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let (etc, facts) = (root.join("etc"), root.join("facts"));
+        fs::create_dir_all(&etc).unwrap();
+        let config =
+            format!("puppet_cache:\n  dirs: [{}]\ncache:\n  dir: {}\n", facts.display(), root.join("cache").display());
+        fs::write(etc.join("puppet_kicker.yaml"), config).unwrap();
+        let mut nodes = crate::synthetic::fleet(30, 2, crate::time::now());
+        crate::synthetic::write_puppet_cache(&facts, &nodes).unwrap();
+        let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for entry in fs::read_dir(&facts).unwrap() {
+            fs::File::options().write(true).open(entry.unwrap().path()).unwrap().set_modified(an_hour_ago).unwrap();
+        }
+        let settings = PuppetSettings { confdir: etc, vardir: root.join("var"), ..Default::default() };
+        let kicker = IndexService::start(settings).unwrap();
+        let carried = || lock(&kicker.shared.carried).as_ref().map(|c| (c.generation, c.reused));
+        let generation = || kicker.shared.current.load_full().map(|i| i.generation());
+
+        assert!(kicker.refresh_and_wait(Duration::from_secs(10)));
+        assert_eq!(carried(), generation().map(|g| (g, 0)), "a first refresh reads everything");
+        assert!(kicker.refresh_and_wait(Duration::from_secs(10)));
+        assert_eq!(carried(), generation().map(|g| (g, 30)), "then nothing changed");
+
+        nodes[0].facts.insert("role".into(), serde_json::json!("changed"));
+        crate::synthetic::write_puppet_cache(&facts, &nodes[..1]).unwrap();
+        assert!(kicker.refresh_and_wait(Duration::from_secs(10)));
+        assert_eq!(carried(), generation().map(|g| (g, 29)));
+        let index = kicker.shared.current.load_full().unwrap();
+        assert_eq!(index.by_certname(&nodes[0].certname).and_then(|s| s.role("role")), Some("changed"));
+        assert_eq!(index.len(), 30);
         let _ = fs::remove_dir_all(&root);
     }
 }

@@ -8,7 +8,9 @@ use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::snapshot::{self, SnapshotRef};
 use crate::source::mcollective::McollectiveSource;
+use crate::source::puppet_cache::{Previous, ReadMemo};
 use crate::source::{puppet_cache, Harvest};
+use crate::store::Tables;
 use crate::sync::lock;
 use crate::time::now;
 use arc_swap::ArcSwapOption;
@@ -42,6 +44,20 @@ pub(super) struct Shared {
     pub(super) requests: Receiver<Refresh>,
     /// A refresh's worst case, network deadlines included.
     pub(super) worst_case: Duration,
+    /// `source: puppet_cache`: what the refresh that built the current index read,
+    /// so the next reads only the files changed since.
+    pub(super) carried: Mutex<Option<Carried>>,
+}
+
+/// What a fact cache refresh leaves the next: the builder's tables for the store of
+/// index `generation`, and each file's stamp and outcome.
+pub(super) struct Carried {
+    pub(super) generation: u64,
+    tables: Tables,
+    memo: ReadMemo,
+    /// Files of that refresh given as the one before read them (tests check it).
+    #[cfg(test)]
+    pub(super) reused: usize,
 }
 
 /// Warnings waiting for the bindings, and how many did not fit.
@@ -157,18 +173,31 @@ impl Shared {
             return Ok(());
         }
         let started = now();
-        let mut harvest: Harvest = match (self.config.source, &self.mcollective) {
-            (SourceKind::Mcollective, Some(mcollective)) => {
-                mcollective.refresh(self.current.load().as_deref(), started)?
+        let previous = self.current.load_full();
+        // Taken: a refresh that fails or loses its ticket leaves none, and the next
+        // one reads every file.
+        let carried = lock(&self.carried).take();
+        let (mut harvest, memo): (Harvest, Option<ReadMemo>) = match (self.config.source, &self.mcollective) {
+            (SourceKind::Mcollective, Some(mcollective)) => (mcollective.refresh(previous.as_deref(), started)?, None),
+            _ => {
+                let base = match (carried, previous.as_deref()) {
+                    (Some(c), Some(index)) if c.generation == index.generation() => {
+                        Some(Previous { store: index.store(), tables: c.tables, memo: c.memo })
+                    }
+                    _ => None,
+                };
+                let (harvest, memo) = puppet_cache::load_since(&self.config.puppet_cache_dirs, base)?;
+                (harvest, Some(memo))
             }
-            _ => puppet_cache::load(&self.config.puppet_cache_dirs)?,
         };
         for warning in std::mem::take(&mut harvest.warnings) {
             self.warn(warning.to_string());
         }
+        #[cfg(test)]
+        let reused = harvest.reused;
         let seen = lock(&self.seen_environments).clone();
-        let previous = self.current.load_full();
-        let index = harvest.into_index(previous.as_deref(), &seen, &self.config.role_fact, started);
+        let (index, tables) =
+            harvest.into_index_and_tables(previous.as_deref(), &seen, &self.config.role_fact, started);
         drop(previous);
         if !self.is_current(ticket) {
             return Ok(());
@@ -178,6 +207,15 @@ impl Shared {
             let state = lock(&self.refresh_state);
             if state.ticket == ticket {
                 self.current.store(Some(index.clone()));
+                if let Some(memo) = memo {
+                    *lock(&self.carried) = Some(Carried {
+                        generation: index.generation(),
+                        tables,
+                        memo,
+                        #[cfg(test)]
+                        reused,
+                    });
+                }
             }
         }
         // The new index serves first; writing the snapshot comes after.

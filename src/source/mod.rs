@@ -6,7 +6,7 @@ pub mod puppet_cache;
 
 use crate::facts::{decide_environment, Facts, Node};
 use crate::index::{Index, Staged, NEVER_ANSWERED};
-use crate::store::{Builder, Store, ValueId, View, EMPTY_OBJECT};
+use crate::store::{Builder, Store, Tables, ValueId, View, EMPTY_OBJECT};
 use std::collections::{BTreeMap, HashMap};
 
 /// One server as a source saw it, its facts decoded into the [`Harvest`]'s store.
@@ -51,6 +51,8 @@ pub struct Harvest {
     /// source keeps a server that stopped answering for a grace period.
     pub kept: Vec<u32>,
     pub warnings: Vec<String>,
+    /// Servers given as the previous refresh read them, their source unchanged.
+    pub reused: usize,
 }
 
 impl std::fmt::Debug for Harvest {
@@ -86,25 +88,6 @@ impl Harvest {
         }
     }
 
-    /// Appends another harvest (of the next files): its store merged into this one,
-    /// its observations renumbered, its warnings after these.
-    pub fn merge(&mut self, other: Harvest) {
-        if self.observations.is_empty() && self.kept.is_empty() && self.builder.store().values() <= 4 {
-            let warnings = std::mem::take(&mut self.warnings);
-            *self = other;
-            self.warnings.splice(0..0, warnings);
-            return;
-        }
-        let remap = self.builder.absorb(other.builder.store());
-        self.observations.extend(other.observations.into_iter().map(|o| Observation {
-            facts: remap.values[o.facts as usize],
-            extra: remap.values[o.extra as usize],
-            ..o
-        }));
-        self.kept.extend(other.kept);
-        self.warnings.extend(other.warnings);
-    }
-
     /// The new index: every observation, then the kept servers of `previous` copied
     /// over. `seen` is where the master last saw each certname compile.
     pub fn into_index(
@@ -114,6 +97,18 @@ impl Harvest {
         role_fact: &str,
         built_at: i64,
     ) -> Index {
+        self.into_index_and_tables(previous, seen, role_fact, built_at).0
+    }
+
+    /// [`Harvest::into_index`], and the tables of the builder that made its store, for
+    /// the next refresh to go on from (see [`puppet_cache::load_since`]).
+    pub fn into_index_and_tables(
+        self,
+        previous: Option<&Index>,
+        seen: &BTreeMap<String, String>,
+        role_fact: &str,
+        built_at: i64,
+    ) -> (Index, Tables) {
         let Harvest { mut builder, observations, kept, .. } = self;
         let mut staged = Vec::with_capacity(observations.len() + kept.len());
         for o in &observations {
@@ -142,6 +137,7 @@ impl Harvest {
                 });
             }
         }
-        Index::from_staged(builder, staged, role_fact, built_at)
+        let tables = builder.take_tables();
+        (Index::from_staged(builder, staged, role_fact, built_at), tables)
     }
 }

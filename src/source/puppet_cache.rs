@@ -5,10 +5,11 @@
 use super::{Harvest, Observation};
 use crate::error::{Error, Result};
 use crate::store::json::{Depth, JsonError, Skip, ValueSeed};
-use crate::store::{Builder, Store, ValueId, View};
+use crate::store::{Builder, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -25,12 +26,152 @@ pub const MAX_FILE_SIZE: u64 = 16 << 20;
 /// each decoding its share into a store of its own; the stores are then merged in
 /// file order, so the index is the same whatever the number of threads.
 pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
-    let readers = std::thread::available_parallelism().map_or(1, usize::from).clamp(1, MAX_READERS);
-    load_with_readers(dirs, readers)
+    load_with_readers(dirs, default_readers())
 }
 
 /// [`load`] on `readers` threads at most.
 pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
+    Ok(load_since_with_readers(dirs, None, readers)?.0)
+}
+
+/// [`load`], reading only the files that changed since `previous`: a file whose
+/// size, modification time, inode and device are those of the previous read gives
+/// what it gave then, its facts already in the previous store (which the new store
+/// starts as a copy of). Also gives what the next refresh needs of this one.
+///
+/// Every refresh reads everything again once the store holds
+/// [`GARBAGE_FACTOR`] times the values of the last full read (the values of
+/// changed and removed servers stay in the store until then). A file modified
+/// less than [`RACY_SECONDS`] before the read is read again next time: a rewrite
+/// within the same tick of the file system's clock could keep its stamp.
+pub fn load_since(dirs: &[PathBuf], previous: Option<Previous<'_>>) -> Result<(Harvest, ReadMemo)> {
+    load_since_with_readers(dirs, previous, default_readers())
+}
+
+fn default_readers() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from).clamp(1, MAX_READERS)
+}
+
+/// Threads reading fact files at most: a refresh shares the master with compiles.
+pub const MAX_READERS: usize = 2;
+/// Files below which a second thread is not worth starting.
+const MIN_SHARE: usize = 64;
+/// A file modified this recently (seconds) before it was listed is read again at
+/// the next refresh whatever its stamp (see [`load_since`]).
+pub const RACY_SECONDS: i64 = 2;
+/// How many times the values of its last full read a store may grow to before a
+/// refresh reads every file again, dropping what no server uses any more.
+pub const GARBAGE_FACTOR: usize = 2;
+
+/// The store an index was built from, the tables of the builder that made it, and
+/// what that refresh read: the base of an incremental [`load_since`].
+pub struct Previous<'a> {
+    pub store: &'a Store,
+    pub tables: Tables,
+    pub memo: ReadMemo,
+}
+
+/// What one read of the fact cache found, per file, for the next one.
+#[derive(Debug, Default)]
+pub struct ReadMemo {
+    files: HashMap<PathBuf, Seen>,
+    /// Values in the store after the last full read.
+    values_after_full: usize,
+}
+
+impl ReadMemo {
+    /// Heap bytes, roughly: the paths and what is kept per file.
+    pub fn heap_bytes(&self) -> usize {
+        self.files.keys().map(|p| p.as_os_str().len() + 96).sum()
+    }
+}
+
+#[derive(Debug)]
+struct Seen {
+    stamp: Stamp,
+    outcome: std::result::Result<Observation, String>,
+}
+
+/// What tells a rewritten fact file from the one read before. Puppet writes each
+/// by renaming a new file over it, so the inode alone changes on every write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: (i64, i64),
+    inode: u64,
+    device: u64,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(path).ok()?;
+        Some(Stamp { len: m.len(), modified: (m.mtime(), m.mtime_nsec()), inode: m.ino(), device: m.dev() })
+    }
+}
+
+/// One file to read: where, in which format, and its stamp before the read.
+struct Listed {
+    path: PathBuf,
+    format: Format,
+    stamp: Option<Stamp>,
+}
+
+type Outcome = std::result::Result<Observation, String>;
+/// A reader's store and what each of its files gave.
+type Part = (Builder, Vec<(usize, Outcome)>);
+
+fn load_since_with_readers(
+    dirs: &[PathBuf],
+    previous: Option<Previous<'_>>,
+    readers: usize,
+) -> Result<(Harvest, ReadMemo)> {
+    let listed_at = crate::time::now();
+    let files = list(dirs)?;
+    let previous = previous.filter(|p| {
+        p.tables.fit(p.store) && p.store.values() <= GARBAGE_FACTOR.saturating_mul(p.memo.values_after_full.max(1))
+    });
+    let (mut outcomes, mut to_read): (Vec<Option<Outcome>>, Vec<usize>) = (Vec::with_capacity(files.len()), Vec::new());
+    for (i, file) in files.iter().enumerate() {
+        let seen =
+            previous.as_ref().and_then(|p| p.memo.files.get(&file.path)).filter(|seen| file.stamp == Some(seen.stamp));
+        outcomes.push(seen.map(|seen| seen.outcome.clone()));
+        if seen.is_none() {
+            to_read.push(i);
+        }
+    }
+    let reused = files.len() - to_read.len();
+    let (base, values_after_full) = match previous {
+        Some(p) => (Some(Builder::resume(p.store, p.tables)), Some(p.memo.values_after_full)),
+        None => (None, None),
+    };
+    let (builder, read) = read_files(&files, &to_read, readers, base)?;
+    for (i, outcome) in read {
+        outcomes[i] = Some(outcome);
+    }
+    let mut harvest = Harvest { builder, reused, ..Harvest::default() };
+    let mut memo = ReadMemo {
+        files: HashMap::with_capacity(files.len()),
+        values_after_full: values_after_full.unwrap_or(harvest.builder.store().values()),
+    };
+    for (file, outcome) in files.into_iter().zip(outcomes) {
+        let Some(outcome) = outcome else { continue };
+        match &outcome {
+            Ok(observation) => harvest.observations.push(observation.clone()),
+            Err(warning) => harvest.warnings.push(warning.clone()),
+        }
+        // A file modified in the last seconds may be written again within the same
+        // tick of the file system's clock, in place, at the same size: its stamp
+        // would not show it. It is read again next time.
+        if let Some(stamp) = file.stamp.filter(|s| s.modified.0 < listed_at - RACY_SECONDS) {
+            memo.files.insert(file.path, Seen { stamp, outcome });
+        }
+    }
+    Ok((harvest, memo))
+}
+
+/// The fact files of `dirs`, each directory's in name order, stamped.
+fn list(dirs: &[PathBuf]) -> Result<Vec<Listed>> {
     let mut failures = Vec::new();
     let mut files = Vec::new();
     let mut readable = 0;
@@ -45,38 +186,57 @@ pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
         readable += 1;
         let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
         paths.sort();
-        files.extend(paths.into_iter().filter_map(|path| Format::of(&path).map(|format| (path, format))));
+        for path in paths {
+            let Some(format) = Format::of(&path) else { continue };
+            let stamp = Stamp::of(&path);
+            files.push(Listed { path, format, stamp });
+        }
     }
     if readable == 0 {
         return Err(Error::Io(format!("no fact cache directory could be read: {}", failures.join(", "))));
     }
-    let share = files.len().div_ceil(readers.max(1)).max(MIN_SHARE);
-    let parts: Vec<std::thread::Result<Harvest>> = std::thread::scope(|scope| {
-        let running: Vec<_> = files.chunks(share).map(|share| scope.spawn(move || read_files(share))).collect();
-        running.into_iter().map(|reader| reader.join()).collect()
-    });
-    let mut harvest = Harvest::default();
-    for part in parts {
-        let part = part.map_err(|_| Error::Io("internal error: reading the fact cache panicked".into()))?;
-        harvest.merge(part);
-    }
-    Ok(harvest)
+    Ok(files)
 }
 
-/// Threads reading fact files at most: a refresh shares the master with compiles.
-pub const MAX_READERS: usize = 2;
-/// Files below which a second thread is not worth starting.
-const MIN_SHARE: usize = 64;
-
-fn read_files(files: &[(PathBuf, Format)]) -> Harvest {
-    let mut harvest = Harvest::default();
-    for (path, format) in files {
-        match read_file(path, *format, &mut harvest.builder) {
-            Ok(observation) => harvest.observations.push(observation),
-            Err(error) => harvest.warnings.push(format!("skipped {error}")),
+/// Reads `files[i]` for each `i` of `which` into `base` (or a new store), on up to
+/// `readers` threads each with a store of its own, merged in order.
+fn read_files(files: &[Listed], which: &[usize], readers: usize, base: Option<Builder>) -> Result<Part> {
+    let share = which.len().div_ceil(readers.max(1)).max(MIN_SHARE);
+    let read_share = |share: &[usize]| {
+        let mut builder = Builder::new();
+        let outcomes: Vec<(usize, Outcome)> = share
+            .iter()
+            .map(|&i| {
+                let file = &files[i];
+                let mtime = file.stamp.map(|s| s.modified.0);
+                (i, read_file(&file.path, file.format, mtime, &mut builder).map_err(|e| format!("skipped {e}")))
+            })
+            .collect();
+        (builder, outcomes)
+    };
+    let parts: Vec<std::thread::Result<Part>> = std::thread::scope(|scope| {
+        let running: Vec<_> = which.chunks(share).map(|share| scope.spawn(move || read_share(share))).collect();
+        running.into_iter().map(|reader| reader.join()).collect()
+    });
+    let mut merged: Option<Builder> = base;
+    let mut outcomes = Vec::with_capacity(which.len());
+    for part in parts {
+        let (builder, mut part_outcomes) =
+            part.map_err(|_| Error::Io("internal error: reading the fact cache panicked".into()))?;
+        match merged.as_mut() {
+            None => merged = Some(builder),
+            Some(into) => {
+                let remap = into.absorb(builder.store());
+                for (_, outcome) in part_outcomes.iter_mut() {
+                    if let Ok(o) = outcome {
+                        (o.facts, o.extra) = (remap.values[o.facts as usize], remap.values[o.extra as usize]);
+                    }
+                }
+            }
         }
+        outcomes.extend(part_outcomes);
     }
-    harvest
+    Ok((merged.unwrap_or_default(), outcomes))
 }
 
 /// The two formats of Puppet's fact cache, by file extension.
@@ -162,14 +322,20 @@ impl std::error::Error for FactFileError {
     }
 }
 
-fn read_file(path: &Path, format: Format, builder: &mut Builder) -> std::result::Result<Observation, FactFileError> {
+/// Reads and decodes one file; `mtime` (seconds), when its stamp has it, dates facts
+/// without a timestamp.
+fn read_file(
+    path: &Path,
+    format: Format,
+    mtime: Option<i64>,
+    builder: &mut Builder,
+) -> std::result::Result<Observation, FactFileError> {
     let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE)
         .map_err(|source| FactFileError::Read { path: path.to_path_buf(), source })?;
-    let mtime = fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_secs() as i64);
+    let mtime = mtime.or_else(|| {
+        let modified = fs::metadata(path).and_then(|m| m.modified()).ok()?;
+        Some(modified.duration_since(UNIX_EPOCH).ok()?.as_secs() as i64)
+    });
     parse_fact_file(&bytes, format, path, mtime.unwrap_or(0), builder)
 }
 
@@ -462,7 +628,7 @@ mod tests {
     #[test]
     fn an_unreadable_fact_file_keeps_the_io_error_as_its_source() {
         let path = Path::new("/nonexistent/puppet-kicker/web1.example.com.json");
-        let err = read_file(path, Format::Json, &mut Builder::new()).unwrap_err();
+        let err = read_file(path, Format::Json, None, &mut Builder::new()).unwrap_err();
         assert!(matches!(&err, FactFileError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound));
         assert_eq!(err.to_string(), format!("fact cache file {}: not found", path.display()));
         let source = err.source().and_then(|s| s.downcast_ref::<io::Error>()).expect("the io error");

@@ -24,6 +24,32 @@ pub struct Builder {
 
 const NONE: u32 = u32::MAX;
 
+/// A builder's tables without its store: what [`Builder::resume`] needs to go on
+/// adding to the store it made.
+pub struct Tables {
+    hasher: DefaultHashBuilder,
+    strings: HashTable<StrId>,
+    values: HashTable<ValueId>,
+    string_values: Vec<ValueId>,
+}
+
+impl Tables {
+    /// Whether these are the tables of `store`: as many strings and values.
+    pub fn fit(&self, store: &Store) -> bool {
+        self.strings.len() == store.strings() && self.values.len() == store.values()
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        (self.strings.capacity() + self.values.capacity()) * (4 + 1) + 4 * self.string_values.capacity()
+    }
+}
+
+impl std::fmt::Debug for Tables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tables").field("strings", &self.strings.len()).field("values", &self.values.len()).finish()
+    }
+}
+
 /// What [`Builder::absorb`] made of another store's ids.
 pub struct Remap {
     pub strings: Vec<StrId>,
@@ -85,6 +111,34 @@ impl Builder {
         };
         self.values.reserve(values, rehash);
         self.string_values.reserve(strings);
+    }
+
+    /// Takes the tables out, for [`Builder::resume`] on the finished store later;
+    /// this builder can then no longer add anything.
+    pub fn take_tables(&mut self) -> Tables {
+        Tables {
+            hasher: self.hasher,
+            strings: std::mem::take(&mut self.strings),
+            values: std::mem::take(&mut self.values),
+            string_values: std::mem::take(&mut self.string_values),
+        }
+    }
+
+    /// A builder that goes on from `store` (a copy of it: the store an index
+    /// serves is never changed) with the `tables` taken from the builder that
+    /// made it, so a refresh that changes a few servers adds only theirs. Every id
+    /// of `store` stays valid.
+    pub fn resume(store: &Store, tables: Tables) -> Builder {
+        let store = Store {
+            text: store.text.to_vec().into(),
+            text_ends: store.text_ends.to_vec().into(),
+            tags: store.tags.to_vec().into(),
+            lo: store.lo.to_vec().into(),
+            hi: store.hi.to_vec().into(),
+            children: store.children.to_vec().into(),
+        };
+        let Tables { hasher, strings, values, string_values } = tables;
+        Builder { store, hasher, strings, values, string_values, scratch: Vec::new() }
     }
 
     pub fn finish(mut self) -> Store {

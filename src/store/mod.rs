@@ -22,7 +22,7 @@ mod column;
 pub mod json;
 mod view;
 
-pub use build::{Builder, Remap};
+pub use build::{Builder, Remap, Tables};
 pub use column::Column;
 pub use view::{ArrayRef, KeyHint, Kind, ObjectRef, View};
 
