@@ -85,12 +85,13 @@ fn main() {
         "environment {ENVIRONMENT}: {in_env} servers; max_age {MAX_AGE} s; queries below answer for {ENVIRONMENT}\n"
     );
 
+    let index_bytes = index.heap_bytes();
     role_queries(&index, &before, fresh);
     fact_queries(&index, &before, fresh);
     service_queries(&root, &index, &before, fresh);
     drop((index, before));
     loading(&root, &facts_dir, nodes, built_at);
-    cold_starts(&root, cache_bytes);
+    cold_starts(&root, cache_bytes, index_bytes);
 
     let _ = fs::remove_dir_all(&root);
     println!("load average at end: {}", load_average());
@@ -360,9 +361,9 @@ const COLD_RUNS: usize = 7;
 /// (e) what a new process pays for its first answer (every `puppet apply`, every
 /// restarted master): from the snapshot vs from the JSON fact cache, each in
 /// `COLD_RUNS` new processes; and the resident memory the loaded index adds.
-fn cold_starts(root: &Path, cache_bytes: u64) {
+fn cold_starts(root: &Path, cache_bytes: u64, index_bytes: usize) {
     let servers = fleet_size();
-    let child = |cache_dir: &Path| -> (f64, f64) {
+    let child = |cache_dir: &Path| -> (f64, f64, f64) {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .env(COLD_CHILD, cache_dir)
             .env("PK_BENCH_ROOT", root)
@@ -371,24 +372,29 @@ fn cold_starts(root: &Path, cache_bytes: u64) {
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.lines().find_map(|l| l.strip_prefix("cold ")).unwrap_or_else(|| panic!("child: {text}"));
         let mut fields = line.split_whitespace().map(|f| f.parse::<f64>().unwrap());
-        (fields.next().unwrap(), fields.next().unwrap())
+        (fields.next().unwrap(), fields.next().unwrap(), fields.next().unwrap())
     };
     let median = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
     let snapshot_dir = root.join("snapshot");
-    let (warm, warm_rss): (Vec<f64>, Vec<f64>) = (0..COLD_RUNS).map(|_| child(&snapshot_dir)).unzip();
-    let (json, json_rss): (Vec<f64>, Vec<f64>) = (0..COLD_RUNS)
-        .map(|i| {
-            let empty = root.join(format!("cold-json-{i}"));
-            let result = child(&empty);
-            let _ = fs::remove_dir_all(&empty);
-            result
-        })
-        .unzip();
-    let (warm, json) = (median(warm), median(json));
-    let (warm_rss, json_rss) = (median(warm_rss), median(json_rss));
+    let columns = |runs: Vec<(f64, f64, f64)>| {
+        let (took, (rss, peak)): (Vec<f64>, (Vec<f64>, Vec<f64>)) =
+            runs.into_iter().map(|(t, r, p)| (t, (r, p))).unzip();
+        (median(took), median(rss), median(peak))
+    };
+    let (warm, warm_rss, _) = columns((0..COLD_RUNS).map(|_| child(&snapshot_dir)).collect());
+    let (json, json_rss, json_peak) = columns(
+        (0..COLD_RUNS)
+            .map(|i| {
+                let empty = root.join(format!("cold-json-{i}"));
+                let result = child(&empty);
+                let _ = fs::remove_dir_all(&empty);
+                result
+            })
+            .collect(),
+    );
     println!("(e) a new process's first servers_with_role('node') ({servers} servers; median of {COLD_RUNS} processes each):");
     println!(
         "  > from the snapshot          {:>10}   resident memory +{warm_rss:.1} MB = {:.2}x the JSON fact cache ({:.1} MB)",
@@ -400,6 +406,11 @@ fn cold_starts(root: &Path, cache_bytes: u64) {
         "  * from the JSON fact cache   {:>10}   resident memory +{json_rss:.1} MB (parsing leaves freed memory resident)   snapshot {:.1}x faster",
         human(json),
         json / warm
+    );
+    println!(
+        "    peak resident memory during that full refresh from JSON: +{json_peak:.1} MB = {:.2}x the index's own bytes ({:.1} MB)",
+        json_peak * 1e6 / index_bytes as f64,
+        index_bytes as f64 / 1e6
     );
     println!();
 }
@@ -417,7 +428,8 @@ fn cold_child(cache_dir: &Path) {
     let found = service.servers_with_role(&["node"], ENVIRONMENT).expect("the first answer").len();
     let took = started.elapsed();
     assert!(found > 0);
-    println!("cold {} {}", took.as_nanos(), rss_mb() - rss);
+    // The peak since the process started, less what it held before the service.
+    println!("cold {} {} {}", took.as_nanos(), rss_mb() - rss, status_mb("VmHWM:") - rss);
     let _ = fs::remove_file(config);
     std::process::exit(0);
 }
@@ -641,10 +653,15 @@ fn print_machine() {
 }
 
 fn rss_mb() -> f64 {
+    status_mb("VmRSS:")
+}
+
+/// A size line of /proc/self/status (VmRSS, VmHWM), in MB.
+fn status_mb(field: &str) -> f64 {
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
     let kb = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
     kb.unwrap_or(0.0) / 1024.0
 }
