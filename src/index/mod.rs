@@ -22,7 +22,7 @@ use crate::bounded_read::FileBytes;
 use crate::facts::Node;
 use crate::query::Query;
 use crate::store::blob::{self, Blob};
-use crate::store::{Builder, Column, Store, StrId, ValueId, View, EMPTY_OBJECT};
+use crate::store::{Builder, Column, KeyHint, Store, StrId, ValueId, View, EMPTY_OBJECT};
 use answers::Answers;
 use path::PathIndexes;
 use serde::Deserialize;
@@ -199,30 +199,36 @@ impl Index {
         let store = builder.store();
         staged.sort_by(|a, b| store.str(a.certname).cmp(store.str(b.certname)).then(b.timestamp.cmp(&a.timestamp)));
         staged.dedup_by(|later, first| later.certname == first.certname);
-        let sort_name = |s: &Staged| {
-            let fqdn = store.view(s.facts).as_object().and_then(|f| f.get("fqdn")).and_then(View::as_str);
-            fqdn.filter(|f| !f.is_empty()).unwrap_or(store.str(s.certname))
+        let mut fqdn = KeyHint::new("fqdn");
+        let mut sort_name = |s: &Staged| {
+            let found = store.view(s.facts).as_object().and_then(|f| f.get_hinted(&mut fqdn)).and_then(View::as_str);
+            found.filter(|f| !f.is_empty()).unwrap_or(store.str(s.certname))
         };
-        let mut keyed: Vec<(&str, &str, Staged)> =
-            staged.into_iter().map(|s| (sort_name(&s), store.str(s.certname), s)).collect();
+        // (sort name, certname, rank by certname, server)
+        let mut keyed: Vec<(&str, &str, u32, Staged)> =
+            staged.into_iter().enumerate().map(|(k, s)| (sort_name(&s), store.str(s.certname), k as u32, s)).collect();
         keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let mut by_certname = vec![0u32; keyed.len()];
+        for (position, k) in keyed.iter().enumerate() {
+            by_certname[k.2 as usize] = position as u32;
+        }
         let rows = Rows {
-            certname: keyed.iter().map(|k| k.2.certname).collect::<Vec<_>>().into(),
-            environment: keyed.iter().map(|k| k.2.environment).collect::<Vec<_>>().into(),
-            facts: keyed.iter().map(|k| k.2.facts).collect::<Vec<_>>().into(),
-            extra: keyed.iter().map(|k| k.2.extra).collect::<Vec<_>>().into(),
-            timestamp: keyed.iter().map(|k| k.2.timestamp).collect::<Vec<_>>().into(),
-            answered_at: keyed.iter().map(|k| k.2.answered_at).collect::<Vec<_>>().into(),
+            certname: keyed.iter().map(|k| k.3.certname).collect::<Vec<_>>().into(),
+            environment: keyed.iter().map(|k| k.3.environment).collect::<Vec<_>>().into(),
+            facts: keyed.iter().map(|k| k.3.facts).collect::<Vec<_>>().into(),
+            extra: keyed.iter().map(|k| k.3.extra).collect::<Vec<_>>().into(),
+            timestamp: keyed.iter().map(|k| k.3.timestamp).collect::<Vec<_>>().into(),
+            answered_at: keyed.iter().map(|k| k.3.answered_at).collect::<Vec<_>>().into(),
         };
         drop(keyed);
-        Index::assemble(builder.finish(), rows, role_fact, built_at)
+        Index::assemble(builder.finish(), rows, role_fact, built_at, Some(by_certname))
     }
 
     /// An index over stored rows (a snapshot's), checked first: every id in range,
     /// facts and extras objects, certnames unique, rows in the one result order.
     pub fn from_rows(store: Store, rows: Rows, role_fact: &str, built_at: i64) -> Result<Index, InvalidRows> {
         server::check_rows(&store, &rows)?;
-        let index = Index::assemble(store, rows, role_fact, built_at);
+        let index = Index::assemble(store, rows, role_fact, built_at, None);
         let (a, b) = (index.by_certname.iter(), index.by_certname.iter().skip(1));
         if let Some((x, _)) = a.zip(b).find(|(x, y)| index.server(**x).certname() == index.server(**y).certname()) {
             return Err(InvalidRows(format!("certname '{}' is stored twice", index.server(*x).certname())));
@@ -240,7 +246,9 @@ impl Index {
         Ok(index)
     }
 
-    fn assemble(store: Store, rows: Rows, role_fact: &str, built_at: i64) -> Index {
+    /// The index over `rows`; `by_certname`, when the caller has it, is the positions
+    /// in certname order.
+    fn assemble(store: Store, rows: Rows, role_fact: &str, built_at: i64, by_certname: Option<Vec<u32>>) -> Index {
         let mut index = Index {
             store,
             rows,
@@ -252,15 +260,26 @@ impl Index {
             built_at,
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
         };
-        let mut by_certname: Vec<u32> = (0..index.len() as u32).collect();
-        by_certname.sort_by(|a, b| index.server(*a).certname().cmp(index.server(*b).certname()));
+        let by_certname = by_certname.unwrap_or_else(|| {
+            let mut by_certname: Vec<u32> = (0..index.len() as u32).collect();
+            by_certname.sort_by(|a, b| index.server(*a).certname().cmp(index.server(*b).certname()));
+            by_certname
+        });
         let mut by_environment: HashMap<String, EnvironmentEntry> = HashMap::new();
+        let mut role_hint = KeyHint::new(role_fact);
         for position in 0..index.len() as u32 {
             let server = index.server(position);
-            let entry = by_environment.entry(server.environment().to_string()).or_default();
+            let environment = server.environment();
+            if !by_environment.contains_key(environment) {
+                by_environment.insert(environment.to_string(), EnvironmentEntry::default());
+            }
+            let entry = by_environment.get_mut(environment).expect("inserted above");
             entry.all.push(position);
-            for role in server.roles(role_fact) {
-                let positions = entry.by_role.entry(role.to_string()).or_default();
+            for role in server.roles_hinted(&mut role_hint) {
+                if !entry.by_role.contains_key(role) {
+                    entry.by_role.insert(role.to_string(), Positions::new());
+                }
+                let positions = entry.by_role.get_mut(role).expect("inserted above");
                 if positions.last() != Some(&position) {
                     positions.push(position);
                 }

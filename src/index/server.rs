@@ -93,13 +93,13 @@ impl<'a> ServerRef<'a> {
 
     /// The roles its role fact names: a string, or the strings of a list.
     pub fn roles(self, role_fact: &str) -> impl Iterator<Item = &'a str> + 'a {
-        let value = self.facts().get(role_fact).map(View::kind);
-        let (one, many) = match value {
-            Some(Kind::Str(s)) => (Some(s), None),
-            Some(Kind::Array(items)) => (None, Some(items.iter().filter_map(View::as_str))),
-            _ => (None, None),
-        };
-        one.into_iter().chain(many.into_iter().flatten())
+        roles_in(self.facts().get(role_fact))
+    }
+
+    /// [`Self::roles`], for server after server of one index: `hint` is made for
+    /// the role fact.
+    pub fn roles_hinted(self, hint: &mut KeyHint) -> impl Iterator<Item = &'a str> + 'a {
+        roles_in(self.facts().get_hinted(hint))
     }
 
     /// The role fact when it is a string (what the kick planner records).
@@ -130,6 +130,16 @@ impl<'a> ServerRef<'a> {
             answered_at: self.answered_at(),
         }
     }
+}
+
+/// The roles a role fact's value names: a string, or the strings of a list.
+fn roles_in(value: Option<View<'_>>) -> impl Iterator<Item = &str> {
+    let (one, many) = match value.map(View::kind) {
+        Some(Kind::Str(s)) => (Some(s), None),
+        Some(Kind::Array(items)) => (None, Some(items.iter().filter_map(View::as_str))),
+        _ => (None, None),
+    };
+    one.into_iter().chain(many.into_iter().flatten())
 }
 
 /// Where [`ServerRef::fact_hinted`] found a path's top-level keys last: the whole
