@@ -14,7 +14,10 @@ pub const DEFAULT_ENVIRONMENT: &str = "production";
 
 /// [`Node::new`]'s rule, over any store of facts: `fact` gives a top-level fact when
 /// it is a string.
-pub fn decide_environment<'a>(fact: impl Fn(&str) -> Option<&'a str>, last_seen_env: Option<&'a str>) -> &'a str {
+pub fn decide_environment<'a>(
+    mut fact: impl FnMut(&str) -> Option<&'a str>,
+    last_seen_env: Option<&'a str>,
+) -> &'a str {
     ["environment", "agent_specified_environment"]
         .iter()
         .find_map(|name| fact(name).filter(|s| !s.is_empty()))

@@ -6,7 +6,7 @@ pub mod puppet_cache;
 
 use crate::facts::{decide_environment, Facts, Node};
 use crate::index::{Index, Staged, NEVER_ANSWERED};
-use crate::store::{Builder, Store, Tables, ValueId, View, EMPTY_OBJECT};
+use crate::store::{Builder, KeyHint, Store, Tables, ValueId, View, EMPTY_OBJECT};
 use std::collections::{BTreeMap, HashMap};
 
 /// One server as a source saw it, its facts decoded into the [`Harvest`]'s store.
@@ -34,10 +34,43 @@ impl Observation {
     /// Its environment by [`crate::facts::Node::new`]'s rule, with the source's hint
     /// after where the master last saw it.
     pub fn environment<'s>(&'s self, store: &'s Store, last_seen_env: Option<&'s str>) -> &'s str {
+        self.environment_hinted(store, last_seen_env, &mut EnvironmentHints::default())
+    }
+
+    /// [`Self::environment`], for observation after observation of one store.
+    fn environment_hinted<'s>(
+        &'s self,
+        store: &'s Store,
+        last_seen_env: Option<&'s str>,
+        hints: &mut EnvironmentHints,
+    ) -> &'s str {
         let facts = store.view(self.facts).as_object();
-        let fact = |name: &str| facts.and_then(|f| f.get(name)).and_then(View::as_str);
+        let fact = |name: &str| {
+            let object = facts?;
+            let found = match name {
+                "environment" => object.get_hinted(&mut hints.environment),
+                "agent_specified_environment" => object.get_hinted(&mut hints.agent_specified),
+                other => object.get(other),
+            };
+            found.and_then(View::as_str)
+        };
         let env = last_seen_env.filter(|e| !e.is_empty()).or(self.environment_hint.as_deref());
         decide_environment(fact, env)
+    }
+}
+
+/// Where the environment rule's two facts were found last.
+struct EnvironmentHints {
+    environment: KeyHint<'static>,
+    agent_specified: KeyHint<'static>,
+}
+
+impl Default for EnvironmentHints {
+    fn default() -> EnvironmentHints {
+        EnvironmentHints {
+            environment: KeyHint::new("environment"),
+            agent_specified: KeyHint::new("agent_specified_environment"),
+        }
     }
 }
 
@@ -111,8 +144,11 @@ impl Harvest {
     ) -> (Index, Tables) {
         let Harvest { mut builder, observations, kept, .. } = self;
         let mut staged = Vec::with_capacity(observations.len() + kept.len());
+        let (mut hints, mut environment) = (EnvironmentHints::default(), String::new());
         for o in &observations {
-            let environment = o.environment(builder.store(), seen.get(&o.certname).map(String::as_str)).to_string();
+            let last_seen = seen.get(&o.certname).map(String::as_str);
+            environment.clear();
+            environment.push_str(o.environment_hinted(builder.store(), last_seen, &mut hints));
             staged.push(Staged {
                 certname: builder.string(&o.certname),
                 environment: builder.string(&environment),
