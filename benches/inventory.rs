@@ -122,7 +122,7 @@ fn main() {
         "1. read STOMP frames",
         "2. decode the outer Marshal, verify the PSK hash",
         "3. decode the inner Marshal (the inventory)",
-        "4. to observations (facts as JSON values, then into the store)",
+        "4. to observations (facts from the Marshal values into the store)",
         "5. build the index (rows, order, role maps)",
     ];
     println!("{} samples; median per stage:", samples.len());
