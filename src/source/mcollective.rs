@@ -746,18 +746,18 @@ mod tests {
         }
         let values = [
             ruby_facts(),
-            R::Hash(vec![
-                (R::sym("a"), R::Int(-3)),
-                (R::Int(1), R::Float(0.5)),
-                (R::str("n"), R::Nil),
-                (R::str("b"), R::Bool(true)),
-                (R::str("o"), R::Other("Object".into())),
-                (R::str("bin"), R::binary(vec![0xff, b'a'])),
-                (R::Nil, R::Float(f64::NAN)),
-                (R::Array(vec![R::Int(1), R::str("x")]), R::Float(f64::INFINITY)),
-                (R::str("a"), R::str("the last of a repeated key")),
-                (R::Bool(false), R::Hash(vec![])),
-            ]),
+            R::Hash(
+                [
+                    odd_values(),
+                    vec![
+                        (R::Nil, R::Float(f64::NAN)),
+                        (R::Array(vec![R::Int(1), R::str("x")]), R::Float(f64::INFINITY)),
+                        (R::str("a"), R::str("the last of a repeated key")),
+                        (R::Bool(false), R::Hash(vec![])),
+                    ],
+                ]
+                .concat(),
+            ),
             deep,
         ];
         for value in values {
@@ -767,17 +767,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn marshal_values_convert_to_json() {
+    /// Keys and values of every kind a reply may hold.
+    fn odd_values() -> Vec<(mco::Value, mco::Value)> {
         use mco::Value as R;
-        let v = R::Hash(vec![
+        vec![
             (R::sym("a"), R::Int(-3)),
             (R::Int(1), R::Float(0.5)),
             (R::str("n"), R::Nil),
             (R::str("b"), R::Bool(true)),
             (R::str("o"), R::Other("Object".into())),
             (R::str("bin"), R::binary(vec![0xff, b'a'])),
-        ]);
+        ]
+    }
+
+    #[test]
+    fn marshal_values_convert_to_json() {
+        let v = mco::Value::Hash(odd_values());
         assert_eq!(to_json(&v), json!({"a": -3, "1": 0.5, "n": null, "b": true, "o": null, "bin": "\u{fffd}a"}));
     }
 }

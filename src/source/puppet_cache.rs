@@ -79,17 +79,10 @@ pub struct ReadMemo {
     values_after_full: usize,
 }
 
-impl ReadMemo {
-    /// Heap bytes, roughly: the paths and what is kept per file.
-    pub fn heap_bytes(&self) -> usize {
-        self.files.keys().map(|p| p.as_os_str().len() + 96).sum()
-    }
-}
-
 #[derive(Debug)]
 struct Seen {
     stamp: Stamp,
-    outcome: std::result::Result<Observation, String>,
+    outcome: Outcome,
 }
 
 /// What tells a rewritten fact file from the one read before. Puppet writes each
@@ -117,6 +110,7 @@ struct Listed {
     stamp: Option<Stamp>,
 }
 
+/// What a file gave: its server, or the warning that says why it was skipped.
 type Outcome = std::result::Result<Observation, String>;
 /// A reader's store and what each of its files gave.
 type Part = (Builder, Vec<(usize, Outcome)>);
