@@ -155,7 +155,7 @@ fn fact_queries(index: &Index, before: &reference::Index, fresh: Freshness) {
             quoted(clauses),
             by_index.len()
         ));
-        let fresh_index = || Index::build_from(before.nodes(), ROLE_FACT, fresh.now, None);
+        let fresh_index = || Index::build_from(before.nodes(), ROLE_FACT, fresh.now);
         table.info(
             "first query of a generation: the path indexes built (excluded below)",
             measure_each(fresh_index, |i| i.with_facts(&query, ENVIRONMENT, fresh).len()),
@@ -250,11 +250,7 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     ));
     table.info(
         "Index::build_from parsed servers (sort, dedup, intern, role map)",
-        measure_each(|| (), |()| Index::build_from(&nodes, ROLE_FACT, built_at, None)),
-    );
-    table.info(
-        "  the same, tables sized like the previous generation's (a refresh)",
-        measure_each(|| (), |()| Index::build_from(&nodes, ROLE_FACT, built_at, Some(&index))),
+        measure_each(|| (), |()| Index::build_from(&nodes, ROLE_FACT, built_at)),
     );
     table.info(
         "  its floor: only walking the parsed servers' trees (every key, every leaf)",

@@ -160,20 +160,19 @@ pub struct InvalidRows(pub String);
 impl Index {
     /// Builds the index; duplicate certnames keep the newest facts.
     pub fn build(nodes: Vec<Node>, role_fact: &str, built_at: i64) -> Index {
-        Index::build_from(&nodes, role_fact, built_at, None)
+        Index::build_from(&nodes, role_fact, built_at)
     }
 
     /// [`Index::build`] from borrowed servers, so the caller drops their trees when
-    /// it suits it. `previous`, the index this one replaces, sizes the store's tables
-    /// up front.
-    pub fn build_from(nodes: &[Node], role_fact: &str, built_at: i64, previous: Option<&Index>) -> Index {
+    /// it suits it.
+    pub fn build_from(nodes: &[Node], role_fact: &str, built_at: i64) -> Index {
         // Interned in result order: the same servers give the same store, id for id,
         // in whatever order they come.
         let mut order: Vec<&Node> = nodes.iter().collect();
         order.sort_by(|a, b| a.certname.cmp(&b.certname).then(b.timestamp.cmp(&a.timestamp)));
         order.dedup_by(|later, first| later.certname == first.certname);
         order.sort_by(|a, b| a.canonical_cmp(b));
-        let mut builder = previous.map_or_else(Builder::new, |p| Builder::sized_like(&p.store));
+        let mut builder = Builder::new();
         let staged = order
             .into_iter()
             .map(|node| Staged {

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::facts::Facts;
 use crate::index::Index;
 use crate::mcollective::{self as mco, Client, Filter, RpcReply};
-use crate::store::{Builder, ValueId, NULL};
+use crate::store::{Builder, ValueId, FALSE, NULL, TRUE};
 use crate::time::now;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -464,7 +464,13 @@ fn add_to_store(value: &mco::Value, builder: &mut Builder, depth: usize) -> Valu
     }
     match value {
         R::Nil | R::Other(_) => NULL,
-        R::Bool(b) => builder.value(&Value::Bool(*b)),
+        R::Bool(b) => {
+            if *b {
+                TRUE
+            } else {
+                FALSE
+            }
+        }
         R::Int(i) => builder.int(*i),
         R::Float(f) if f.is_finite() => builder.float(*f),
         R::Float(_) => NULL,

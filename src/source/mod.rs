@@ -94,6 +94,7 @@ impl std::fmt::Debug for Harvest {
             .field("observations", &self.observations.len())
             .field("kept", &self.kept)
             .field("warnings", &self.warnings)
+            .field("reused", &self.reused)
             .finish()
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{Harvest, Observation};
 use crate::error::{Error, Result};
-use crate::store::json::{Depth, JsonError, Skip, ValueSeed};
+use crate::store::json::{self, Depth, JsonError, Skip, ValueSeed};
 use crate::store::{Builder, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -413,19 +413,7 @@ impl Document {
 }
 
 fn decode_document(bytes: &[u8], builder: &mut Builder) -> std::result::Result<Document, JsonError> {
-    let mut depth = Depth::new(crate::yaml::MAX_DEPTH);
-    let mut input = serde_json::Deserializer::from_slice(bytes);
-    let decoded = DocumentSeed { builder, depth: &mut depth }.deserialize(&mut input).and_then(|document| {
-        input.end()?;
-        Ok(document)
-    });
-    decoded.map_err(|e| {
-        if depth.exceeded {
-            JsonError::TooDeep { limit: crate::yaml::MAX_DEPTH }
-        } else {
-            JsonError::Syntax(e)
-        }
-    })
+    json::decode_with(bytes, crate::yaml::MAX_DEPTH, |input, depth| DocumentSeed { builder, depth }.deserialize(input))
 }
 
 struct DocumentSeed<'b> {

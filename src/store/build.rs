@@ -38,10 +38,6 @@ impl Tables {
     pub fn fit(&self, store: &Store) -> bool {
         self.strings.len() == store.strings() && self.values.len() == store.values()
     }
-
-    pub fn heap_bytes(&self) -> usize {
-        (self.strings.capacity() + self.values.capacity()) * (4 + 1) + 4 * self.string_values.capacity()
-    }
 }
 
 impl std::fmt::Debug for Tables {
@@ -84,14 +80,6 @@ impl Builder {
         builder
     }
 
-    /// A builder with room for a store the size of `like` (the previous generation's):
-    /// a refresh then grows no table and rehashes nothing on the way.
-    pub fn sized_like(like: &Store) -> Builder {
-        let mut builder = Builder::new();
-        builder.reserve(like);
-        builder
-    }
-
     /// Room for as much again as `like` holds.
     fn reserve(&mut self, like: &Store) {
         let (values, strings) = (like.values(), like.strings());
@@ -129,16 +117,9 @@ impl Builder {
     /// made it, so a refresh that changes a few servers adds only theirs. Every id
     /// of `store` stays valid.
     pub fn resume(store: &Store, tables: Tables) -> Builder {
-        let store = Store {
-            text: store.text.to_vec().into(),
-            text_ends: store.text_ends.to_vec().into(),
-            tags: store.tags.to_vec().into(),
-            lo: store.lo.to_vec().into(),
-            hi: store.hi.to_vec().into(),
-            children: store.children.to_vec().into(),
-        };
         let Tables { hasher, strings, values, string_values } = tables;
-        Builder { store, hasher, strings, values, string_values, scratch: Vec::new() }
+        // Columns copy themselves when first changed (`Column::make_mut`).
+        Builder { store: store.clone(), hasher, strings, values, string_values, scratch: Vec::new() }
     }
 
     pub fn finish(mut self) -> Store {

@@ -198,11 +198,21 @@ impl<'de> Visitor<'de> for Skip<'_> {
 
 /// One whole JSON document as a value of the builder.
 pub fn decode(builder: &mut Builder, bytes: &[u8], max_depth: usize) -> Result<ValueId, JsonError> {
+    decode_with(bytes, max_depth, |input, depth| ValueSeed { builder, depth }.deserialize(input))
+}
+
+/// One whole JSON document through `read` (a seed deserializing from the input,
+/// nesting counted in the `Depth` it is given); nothing may follow it.
+pub fn decode_with<T>(
+    bytes: &[u8],
+    max_depth: usize,
+    read: impl FnOnce(&mut serde_json::Deserializer<serde_json::de::SliceRead<'_>>, &mut Depth) -> serde_json::Result<T>,
+) -> Result<T, JsonError> {
     let mut depth = Depth::new(max_depth);
     let mut input = serde_json::Deserializer::from_slice(bytes);
-    let decoded = ValueSeed { builder, depth: &mut depth }.deserialize(&mut input).and_then(|id| {
+    let decoded = read(&mut input, &mut depth).and_then(|value| {
         input.end()?;
-        Ok(id)
+        Ok(value)
     });
     decoded.map_err(|e| if depth.exceeded { JsonError::TooDeep { limit: max_depth } } else { JsonError::Syntax(e) })
 }
