@@ -393,6 +393,19 @@ impl<'a> Server<'a> {
         let named = server.named_entries();
         named.map(|(id, name, value)| (name, Entry::Value(id, value))).chain(certname)
     }
+
+    /// [`Self::entries`] without the names' text, for bindings that keep names by
+    /// id: [`Self::name`] gives a `Value`'s name, a `Certname`'s is `certname`.
+    pub fn entry_ids(self) -> impl Iterator<Item = Entry<'a>> {
+        let server = self.0;
+        let certname = Some(Entry::Certname(server.certname())).filter(|_| !server.facts().contains_key("certname"));
+        server.entry_ids().map(|(id, value)| Entry::Value(id, value)).chain(certname)
+    }
+
+    /// The text of a name id an [`Entry::Value`] holds.
+    pub fn name(self, id: StrId) -> &'a str {
+        self.0.name(id)
+    }
 }
 
 /// What `status` reports, for operators and tests.

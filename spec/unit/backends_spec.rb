@@ -118,6 +118,25 @@ describe 'the two backends' do
     end
   end
 
+  it 'deep-freezes every server and shares fact names and equal values between servers, on both backends' do
+    frozen_through = lambda do |value|
+      value.frozen? && case value
+                       when Hash then value.all? { |k, v| frozen_through.call(k) && frozen_through.call(v) }
+                       when Array then value.all? { |v| frozen_through.call(v) }
+                       else true
+                       end
+    end
+    PuppetKicker::BACKENDS.each do |name|
+      PuppetKicker.with_backend(name) do
+        web1, web2 = PuppetKicker.native.servers_with_role(['web'], 'production')
+        odd = PuppetKicker.native.server_with_role(['odd'], 'production')
+        [web1, web2, odd].each { |server| expect(frozen_through.call(server)).to be(true), "#{name}: #{server['fqdn']}" }
+        expect(web1['role']).to equal(web2['role']), "#{name}: one 'web' String for both servers"
+        expect(web1.keys.zip(web2.keys)).to all(satisfy { |a, b| a.equal?(b) }), "#{name}: one String per fact name"
+      end
+    end
+  end
+
   it 'raises the same exceptions with the same messages' do
     errors = [
       ->(n) { n.servers_with_facts(['role=web', 'uptime'], 'production') },

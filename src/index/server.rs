@@ -61,6 +61,17 @@ impl<'a> ServerRef<'a> {
         facts.named().chain(self.extra().named().filter(move |(_, name, _)| !facts.contains_key(name)))
     }
 
+    /// [`Self::named_entries`] without the names' text ([`Self::name`] gives it).
+    pub fn entry_ids(self) -> impl Iterator<Item = (StrId, View<'a>)> + 'a {
+        let (facts, store) = (self.facts(), &self.index.store);
+        facts.ids().chain(self.extra().ids().filter(move |(id, _)| !facts.contains_key(store.str(*id))))
+    }
+
+    /// The text of a name [`Self::entry_ids`] gave.
+    pub fn name(self, id: StrId) -> &'a str {
+        self.index.store.str(id)
+    }
+
     /// As [`Node::fact`]: a top-level fact named exactly `path` wins, else a dotted
     /// walk into hashes and, by number, arrays; else what the source reported.
     pub fn fact(self, path: &FactPath) -> Option<View<'a>> {

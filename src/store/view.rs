@@ -62,6 +62,11 @@ impl<'s> View<'s> {
         self.id
     }
 
+    /// The store the value is in: names of its keys by id ([`ObjectRef::ids`]).
+    pub fn store(self) -> &'s Store {
+        self.store
+    }
+
     pub fn kind(self) -> Kind<'s> {
         let slot: Slot = self.store.slot(self.id);
         match slot.tag {
@@ -196,6 +201,13 @@ impl<'s> ObjectRef<'s> {
     pub fn named(self) -> impl ExactSizeIterator<Item = (u32, &'s str, View<'s>)> + 's {
         let store = self.store;
         self.pairs.chunks_exact(2).map(move |p| (p[0], store.str(p[0]), View::new(store, p[1])))
+    }
+
+    /// Pairs as key id and value, for bindings that keep what they convert of a key
+    /// by id and so rarely need its text ([`Store::str`]).
+    pub fn ids(self) -> impl ExactSizeIterator<Item = (StrId, View<'s>)> + 's {
+        let store = self.store;
+        self.pairs.chunks_exact(2).map(move |p| (p[0], View::new(store, p[1])))
     }
 
     pub fn iter(self) -> impl ExactSizeIterator<Item = (&'s str, View<'s>)> + 's {

@@ -5,17 +5,18 @@
 //! a Rust panic anywhere becomes a Ruby exception instead of `fatal`, which would end
 //! the Puppet run. The core runs without the GVL, so its waits stop no Ruby thread.
 
+mod convert;
 mod gvl;
 
-use magnus::value::{Lazy, ReprValue};
+use convert::Converter;
+
+use magnus::value::ReprValue;
 use magnus::RString;
-use magnus::{function, prelude::*, Error, ExceptionClass, RArray, RHash, RModule, Ruby, Value};
+use magnus::{function, prelude::*, Error, ExceptionClass, RHash, RModule, Ruby, Value};
 use puppet_kicker::log::LogLine;
-use puppet_kicker::seam::{self, Entry, Failure, NoteEnvironment, Query, Selected, Server, Settings};
-use puppet_kicker::store::{Kind, View};
+use puppet_kicker::seam::{self, Failure, NoteEnvironment, Query, Settings};
 use serde_json::Value as Json;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The exception class for a failure: `PuppetKicker::ERRORS[kind]`, the one list
 /// (lib/puppet_kicker.rb), else `PuppetKicker::Error`. Looked up rather than kept:
@@ -83,29 +84,19 @@ fn servers(ruby: &Ruby, query: Query) -> Result<Value, Error> {
         ruby,
         || seam::select(query),
         |ruby, selected| {
-            same_generation(ruby, selected.generation())?;
-            let answers = ruby.get_inner(&ANSWERS);
+            let mut converter = Converter::new(ruby, &selected)?;
             let id = selected.answer_id();
-            if id != 0 {
-                let kept: Value = answers.aref(id)?;
-                if !kept.is_nil() {
-                    return Ok(kept);
-                }
+            if let Some(kept) = converter.kept_answer(id)? {
+                return Ok(kept);
             }
-            let array = ruby.ary_new_capa(selected.positions().len());
-            // Everything converted is kept for the generation: a GC could free nothing.
-            let _held = GcHeld::new(ruby);
-            for position in selected.positions() {
-                array.push(converted(ruby, &selected, *position)?)?;
-            }
+            let servers = selected
+                .positions()
+                .iter()
+                .map(|position| converter.server(&selected, *position))
+                .collect::<Result<Vec<Value>, Error>>()?;
+            let array = ruby.ary_new_from_values(&servers);
             array.freeze();
-            if id != 0 {
-                // The core keeps at most ANSWERS per generation; older ids never come back.
-                if answers.len() >= 2 * puppet_kicker::index::ANSWERS.get() {
-                    answers.clear()?;
-                }
-                answers.aset(id, array)?;
-            }
+            converter.keep_answer(id, array)?;
             Ok(array.as_value())
         },
     )
@@ -116,10 +107,7 @@ fn first(ruby: &Ruby, query: Query) -> Result<Value, Error> {
         ruby,
         || seam::select(query),
         |ruby, selected| match selected.positions().first() {
-            Some(position) => {
-                let _held = GcHeld::new(ruby);
-                converted(ruby, &selected, *position)
-            }
+            Some(position) => Converter::new(ruby, &selected)?.server(&selected, *position),
             None => Ok(ruby.qnil().as_value()),
         },
     )
@@ -154,144 +142,6 @@ fn status(ruby: &Ruby, status: seam::Status) -> Result<Value, Error> {
 fn bytes(report: RString) -> Vec<u8> {
     // SAFETY: copied at once, with no Ruby call in between.
     unsafe { report.as_slice() }.to_vec()
-}
-
-/// Servers converted for the current index generation, by position: building a
-/// server's Hash (a thousand Ruby objects for ~150 structured facts) costs far more
-/// than finding it, so each is built once per index and shared, deep-frozen, by
-/// every later call. The Array is marked for the GC by `Lazy`; the GVL serializes it.
-static CONVERTED: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
-/// Values of the same generation by store id (strings, arrays, hashes): equal
-/// values have one id, so a value many servers share (`os`, `processors`, a
-/// domain) is built once and the same frozen object is in each server's Hash.
-static VALUES: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
-/// Fact names by string id, frozen, so a Hash keeps them as they are (a Hash
-/// copies an unfrozen String key).
-static KEYS: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
-/// Frozen result Arrays by answer id ([`Selected::answer_id`]): an identical call
-/// within a generation returns the very Array it returned before.
-static ANSWERS: Lazy<RHash> = Lazy::new(|ruby| ruby.hash_new());
-static CONVERTED_GENERATION: AtomicU64 = AtomicU64::new(0);
-
-/// Drops what was converted for an earlier index generation.
-fn same_generation(ruby: &Ruby, generation: u64) -> Result<(), Error> {
-    if CONVERTED_GENERATION.load(Ordering::Relaxed) != generation {
-        ruby.get_inner(&CONVERTED).clear()?;
-        ruby.get_inner(&VALUES).clear()?;
-        ruby.get_inner(&KEYS).clear()?;
-        ruby.get_inner(&ANSWERS).clear()?;
-        CONVERTED_GENERATION.store(generation, Ordering::Relaxed);
-    }
-    Ok(())
-}
-
-/// Holds Ruby's garbage collector off during a conversion, which keeps new objects in
-/// Rust `Vec`s (where the GC neither marks nor moves them) until they are in a Hash
-/// or Array: one bulk insert instead of a protected call per entry. Bounded by one
-/// call, whose objects all stay referenced by the caches anyway; the GC runs as usual
-/// at the next allocation after it. [`converted`] must run under it.
-struct GcHeld<'a> {
-    ruby: &'a Ruby,
-    was_disabled: bool,
-}
-
-impl<'a> GcHeld<'a> {
-    fn new(ruby: &'a Ruby) -> GcHeld<'a> {
-        GcHeld { ruby, was_disabled: ruby.gc_disable() }
-    }
-}
-
-impl Drop for GcHeld<'_> {
-    fn drop(&mut self) {
-        if !self.was_disabled {
-            self.ruby.gc_enable();
-        }
-    }
-}
-
-fn converted(ruby: &Ruby, selected: &Selected, position: u32) -> Result<Value, Error> {
-    let cache = ruby.get_inner(&CONVERTED);
-    let generation = selected.generation();
-    same_generation(ruby, generation)?;
-    let cached: Value = cache.entry(position as isize)?;
-    if !cached.is_nil() {
-        return Ok(cached);
-    }
-    let Some(server) = selected.server_at(position) else {
-        let what = format!("no server at position {position} of index {generation}");
-        return Err(raise(ruby, Failure::internal(what)));
-    };
-    let hash = server_hash(ruby, server)?.as_value();
-    cache.store(position as isize, hash)?;
-    Ok(hash)
-}
-
-fn server_hash(ruby: &Ruby, server: Server) -> Result<RHash, Error> {
-    let mut pairs = Vec::with_capacity(2 * 160);
-    for (name, entry) in server.entries() {
-        match entry {
-            Entry::Value(id, value) => pairs.extend([key(ruby, id, name)?, view_to_ruby(ruby, value)?]),
-            Entry::Certname(certname) => {
-                pairs.extend([frozen(ruby.str_new(name).as_value()), frozen(ruby.str_new(certname).as_value())])
-            }
-        }
-    }
-    let hash = ruby.hash_new();
-    hash.bulk_insert(&pairs)?;
-    hash.freeze();
-    Ok(hash)
-}
-
-/// A fact name as a frozen String, made once per generation (see [`KEYS`]).
-fn key(ruby: &Ruby, id: u32, text: &str) -> Result<Value, Error> {
-    let keys = ruby.get_inner(&KEYS);
-    let kept: Value = keys.entry(id as isize)?;
-    if !kept.is_nil() {
-        return Ok(kept);
-    }
-    let name = frozen(ruby.str_new(text).as_value());
-    keys.store(id as isize, name)?;
-    Ok(name)
-}
-
-/// A store value as a deep-frozen Ruby value, shared by every server of the
-/// generation that has it (see [`VALUES`]).
-fn view_to_ruby(ruby: &Ruby, value: View) -> Result<Value, Error> {
-    let kind = value.kind();
-    match kind {
-        Kind::Null => return Ok(ruby.qnil().as_value()),
-        Kind::Bool(b) => return Ok(ruby.into_value(b)),
-        Kind::Int(i) => return Ok(ruby.integer_from_i64(i).as_value()),
-        Kind::UInt(u) => return Ok(ruby.integer_from_u64(u).as_value()),
-        Kind::Float(f) => return Ok(ruby.float_from_f64(f).as_value()),
-        Kind::Str(_) | Kind::Array(_) | Kind::Object(_) => {}
-    }
-    let cached = ruby.get_inner(&VALUES);
-    let id = value.id() as isize;
-    let hit: Value = cached.entry(id)?;
-    if !hit.is_nil() {
-        return Ok(hit);
-    }
-    let built = match kind {
-        Kind::Str(s) => ruby.str_new(s).as_value(),
-        Kind::Array(items) => {
-            let items = items.iter().map(|item| view_to_ruby(ruby, item)).collect::<Result<Vec<Value>, Error>>()?;
-            ruby.ary_new_from_values(&items).as_value()
-        }
-        Kind::Object(object) => {
-            let mut pairs = Vec::with_capacity(2 * object.len());
-            for (key_id, name, item) in object.named() {
-                pairs.push(key(ruby, key_id, name)?);
-                pairs.push(view_to_ruby(ruby, item)?);
-            }
-            let hash = ruby.hash_new();
-            hash.bulk_insert(&pairs)?;
-            hash.as_value()
-        }
-        _ => return Ok(ruby.qnil().as_value()),
-    };
-    cached.store(id, frozen(built))?;
-    Ok(built)
 }
 
 /// Shared between calls, so nothing a template does can change them.
@@ -373,6 +223,7 @@ mod tests {
         a_panic_in_an_entry_point_is_a_puppet_kicker_error(&ruby);
         a_panic_in_the_core_without_the_gvl_is_a_puppet_kicker_error(&ruby);
         a_server_past_the_end_of_its_index_is_a_puppet_kicker_error(&ruby);
+        a_panic_or_a_ruby_exception_while_converting_is_an_error_and_leaves_the_stack_empty(&ruby);
     }
 
     fn each_failure_kind_raises_the_class_the_facade_lists(ruby: &Ruby) {
@@ -422,12 +273,38 @@ mod tests {
         let selected = seam::select(query).unwrap();
         assert_eq!(selected.positions().len(), 1, "the fixture server is found");
 
-        let _held = GcHeld::new(ruby);
+        let mut converter = Converter::new(ruby, &selected).unwrap();
         let past_the_end = selected.positions().len() as u32 + 1000;
-        let error = converted(ruby, &selected, past_the_end).unwrap_err();
+        let error = converter.server(&selected, past_the_end).unwrap_err();
         assert_puppet_kicker_error(ruby, error, &format!("no server at position {past_the_end}"));
-        let found = converted(ruby, &selected, selected.positions()[0]).unwrap();
+        let found = converter.server(&selected, selected.positions()[0]).unwrap();
         assert!(RHash::from_value(found).is_some(), "the server at a valid position is a Hash");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn a_panic_or_a_ruby_exception_while_converting_is_an_error_and_leaves_the_stack_empty(ruby: &Ruby) {
+        let query = Query::ServersWithRole { roles: vec!["web".into()], environment: "production".into() };
+        let selected = seam::select(query).unwrap();
+        let mut converter = Converter::new(ruby, &selected).unwrap();
+
+        let error = converter
+            .protected(|c| {
+                c.push_pending(ruby.qnil().as_value());
+                panic!("broken while converting")
+            })
+            .unwrap_err();
+        assert_puppet_kicker_error(ruby, error, "puppet-kicker internal error: broken while converting");
+        assert_eq!(converter.pending(), 0, "a panic leaves nothing on the stack");
+
+        let frozen = ruby.ary_new();
+        frozen.freeze();
+        let error = converter
+            .protected(|c| {
+                c.push_pending(ruby.str_new("cut short").as_value());
+                convert::store_raw(frozen, 0, ruby.qnil().as_value())
+            })
+            .unwrap_err();
+        assert!(error.is_kind_of(ruby.exception_frozen_error()), "{error} is the FrozenError Ruby raised");
+        assert_eq!(converter.pending(), 0, "a Ruby exception leaves nothing on the stack");
     }
 }
