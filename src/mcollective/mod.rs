@@ -13,12 +13,13 @@ pub mod config;
 pub mod connector;
 pub mod error;
 pub mod marshal;
+pub mod marshal_reader;
 pub mod message;
 pub mod psk;
 pub mod stomp;
 pub mod tls;
 
-pub use client::{Client, ClientStats, RpcOutcome, RpcReply};
+pub use client::{Client, ClientStats, RawOutcome, RpcOutcome, RpcReply};
 pub use config::{BrokerHost, Config, ConnectorKind, Overrides, ReplyLimits};
 pub use error::{Error, Result};
 pub use marshal::{Encoding, Value};
