@@ -13,12 +13,17 @@
 //! (3) decode the inner layer, as the client does per reply; (4) turn each into an
 //! observation (facts and classes to JSON values); (5) build the index. One warm-up, then at least five samples; the
 //! median of each stage is reported.
+//!
+//! The new path runs beside it in the same samples, on the same frames: (2') the outer
+//! layer read in place (`ReplyRef`, the PSK checked on the body's bytes) and copied
+//! out as the client keeps it; (3'+4') the inner layer read in place straight into the
+//! store (`observe_replies`), on one thread and on two; (5') the index.
 
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
-use puppet_kicker::mcollective::message::{Reply, RpcStatus};
+use puppet_kicker::mcollective::message::{Reply, ReplyRef, RpcStatus};
 use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
 use puppet_kicker::mcollective::RpcReply;
-use puppet_kicker::source::mcollective::observation;
+use puppet_kicker::source::mcollective::{observation, observe_replies};
 use puppet_kicker::source::Harvest;
 use puppet_kicker::synthetic;
 use puppet_kicker::time::now;
@@ -75,6 +80,7 @@ fn main() {
     let limits = Limits::default();
 
     let mut samples: Vec<[Duration; 5]> = Vec::new();
+    let mut new_samples: Vec<[Duration; 5]> = Vec::new();
     let bench_start = Instant::now();
     let mut warm = true;
     while warm || samples.len() < SAMPLES || bench_start.elapsed() < MIN_TIME {
@@ -86,10 +92,40 @@ fn main() {
         times[0] = t.elapsed();
 
         let t = Instant::now();
-        let outers: Vec<Reply> =
-            frames.iter().map(|f| Reply::decode_verified(&f.body, PSK, DecodeLimits::default()).unwrap()).collect();
+        let outers: Vec<Reply> = frames
+            .iter()
+            .map(|f| Reply::decode_verified_via_values(&f.body, PSK, DecodeLimits::default()).unwrap())
+            .collect();
         times[1] = t.elapsed();
+
+        // The new path, on the same frames: [outer, inner on 1 thread, inner on 2, index, -].
+        let mut new_times = [Duration::ZERO; 5];
+        let t = Instant::now();
+        let servers: Vec<Vec<(Reply, i64)>> = frames
+            .iter()
+            .map(|f| {
+                vec![(ReplyRef::decode_verified(&f.body, PSK, DecodeLimits::default()).unwrap().to_owned(), built_at)]
+            })
+            .collect();
+        new_times[0] = t.elapsed();
         drop(frames);
+        let t = Instant::now();
+        let mut one = Harvest::default();
+        let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 1, &mut one.builder);
+        new_times[1] = t.elapsed();
+        assert_eq!(observed.observations.len(), SERVERS);
+        drop((one, observed));
+        let t = Instant::now();
+        let mut two = Harvest::default();
+        let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 2, &mut two.builder);
+        two.observations = observed.observations;
+        new_times[2] = t.elapsed();
+        drop(servers);
+        let t = Instant::now();
+        let new_index = two.into_index(None, &BTreeMap::new(), "role", built_at);
+        new_times[3] = t.elapsed();
+        assert_eq!(black_box(&new_index).len(), SERVERS);
+        drop(new_index);
 
         let t = Instant::now();
         let replies: Vec<RpcReply> =
@@ -115,6 +151,7 @@ fn main() {
             warm = false;
         } else {
             samples.push(times);
+            new_samples.push(new_times);
         }
     }
 
@@ -146,6 +183,34 @@ fn main() {
         SERVERS as f64 / median_total.as_secs_f64(),
         ms(total)
     );
+
+    let median = |v: Vec<Duration>| {
+        let mut v = v;
+        v.sort();
+        v[v.len() / 2]
+    };
+    let frames_median = median(samples.iter().map(|s| s[0]).collect());
+    let new_stages = [
+        "2'. the outer layer read in place, PSK on the body's bytes, copied out",
+        "3'+4'. the inner layer read in place into the store, 1 thread",
+        "3'+4'. the inner layer read in place into the store, 2 threads",
+        "5'. build the index",
+    ];
+    println!();
+    println!("New path (borrowed Marshal reader), same samples; median per stage:");
+    println!("| Stage | 10,000 replies | per reply |");
+    println!("| --- | ---: | ---: |");
+    println!("| 1. read STOMP frames (as above) | {} | {} |", ms(frames_median), us(frames_median));
+    for (i, stage) in new_stages.iter().enumerate() {
+        let m = median(new_samples.iter().map(|s| s[i]).collect());
+        println!("| {stage} | {} | {} |", ms(m), us(m));
+    }
+    let new_total = |threads_stage: usize| {
+        median(samples.iter().zip(&new_samples).map(|(o, n)| o[0] + n[0] + n[threads_stage] + n[3]).collect())
+    };
+    println!("| **total, 1 thread** (median of sums) | **{}** | **{}** |", ms(new_total(1)), us(new_total(1)));
+    println!("| **total, 2 threads** (median of sums) | **{}** | **{}** |", ms(new_total(2)), us(new_total(2)));
+    println!("old total {} -> new total {} (2 threads)", ms(median_total), ms(new_total(2)));
 }
 
 /// `rpcutil#inventory`'s data for one server, as mcollective 2.12 sends it.

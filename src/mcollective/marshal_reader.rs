@@ -478,6 +478,23 @@ impl<'a> Doc<'a> {
         Ok(None)
     }
 
+    /// `hash[:name]` for each of `names` in one pass over the Hash at `pos`, as
+    /// [`Doc::get_sym`] finds each (all None when not a Hash).
+    pub fn get_syms<const N: usize>(&self, pos: Pos, names: [&str; N]) -> Result<[Option<Pos>; N]> {
+        let mut found = [None; N];
+        let (Item::Hash(n), mut next) = self.item(pos)? else { return Ok(found) };
+        for _ in 0..n {
+            let value = self.skip(next)?;
+            if let Item::Sym(s) = self.item(next)?.0 {
+                if let Some(i) = names.iter().position(|name| name.as_bytes() == s) {
+                    found[i] = found[i].or(Some(value));
+                }
+            }
+            next = self.skip(value)?;
+        }
+        Ok(found)
+    }
+
     /// The value at `pos` as the old reader gives it (for keys that are neither
     /// String nor Symbol, and to hold the two readers to each other).
     pub fn value(&self, pos: Pos) -> Result<Value> {

@@ -396,36 +396,37 @@ impl<'a> ReplyRef<'a> {
             Err(Scan::Unsupported(_)) => return Err(Unread::Unsupported),
         };
         let root = doc.root();
-        let field = |key: &str| -> Result<Item<'a>> {
-            let Some(pos) = doc.get_sym(root, key)? else {
-                if !matches!(doc.item(root)?.0, Item::Hash(_)) {
-                    return Err(Error::message("(message)", "is not a Hash"));
-                }
-                return Err(Error::message(format!(":{key}"), "missing"));
-            };
-            Ok(doc.item(pos)?.0)
+        let names = ["senderid", "requestid", "senderagent", "msgtime", "body", "hash"];
+        let found = doc.get_syms(root, names)?;
+        let is_hash = matches!(doc.item(root)?.0, Item::Hash(_));
+        let field = |i: usize| -> Result<Item<'a>> {
+            match found[i] {
+                Some(pos) => Ok(doc.item(pos)?.0),
+                None if !is_hash => Err(Error::message("(message)", "is not a Hash")),
+                None => Err(Error::message(format!(":{}", names[i]), "missing")),
+            }
         };
-        let text = |key: &str| -> Result<&'a str> {
-            match field(key)? {
+        let text = |i: usize| -> Result<&'a str> {
+            match field(i)? {
                 Item::Str(bytes, _) => std::str::from_utf8(bytes).ok(),
                 _ => None,
             }
-            .ok_or_else(|| Error::message(format!(":{key}"), "not a UTF-8 String"))
+            .ok_or_else(|| Error::message(format!(":{}", names[i]), "not a UTF-8 String"))
         };
         let reply = ReplyRef {
-            senderid: text("senderid")?,
-            requestid: text("requestid")?,
-            senderagent: text("senderagent")?,
-            msgtime: match field("msgtime")? {
+            senderid: text(0)?,
+            requestid: text(1)?,
+            senderagent: text(2)?,
+            msgtime: match field(3)? {
                 Item::Int(i) => i,
                 _ => return Err(Error::message(":msgtime", "not an Integer").into()),
             },
-            body: match field("body")? {
+            body: match field(4)? {
                 Item::Str(bytes, _) => bytes,
                 _ => return Err(Error::message(":body", "not a String").into()),
             },
         };
-        let hash = text("hash")?;
+        let hash = text(5)?;
         if !psk::verify(reply.body, psk, hash) {
             return Err(Error::Signature(format!(
                 "reply from {} for request {} has a bad :hash",

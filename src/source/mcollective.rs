@@ -643,14 +643,15 @@ pub fn observation_from_body(
     if !matches!(doc.item(root)?.0, Item::Hash(_)) {
         return Err(malformed("(message)", "is not a Hash"));
     }
-    let statuscode = match doc.get_sym(root, "statuscode")? {
+    let [statuscode, statusmsg, data] = doc.get_syms(root, ["statuscode", "statusmsg", "data"])?;
+    let statuscode = match statuscode {
         Some(pos) => match doc.item(pos)?.0 {
             Item::Int(i) => i,
             _ => return Err(malformed("statuscode", "not an Integer")),
         },
         None => return Err(malformed("statuscode", "missing")),
     };
-    let statusmsg = match doc.get_sym(root, "statusmsg")? {
+    let statusmsg = match statusmsg {
         Some(pos) => match doc.item(pos)?.0 {
             Item::Str(bytes, _) => String::from_utf8_lossy(bytes).into_owned(),
             _ => String::new(),
@@ -663,21 +664,19 @@ pub fn observation_from_body(
     if statuscode != 0 {
         return Err(BodyError::Inventory(InventoryError::Status { code: statuscode, message: statusmsg }));
     }
-    let data = doc.get_sym(root, "data")?;
-    let get = |name: &str| -> mco::Result<Option<usize>> {
-        match data {
-            Some(data) => doc.get_sym(data, name),
-            None => Ok(None),
-        }
+    let names = ["facts", "classes", "agents", "collectives", "main_collective"];
+    let [facts, classes, agents, collectives, own_main] = match data {
+        Some(data) => doc.get_syms(data, names)?,
+        None => [None; 5],
     };
-    let facts = match get("facts")? {
+    let facts = match facts {
         Some(pos) if matches!(doc.item(pos)?.0, Item::Hash(_)) => pos,
         Some(_) => return Err(BodyError::Inventory(InventoryError::FactsNotAHash)),
         None => return Err(BodyError::Inventory(InventoryError::NoFacts)),
     };
-    let list = |name: &str| -> mco::Result<Vec<String>> {
+    let list = |at: Option<usize>| -> mco::Result<Vec<String>> {
         let mut items = Vec::new();
-        if let Some(pos) = get(name)? {
+        if let Some(pos) = at {
             for item in doc.items(pos)?.unwrap_or_default() {
                 match doc.item(item)?.0 {
                     Item::Str(bytes, _) | Item::Sym(bytes) => items.push(String::from_utf8_lossy(bytes).into_owned()),
@@ -689,8 +688,8 @@ pub fn observation_from_body(
         items.dedup();
         Ok(items)
     };
-    let lists = Lists { classes: list("classes")?, agents: list("agents")?, collectives: list("collectives")? };
-    let own_main = match get("main_collective")? {
+    let lists = Lists { classes: list(classes)?, agents: list(agents)?, collectives: list(collectives)? };
+    let own_main = match own_main {
         Some(pos) => match doc.item(pos)?.0 {
             Item::Str(bytes, _) => std::str::from_utf8(bytes).ok(),
             _ => None,
@@ -744,9 +743,10 @@ impl DocToStore<'_, '_, '_> {
                         next = self.doc.skip(next)?;
                         self.builder.string("null")
                     } else {
-                        match self.doc.item(next)?.0 {
-                            Item::Str(bytes, _) | Item::Sym(bytes) => {
-                                next = self.doc.skip(next)?;
+                        let target = self.doc.deref(next)?;
+                        match self.doc.head(target)? {
+                            (Item::Str(bytes, _) | Item::Sym(bytes), end) => {
+                                next = if target == next { end } else { self.doc.skip(next)? };
                                 self.builder.string(&String::from_utf8_lossy(bytes))
                             }
                             _ => {
