@@ -303,3 +303,54 @@ fn truncated_and_mutated_bodies_read_as_marshal_rs_reads_them() {
         }
     }
 }
+
+#[test]
+fn an_unchanged_body_is_not_decoded_again_and_gives_what_a_full_read_gives() {
+    use puppet_kicker::source::mcollective::{observe_since, ReplyMemo};
+    use puppet_kicker::source::Harvest;
+    let limits = DecodeLimits::default();
+    let servers = |outers: &[Vec<u8>], at: i64| -> Vec<Vec<(Reply, i64)>> {
+        outers.iter().map(|o| vec![(Reply::decode_verified(o, PSK, limits).unwrap(), at)]).collect()
+    };
+    let facts = |builder: &Builder,
+                 observed: &[puppet_kicker::source::Observation]|
+     -> Vec<(String, Json, Json, i64)> {
+        let store = builder.store();
+        observed
+            .iter()
+            .map(|o| (o.certname.clone(), store.view(o.facts).to_json(), store.view(o.extra).to_json(), o.timestamp))
+            .collect()
+    };
+    let mut outers = fleet_replies(600);
+    let mut first = Harvest::default();
+    let (observed, memo, reused) = observe_since(
+        &servers(&outers, 1_700_000_005),
+        "mcollective",
+        limits,
+        2,
+        &mut first.builder,
+        &ReplyMemo::default(),
+    );
+    assert_eq!(reused, 0);
+    assert_eq!(memo.len(), observed.observations.len());
+    first.observations = observed.observations;
+    let (index, tables) = first.into_index_and_tables(None, &std::collections::BTreeMap::new(), "role", 1_700_000_005);
+
+    // Three servers changed: one's facts, one now refused, one's inventory garbage.
+    let other = fleet_replies(601);
+    for (i, from) in [(10, 600), (20, 8 + 211 * 2), (30, 9 + 301)] {
+        let theirs = ReplyRef::decode_verified(&other[from], PSK, limits).unwrap();
+        let mine = ReplyRef::decode_verified(&outers[i], PSK, limits).unwrap();
+        outers[i] = Reply { body: theirs.body.to_vec(), ..mine.to_owned() }.encode(PSK).unwrap();
+    }
+    let later = servers(&outers, 1_700_000_100);
+    let mut resumed = Builder::resume(index.store(), tables);
+    let (again, _, reused) = observe_since(&later, "mcollective", limits, 2, &mut resumed, &memo);
+    assert_eq!(reused, memo.len() - 3);
+    let mut full = Builder::new();
+    let (fresh, _, _) = observe_since(&later, "mcollective", limits, 1, &mut full, &ReplyMemo::default());
+    assert_eq!(facts(&resumed, &again.observations), facts(&full, &fresh.observations));
+    assert_eq!(again.warnings, fresh.warnings);
+    assert_eq!((again.accepted, again.malformed), (fresh.accepted, fresh.malformed));
+    assert!(again.observations.iter().all(|o| o.answered_at == Some(1_700_000_100)));
+}

@@ -24,11 +24,14 @@ use crate::facts::Facts;
 use crate::index::Index;
 use crate::mcollective::message::Reply;
 use crate::mcollective::{self as mco, Client, Filter, RpcReply};
-use crate::store::{Builder, ValueId, FALSE, NULL, TRUE};
+use crate::source::puppet_cache::GARBAGE_FACTOR;
+use crate::store::{Builder, Tables, ValueId, FALSE, NULL, TRUE};
+use crate::sync::lock;
 use crate::time::now;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Mutex;
 use std::time::Duration;
 
 pub const AGENT: &str = "rpcutil";
@@ -53,6 +56,18 @@ pub struct McollectiveSource {
     timeout: Duration,
     /// Seconds a silent server is kept.
     grace: i64,
+    /// What the last refresh leaves the next, once the service has built its index
+    /// ([`McollectiveSource::carry`]); and the memo of the refresh in flight.
+    carried: Mutex<Option<Carried>>,
+    pending: Mutex<Option<ReplyMemo>>,
+}
+
+/// The builder's tables for the store of index `generation`, and each server's
+/// last body and observation in that store.
+struct Carried {
+    generation: u64,
+    tables: Tables,
+    memo: ReplyMemo,
 }
 
 /// What one collective answered.
@@ -80,6 +95,8 @@ impl McollectiveSource {
 
     pub fn with_client(client: Client, settings: &McollectiveSettings) -> McollectiveSource {
         McollectiveSource {
+            carried: Mutex::new(None),
+            pending: Mutex::new(None),
             client,
             timeout: Duration::from_secs(settings.timeout.max(1)),
             grace: i64::try_from(settings.grace).unwrap_or(i64::MAX),
@@ -88,6 +105,14 @@ impl McollectiveSource {
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Keeps the tables of the index the last refresh built (generation
+    /// `generation`), with that refresh's memo, for the next refresh.
+    pub fn carry(&self, generation: u64, tables: Tables) {
+        if let Some(memo) = lock(&self.pending).take() {
+            *lock(&self.carried) = Some(Carried { generation, tables, memo });
+        }
     }
 
     /// The longest a refresh can take: collectives are asked in parallel, each with
@@ -219,13 +244,29 @@ impl McollectiveSource {
             })
             .collect();
         let config = self.client.config();
-        let observed = observe_replies(
+        // Taken: a refresh that fails leaves none, and the next decodes every reply.
+        let carried = lock(&self.carried).take();
+        let memo = match (carried, previous) {
+            (Some(c), Some(index))
+                if c.generation == index.generation()
+                    && c.tables.fit(index.store())
+                    && index.store().values() <= GARBAGE_FACTOR.saturating_mul(c.memo.values_after_full.max(1)) =>
+            {
+                harvest.builder = Builder::resume(index.store(), c.tables);
+                c.memo
+            }
+            (c, _) => ReplyMemo { hasher: c.map(|c| c.memo.hasher).unwrap_or_default(), ..ReplyMemo::default() },
+        };
+        let (observed, memo, reused) = observe_since(
             &servers,
             &config.main_collective,
             config.marshal_limits,
             DECODE_THREADS,
             &mut harvest.builder,
+            &memo,
         );
+        *lock(&self.pending) = Some(memo);
+        harvest.reused = reused;
         self.client.record_inner(observed.accepted, observed.malformed);
         harvest.observations = observed.observations;
         harvest.warnings.extend(observed.warnings);
@@ -495,11 +536,101 @@ fn finish(
     }
 }
 
+/// Each server's last inventory body (by a fast hash of its bytes) and what it
+/// gave, for [`observe_since`]: an identical body gives the identical observation,
+/// so it is not decoded again.
+#[derive(Clone, Debug, Default)]
+pub struct ReplyMemo {
+    /// Seeded per process, kept across refreshes so hashes compare.
+    hasher: hashbrown::DefaultHashBuilder,
+    servers: HashMap<String, (u64, Observation)>,
+    /// Values in the store after the last refresh that decoded every server.
+    values_after_full: usize,
+}
+
+impl ReplyMemo {
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+}
+
+/// [`observe_replies`] into a builder resumed on the store of the refresh that left
+/// `memo` (its ids still valid there): a server whose chosen reply has the body it
+/// had then gets its observation again, dated by the new reply, without decoding.
+/// Returns the memo for the next refresh, and how many servers were given again.
+pub fn observe_since(
+    servers: &[Vec<(Reply, i64)>],
+    main_collective: &str,
+    limits: mco::marshal::DecodeLimits,
+    threads: usize,
+    builder: &mut Builder,
+    memo: &ReplyMemo,
+) -> (Observed, ReplyMemo, usize) {
+    use std::hash::BuildHasher;
+    let hasher = memo.hasher;
+    // Per server: its body hash and the observation when the newest reply is unchanged.
+    let mut again: Vec<Option<Observation>> = Vec::with_capacity(servers.len());
+    let mut changed: Vec<Vec<(Reply, i64)>> = Vec::new();
+    for replies in servers {
+        let hit = replies.first().and_then(|(reply, at)| {
+            let (hash, o) = memo.servers.get(&reply.senderid)?;
+            (*hash == hasher.hash_one(&reply.body)).then(|| Observation {
+                timestamp: if reply.msgtime > 0 { reply.msgtime.min(*at) } else { *at },
+                answered_at: Some(*at),
+                ..o.clone()
+            })
+        });
+        if hit.is_none() {
+            changed.push(replies.clone());
+        }
+        again.push(hit);
+    }
+    let reused = again.iter().filter(|o| o.is_some()).count();
+    let decoded = observe_replies(&changed, main_collective, limits, threads, builder);
+    let mut decoded_observations = decoded.observations.into_iter().zip(decoded.chosen).peekable();
+    let mut next = ReplyMemo {
+        hasher,
+        servers: HashMap::with_capacity(servers.len()),
+        values_after_full: if reused == 0 { builder.store().values() } else { memo.values_after_full },
+    };
+    let (mut observations, mut chosen) = (Vec::with_capacity(servers.len()), Vec::with_capacity(servers.len()));
+    for (replies, hit) in servers.iter().zip(again) {
+        let Some((newest, _)) = replies.first() else { continue };
+        let (o, candidate) = match hit {
+            Some(o) => (o, 0),
+            None => match decoded_observations.next_if(|(o, _)| o.certname == newest.senderid) {
+                Some(decoded) => decoded,
+                None => continue,
+            },
+        };
+        // Only an observation of the newest reply stands for its body next time.
+        if candidate == 0 {
+            next.servers.insert(o.certname.clone(), (hasher.hash_one(&newest.body), o.clone()));
+        }
+        observations.push(o);
+        chosen.push(candidate);
+    }
+    let observed = Observed {
+        observations,
+        chosen,
+        warnings: decoded.warnings,
+        accepted: decoded.accepted + reused,
+        malformed: decoded.malformed,
+    };
+    (observed, next, reused)
+}
+
 /// What [`observe_replies`] made of the servers' replies.
 #[derive(Debug, Default)]
 pub struct Observed {
     /// In the order of the servers given.
     pub observations: Vec<Observation>,
+    /// For each observation, which of its server's replies it came from (0: the newest).
+    pub chosen: Vec<usize>,
     pub warnings: Vec<String>,
     /// Inner bodies read as RPC replies, and those that were not.
     pub accepted: usize,
@@ -544,6 +675,7 @@ pub fn observe_replies(
         // A panic fails the refresh, as it did on one thread.
         let (observed, own) = other.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let remap = builder.absorb(own.store());
+        all.chosen.extend(observed.chosen);
         all.observations.extend(observed.observations.into_iter().map(|mut o| {
             o.facts = remap.values[o.facts as usize];
             o.extra = remap.values[o.extra as usize];
@@ -564,7 +696,7 @@ fn observe_share(
 ) -> Observed {
     let mut out = Observed::default();
     for replies in servers {
-        for (reply, at) in replies {
+        for (candidate, (reply, at)) in replies.iter().enumerate() {
             let got = observation_from_body(
                 &reply.senderid,
                 reply.msgtime,
@@ -582,7 +714,10 @@ fn observe_share(
                 other => other,
             };
             match got {
-                Ok(o) => out.observations.push(o),
+                Ok(o) => {
+                    out.observations.push(o);
+                    out.chosen.push(candidate);
+                }
                 Err(BodyError::Malformed(_) | BodyError::Unsupported) => {
                     out.malformed += 1;
                     continue;
