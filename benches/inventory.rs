@@ -17,14 +17,17 @@
 //! The new path runs beside it in the same samples, on the same frames: (2') the outer
 //! layer read in place (`ReplyRef`, the PSK checked on the body's bytes) and copied
 //! out as the client keeps it; (3'+4') the inner layer read in place straight into the
-//! store (`observe_replies`), on one thread and on two; (5') the index.
+//! store (`observe_replies`), on one thread and on two; (5') the index. Then the
+//! incremental case: 10 of the 10,000 replies with a new body, the rest as last time
+//! (`observe_since` on a builder resumed on the last index's store).
 
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
 use puppet_kicker::mcollective::message::{Reply, ReplyRef, RpcStatus};
 use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
 use puppet_kicker::mcollective::RpcReply;
-use puppet_kicker::source::mcollective::{observation, observe_replies};
+use puppet_kicker::source::mcollective::{observation, observe_replies, observe_since, ReplyMemo};
 use puppet_kicker::source::Harvest;
+use puppet_kicker::store::Builder;
 use puppet_kicker::synthetic;
 use puppet_kicker::time::now;
 use serde_json::Value as Json;
@@ -211,6 +214,76 @@ fn main() {
     println!("| **total, 1 thread** (median of sums) | **{}** | **{}** |", ms(new_total(1)), us(new_total(1)));
     println!("| **total, 2 threads** (median of sums) | **{}** | **{}** |", ms(new_total(2)), us(new_total(2)));
     println!("old total {} -> new total {} (2 threads)", ms(median_total), ms(new_total(2)));
+
+    incremental(&stream, built_at);
+}
+
+/// A refresh after one in which every server answered: 10 servers' inventories
+/// changed. The outer layer (PSK included) is read as replies arrive, during the
+/// network wait; what comes after it is the CPU the target counts.
+fn incremental(stream: &[u8], built_at: i64) {
+    const CHANGED: usize = 10;
+    let limits = DecodeLimits::default();
+    let mut reader = FrameReader::new(Cursor::new(stream), Limits::default());
+    let bodies: Vec<Vec<u8>> = (0..SERVERS).map(|_| reader.read_frame().unwrap().body).collect();
+    let replies = |bodies: &[Vec<u8>]| -> Vec<Vec<(Reply, i64)>> {
+        bodies.iter().map(|b| vec![(Reply::decode_verified(b, PSK, limits).unwrap(), built_at)]).collect()
+    };
+    let first = replies(&bodies);
+    let mut changed_bodies = bodies.clone();
+    for i in 0..CHANGED {
+        let at = i * (SERVERS / CHANGED);
+        let mine = &first[at][0].0;
+        // Another server's inventory under this server's name: its facts all changed.
+        let body = first[(at + 1) % SERVERS][0].0.body.clone();
+        changed_bodies[at] = Reply { body, ..mine.clone() }.encode(PSK).unwrap();
+    }
+
+    let mut samples: Vec<[Duration; 4]> = Vec::new();
+    for sample in 0..=SAMPLES {
+        // The refresh before: every server decoded.
+        let mut harvest = Harvest::default();
+        let (observed, memo, _) =
+            observe_since(&first, "mcollective", limits, 2, &mut harvest.builder, &ReplyMemo::default());
+        harvest.observations = observed.observations;
+        let (index, tables) = harvest.into_index_and_tables(None, &BTreeMap::new(), "role", built_at);
+
+        let mut times = [Duration::ZERO; 4];
+        let t = Instant::now();
+        let later = replies(&changed_bodies);
+        times[0] = t.elapsed();
+        let t = Instant::now();
+        let mut next = Harvest { builder: Builder::resume(index.store(), tables), ..Harvest::default() };
+        times[1] = t.elapsed();
+        let t = Instant::now();
+        let (observed, _, reused) = observe_since(&later, "mcollective", limits, 2, &mut next.builder, &memo);
+        next.observations = observed.observations;
+        times[2] = t.elapsed();
+        assert_eq!(reused, SERVERS - CHANGED);
+        let t = Instant::now();
+        let index = next.into_index(Some(&index), &BTreeMap::new(), "role", built_at);
+        times[3] = t.elapsed();
+        assert_eq!(black_box(&index).len(), SERVERS);
+        if sample > 0 {
+            samples.push(times);
+        }
+    }
+    let median = |i: usize| {
+        let mut v: Vec<Duration> = samples.iter().map(|s| s[i]).collect();
+        v.sort();
+        v[v.len() / 2]
+    };
+    println!();
+    println!("Incremental: {CHANGED} of {SERVERS} inventories changed, {} samples; median per stage:", samples.len());
+    println!("| Stage | time |");
+    println!("| --- | ---: |");
+    println!("| outer layers and PSK of all replies (as they arrive, in the network wait) | {} |", ms(median(0)));
+    println!("| resume the builder on the last index's store | {} |", ms(median(1)));
+    println!("| hash each body, decode the {CHANGED} changed into the store | {} |", ms(median(2)));
+    println!("| build the index | {} |", ms(median(3)));
+    let mut beyond: Vec<Duration> = samples.iter().map(|s| s[1] + s[2] + s[3]).collect();
+    beyond.sort();
+    println!("| **beyond the network wait** (median of sums) | **{}** |", ms(beyond[beyond.len() / 2]));
 }
 
 /// `rpcutil#inventory`'s data for one server, as mcollective 2.12 sends it.

@@ -2,7 +2,8 @@
 //! existing mcollectived daemons through RabbitMQ or ActiveMQ, with the
 //! operator's own `client.cfg` and the `psk` security provider.
 //!
-//! Layers, bottom up: [`stomp`] frames, [`marshal`] values, [`psk`]
+//! Layers, bottom up: [`stomp`] frames, [`marshal`] values (and [`marshal_reader`],
+//! the same streams read in place), [`psk`]
 //! signatures, [`message`] bodies, [`config`] file, [`connector`]
 //! destinations/headers, [`tls`] broker connections, [`client`] I/O. Wire facts:
 //! each module's doc, and `tests/fixtures/frames/README.md` for the captured traffic

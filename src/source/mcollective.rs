@@ -246,16 +246,18 @@ impl McollectiveSource {
         let config = self.client.config();
         // Taken: a refresh that fails leaves none, and the next decodes every reply.
         let carried = lock(&self.carried).take();
-        let memo = match (carried, previous) {
+        let (memo, resumed) = match (carried, previous) {
             (Some(c), Some(index))
                 if c.generation == index.generation()
                     && c.tables.fit(index.store())
                     && index.store().values() <= GARBAGE_FACTOR.saturating_mul(c.memo.values_after_full.max(1)) =>
             {
                 harvest.builder = Builder::resume(index.store(), c.tables);
-                c.memo
+                (c.memo, true)
             }
-            (c, _) => ReplyMemo { hasher: c.map(|c| c.memo.hasher).unwrap_or_default(), ..ReplyMemo::default() },
+            (c, _) => {
+                (ReplyMemo { hasher: c.map(|c| c.memo.hasher).unwrap_or_default(), ..ReplyMemo::default() }, false)
+            }
         };
         let (observed, memo, reused) = observe_since(
             &servers,
@@ -265,6 +267,11 @@ impl McollectiveSource {
             &mut harvest.builder,
             &memo,
         );
+        let mut memo = memo;
+        if !resumed {
+            // Garbage (values no server uses any more) is bounded by this store's size.
+            memo.values_after_full = harvest.builder.store().values();
+        }
         *lock(&self.pending) = Some(memo);
         harvest.reused = reused;
         self.client.record_inner(observed.accepted, observed.malformed);
@@ -572,33 +579,32 @@ pub fn observe_since(
 ) -> (Observed, ReplyMemo, usize) {
     use std::hash::BuildHasher;
     let hasher = memo.hasher;
-    // Per server: its body hash and the observation when the newest reply is unchanged.
-    let mut again: Vec<Option<Observation>> = Vec::with_capacity(servers.len());
-    let mut changed: Vec<Vec<(Reply, i64)>> = Vec::new();
+    // Per server: its newest body's hash, and its observation when that body is unchanged.
+    let mut again: Vec<(u64, Option<Observation>)> = Vec::with_capacity(servers.len());
+    let mut changed: Vec<&[(Reply, i64)]> = Vec::new();
     for replies in servers {
-        let hit = replies.first().and_then(|(reply, at)| {
-            let (hash, o) = memo.servers.get(&reply.senderid)?;
-            (*hash == hasher.hash_one(&reply.body)).then(|| Observation {
-                timestamp: if reply.msgtime > 0 { reply.msgtime.min(*at) } else { *at },
-                answered_at: Some(*at),
-                ..o.clone()
-            })
+        let Some((reply, at)) = replies.first() else {
+            again.push((0, None));
+            continue;
+        };
+        let hash = hasher.hash_one(&reply.body);
+        let hit = memo.servers.get(&reply.senderid).filter(|(last, _)| *last == hash).map(|(_, o)| Observation {
+            timestamp: if reply.msgtime > 0 { reply.msgtime.min(*at) } else { *at },
+            answered_at: Some(*at),
+            ..o.clone()
         });
         if hit.is_none() {
-            changed.push(replies.clone());
+            changed.push(replies);
         }
-        again.push(hit);
+        again.push((hash, hit));
     }
-    let reused = again.iter().filter(|o| o.is_some()).count();
-    let decoded = observe_replies(&changed, main_collective, limits, threads, builder);
+    let reused = again.iter().filter(|(_, o)| o.is_some()).count();
+    let decoded = observe_slices(&changed, main_collective, limits, threads, builder);
     let mut decoded_observations = decoded.observations.into_iter().zip(decoded.chosen).peekable();
-    let mut next = ReplyMemo {
-        hasher,
-        servers: HashMap::with_capacity(servers.len()),
-        values_after_full: if reused == 0 { builder.store().values() } else { memo.values_after_full },
-    };
+    let mut next =
+        ReplyMemo { hasher, servers: HashMap::with_capacity(servers.len()), values_after_full: memo.values_after_full };
     let (mut observations, mut chosen) = (Vec::with_capacity(servers.len()), Vec::with_capacity(servers.len()));
-    for (replies, hit) in servers.iter().zip(again) {
+    for (replies, (hash, hit)) in servers.iter().zip(again) {
         let Some((newest, _)) = replies.first() else { continue };
         let (o, candidate) = match hit {
             Some(o) => (o, 0),
@@ -609,7 +615,7 @@ pub fn observe_since(
         };
         // Only an observation of the newest reply stands for its body next time.
         if candidate == 0 {
-            next.servers.insert(o.certname.clone(), (hasher.hash_one(&newest.body), o.clone()));
+            next.servers.insert(o.certname.clone(), (hash, o.clone()));
         }
         observations.push(o);
         chosen.push(candidate);
@@ -644,6 +650,17 @@ pub struct Observed {
 /// the same, id for id, whatever the number of threads.
 pub fn observe_replies(
     servers: &[Vec<(Reply, i64)>],
+    main_collective: &str,
+    limits: mco::marshal::DecodeLimits,
+    threads: usize,
+    builder: &mut Builder,
+) -> Observed {
+    let servers: Vec<&[(Reply, i64)]> = servers.iter().map(Vec::as_slice).collect();
+    observe_slices(&servers, main_collective, limits, threads, builder)
+}
+
+fn observe_slices(
+    servers: &[&[(Reply, i64)]],
     main_collective: &str,
     limits: mco::marshal::DecodeLimits,
     threads: usize,
@@ -689,7 +706,7 @@ pub fn observe_replies(
 }
 
 fn observe_share(
-    servers: &[Vec<(Reply, i64)>],
+    servers: &[&[(Reply, i64)]],
     main_collective: &str,
     limits: mco::marshal::DecodeLimits,
     builder: &mut Builder,
