@@ -13,13 +13,23 @@
 //! (3) decode the inner layer, as the client does per reply; (4) turn each into an
 //! observation (facts and classes to JSON values); (5) build the index. One warm-up, then at least five samples; the
 //! median of each stage is reported.
+//!
+//! The new path runs beside it in the same samples, on the same frames: (2') the outer
+//! layer read in place (`ReplyRef`, the PSK checked on the body's bytes) and copied
+//! out as the client keeps it; (3'+4') the inner layer read in place straight into the
+//! store (`observe_replies`), on one thread and on two; (5') the index. Then the
+//! incremental case: 10 of the 10,000 replies with a new body, the rest as last time
+//! (`observe_since` on a builder resumed on the last index's store).
 
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
-use puppet_kicker::mcollective::message::{Reply, RpcStatus};
+use puppet_kicker::mcollective::marshal_reader::Doc;
+use puppet_kicker::mcollective::message::{Reply, ReplyRef, RpcStatus};
+use puppet_kicker::mcollective::psk;
 use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
 use puppet_kicker::mcollective::RpcReply;
-use puppet_kicker::source::mcollective::observation;
+use puppet_kicker::source::mcollective::{observation, observe_replies, observe_since, ReplyMemo};
 use puppet_kicker::source::Harvest;
+use puppet_kicker::store::Builder;
 use puppet_kicker::synthetic;
 use puppet_kicker::time::now;
 use serde_json::Value as Json;
@@ -75,6 +85,8 @@ fn main() {
     let limits = Limits::default();
 
     let mut samples: Vec<[Duration; 5]> = Vec::new();
+    let mut new_samples: Vec<[Duration; 5]> = Vec::new();
+    let mut scan_samples: Vec<Duration> = Vec::new();
     let bench_start = Instant::now();
     let mut warm = true;
     while warm || samples.len() < SAMPLES || bench_start.elapsed() < MIN_TIME {
@@ -86,10 +98,51 @@ fn main() {
         times[0] = t.elapsed();
 
         let t = Instant::now();
-        let outers: Vec<Reply> =
-            frames.iter().map(|f| Reply::decode_verified(&f.body, PSK, DecodeLimits::default()).unwrap()).collect();
+        let outers: Vec<Reply> = frames
+            .iter()
+            .map(|f| Reply::decode_verified_via_values(&f.body, PSK, DecodeLimits::default()).unwrap())
+            .collect();
         times[1] = t.elapsed();
+
+        // The new path, on the same frames: [outer, inner on 1 thread, inner on 2, index, -].
+        let mut new_times = [Duration::ZERO; 5];
+        let t = Instant::now();
+        let servers: Vec<Vec<(Reply, i64)>> = frames
+            .iter()
+            .map(|f| {
+                vec![(ReplyRef::decode_verified(&f.body, PSK, DecodeLimits::default()).unwrap().to_owned(), built_at)]
+            })
+            .collect();
+        new_times[0] = t.elapsed();
         drop(frames);
+        let t = Instant::now();
+        let mut one = Harvest::default();
+        let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 1, &mut one.builder);
+        new_times[1] = t.elapsed();
+        assert_eq!(observed.observations.len(), SERVERS);
+        drop((one, observed));
+        let t = Instant::now();
+        let mut two = Harvest::default();
+        let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 2, &mut two.builder);
+        two.observations = observed.observations;
+        new_times[2] = t.elapsed();
+        // Where the time goes: the MD5 alone, and the checking scan of the inner layer alone.
+        let t = Instant::now();
+        for s in &servers {
+            black_box(psk::sign(&s[0].0.body, PSK));
+        }
+        new_times[4] = t.elapsed();
+        let t = Instant::now();
+        for s in &servers {
+            assert!(Doc::scan(&s[0].0.body, DecodeLimits::default()).is_ok());
+        }
+        scan_samples.push(t.elapsed());
+        drop(servers);
+        let t = Instant::now();
+        let new_index = two.into_index(None, &BTreeMap::new(), "role", built_at);
+        new_times[3] = t.elapsed();
+        assert_eq!(black_box(&new_index).len(), SERVERS);
+        drop(new_index);
 
         let t = Instant::now();
         let replies: Vec<RpcReply> =
@@ -113,8 +166,10 @@ fn main() {
 
         if warm {
             warm = false;
+            scan_samples.clear();
         } else {
             samples.push(times);
+            new_samples.push(new_times);
         }
     }
 
@@ -146,6 +201,111 @@ fn main() {
         SERVERS as f64 / median_total.as_secs_f64(),
         ms(total)
     );
+
+    let median = |v: Vec<Duration>| {
+        let mut v = v;
+        v.sort();
+        v[v.len() / 2]
+    };
+    let frames_median = median(samples.iter().map(|s| s[0]).collect());
+    let new_stages = [
+        "2'. the outer layer read in place, PSK on the body's bytes, copied out",
+        "3'+4'. the inner layer read in place into the store, 1 thread",
+        "3'+4'. the inner layer read in place into the store, 2 threads",
+        "5'. build the index",
+    ];
+    println!();
+    println!("New path (borrowed Marshal reader), same samples; median per stage:");
+    println!("| Stage | 10,000 replies | per reply |");
+    println!("| --- | ---: | ---: |");
+    println!("| 1. read STOMP frames (as above) | {} | {} |", ms(frames_median), us(frames_median));
+    for (i, stage) in new_stages.iter().enumerate() {
+        let m = median(new_samples.iter().map(|s| s[i]).collect());
+        println!("| {stage} | {} | {} |", ms(m), us(m));
+    }
+    let new_total = |threads_stage: usize| {
+        median(samples.iter().zip(&new_samples).map(|(o, n)| o[0] + n[0] + n[threads_stage] + n[3]).collect())
+    };
+    println!("| **total, 1 thread** (median of sums) | **{}** | **{}** |", ms(new_total(1)), us(new_total(1)));
+    println!("| **total, 2 threads** (median of sums) | **{}** | **{}** |", ms(new_total(2)), us(new_total(2)));
+    println!("old total {} -> new total {} (2 threads)", ms(median_total), ms(new_total(2)));
+    let md5 = median(new_samples.iter().map(|s| s[4]).collect());
+    let scan = median(scan_samples.clone());
+    println!(
+        "of which: MD5 of the inner bodies (in 2') {}; the checking scan of the inner layers (in 3'+4', 1 thread) {}",
+        ms(md5),
+        ms(scan)
+    );
+
+    incremental(&stream, built_at);
+}
+
+/// A refresh after one in which every server answered: 10 servers' inventories
+/// changed. The outer layer (PSK included) is read as replies arrive, during the
+/// network wait; what comes after it is the CPU the target counts.
+fn incremental(stream: &[u8], built_at: i64) {
+    const CHANGED: usize = 10;
+    let limits = DecodeLimits::default();
+    let mut reader = FrameReader::new(Cursor::new(stream), Limits::default());
+    let bodies: Vec<Vec<u8>> = (0..SERVERS).map(|_| reader.read_frame().unwrap().body).collect();
+    let replies = |bodies: &[Vec<u8>]| -> Vec<Vec<(Reply, i64)>> {
+        bodies.iter().map(|b| vec![(Reply::decode_verified(b, PSK, limits).unwrap(), built_at)]).collect()
+    };
+    let first = replies(&bodies);
+    let mut changed_bodies = bodies.clone();
+    for i in 0..CHANGED {
+        let at = i * (SERVERS / CHANGED);
+        let mine = &first[at][0].0;
+        // Another server's inventory under this server's name: its facts all changed.
+        let body = first[(at + 1) % SERVERS][0].0.body.clone();
+        changed_bodies[at] = Reply { body, ..mine.clone() }.encode(PSK).unwrap();
+    }
+
+    let mut samples: Vec<[Duration; 4]> = Vec::new();
+    for sample in 0..=SAMPLES {
+        // The refresh before: every server decoded.
+        let mut harvest = Harvest::default();
+        let (observed, memo, _) =
+            observe_since(&first, "mcollective", limits, 2, &mut harvest.builder, &ReplyMemo::default());
+        harvest.observations = observed.observations;
+        let (index, tables) = harvest.into_index_and_tables(None, &BTreeMap::new(), "role", built_at);
+
+        let mut times = [Duration::ZERO; 4];
+        let t = Instant::now();
+        let later = replies(&changed_bodies);
+        times[0] = t.elapsed();
+        let t = Instant::now();
+        let mut next = Harvest { builder: Builder::resume(index.store(), tables), ..Harvest::default() };
+        times[1] = t.elapsed();
+        let t = Instant::now();
+        let (observed, _, reused) = observe_since(&later, "mcollective", limits, 2, &mut next.builder, &memo);
+        next.observations = observed.observations;
+        times[2] = t.elapsed();
+        assert_eq!(reused, SERVERS - CHANGED);
+        let t = Instant::now();
+        let index = next.into_index(Some(&index), &BTreeMap::new(), "role", built_at);
+        times[3] = t.elapsed();
+        assert_eq!(black_box(&index).len(), SERVERS);
+        if sample > 0 {
+            samples.push(times);
+        }
+    }
+    let median = |i: usize| {
+        let mut v: Vec<Duration> = samples.iter().map(|s| s[i]).collect();
+        v.sort();
+        v[v.len() / 2]
+    };
+    println!();
+    println!("Incremental: {CHANGED} of {SERVERS} inventories changed, {} samples; median per stage:", samples.len());
+    println!("| Stage | time |");
+    println!("| --- | ---: |");
+    println!("| outer layers and PSK of all replies (as they arrive, in the network wait) | {} |", ms(median(0)));
+    println!("| resume the builder on the last index's store | {} |", ms(median(1)));
+    println!("| hash each body, decode the {CHANGED} changed into the store | {} |", ms(median(2)));
+    println!("| build the index | {} |", ms(median(3)));
+    let mut beyond: Vec<Duration> = samples.iter().map(|s| s[1] + s[2] + s[3]).collect();
+    beyond.sort();
+    println!("| **beyond the network wait** (median of sums) | **{}** |", ms(beyond[beyond.len() / 2]));
 }
 
 /// `rpcutil#inventory`'s data for one server, as mcollective 2.12 sends it.

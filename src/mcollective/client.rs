@@ -119,6 +119,15 @@ pub struct RpcOutcome {
     pub ambiguous: Vec<String>,
 }
 
+/// The verified replies of an RPC call, inner bodies not decoded.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawOutcome {
+    /// Sorted by sender.
+    pub replies: Vec<Reply>,
+    /// As [`RpcOutcome::ambiguous`].
+    pub ambiguous: Vec<String>,
+}
+
 /// Verified replies of one call, by sender.
 struct Collected {
     replies: BTreeMap<String, Reply>,
@@ -228,6 +237,38 @@ impl Client {
         let body = message::rpc_body(agent, action, &self.config.callerid, inputs, true)?;
         let replies = self.call(collective, agent, filter, body, None, expected, timeout)?;
         Ok(self.rpc_outcome(replies, None))
+    }
+
+    /// [`Client::rpc_broadcast`] with the replies' inner bodies left as their signed
+    /// bytes, for a caller that reads them in place (`source::mcollective`). It
+    /// reports what it made of them with [`Client::record_inner`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn rpc_broadcast_raw(
+        &self,
+        collective: &str,
+        agent: &str,
+        action: &str,
+        inputs: &[(String, Value)],
+        filter: &Filter,
+        expected: Option<usize>,
+        timeout: Duration,
+    ) -> Result<RawOutcome> {
+        self.check_collective(collective)?;
+        check_name("agent", agent)?;
+        check_name("action", action)?;
+        let body = message::rpc_body(agent, action, &self.config.callerid, inputs, true)?;
+        let collected = self.call(collective, agent, filter, body, None, expected, timeout)?;
+        Ok(RawOutcome {
+            replies: collected.replies.into_values().collect(),
+            ambiguous: collected.ambiguous.into_iter().collect(),
+        })
+    }
+
+    /// Counts inner bodies of [`Client::rpc_broadcast_raw`] replies as accepted or
+    /// malformed, as [`Client::rpc_broadcast`] counts those it decodes.
+    pub fn record_inner(&self, accepted: usize, malformed: usize) {
+        self.account_accepted(accepted);
+        self.counters.malformed.fetch_add(u64::try_from(malformed).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Sends `agent#action` to each of `nodes` directly (no discovery);

@@ -9,6 +9,7 @@
 
 use super::error::{Error, Result};
 use super::marshal::{self, DecodeLimits, Encoder, Node, Value};
+use super::marshal_reader::{Doc, Item, Scan};
 use super::psk;
 
 /// The operators a fact filter may use.
@@ -310,8 +311,20 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// Reads an outer reply and checks its `:hash` against `psk`.
+    /// Reads an outer reply and checks its `:hash` against `psk`, on the body's
+    /// bytes as they lie in `outer`.
     pub fn decode_verified(outer: &[u8], psk: &str, limits: DecodeLimits) -> Result<Reply> {
+        match ReplyRef::decode_verified(outer, psk, limits) {
+            Ok(r) => Ok(r.to_owned()),
+            Err(Unread::Error(e)) => Err(e),
+            Err(Unread::Unsupported) => Reply::decode_verified_via_values(outer, psk, limits),
+        }
+    }
+
+    /// [`Reply::decode_verified`] through marshal-rs's values: for streams outside
+    /// [`marshal_reader`](super::marshal_reader)'s subset, and the reference the new
+    /// reader is held to.
+    pub fn decode_verified_via_values(outer: &[u8], psk: &str, limits: DecodeLimits) -> Result<Reply> {
         let v = marshal::decode_with(outer, limits)?;
         let reply = Reply {
             senderid: text(&v, "senderid")?,
@@ -345,6 +358,93 @@ impl Reply {
     /// The decoded inner body.
     pub fn inner(&self, limits: DecodeLimits) -> Result<Value> {
         marshal::decode_with(&self.body, limits)
+    }
+}
+
+/// Why [`ReplyRef::decode_verified`] gave no reply.
+#[derive(Debug)]
+pub enum Unread {
+    /// What [`Reply::decode_verified_via_values`] says too.
+    Error(Error),
+    /// Outside the borrowed reader's subset: decode through the values.
+    Unsupported,
+}
+
+impl From<Error> for Unread {
+    fn from(e: Error) -> Unread {
+        Unread::Error(e)
+    }
+}
+
+/// A reply's outer layer read in place: `body` is the signed slice of the input.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplyRef<'a> {
+    pub senderid: &'a str,
+    pub requestid: &'a str,
+    pub senderagent: &'a str,
+    pub msgtime: i64,
+    pub body: &'a [u8],
+}
+
+impl<'a> ReplyRef<'a> {
+    /// [`Reply::decode_verified`] without building values or copying the body: the
+    /// same fields and checks, in the same order.
+    pub fn decode_verified(outer: &'a [u8], psk: &str, limits: DecodeLimits) -> std::result::Result<Self, Unread> {
+        let doc = match Doc::scan(outer, limits) {
+            Ok(doc) => doc,
+            Err(Scan::Invalid(e)) => return Err(Unread::Error(e)),
+            Err(Scan::Unsupported(_)) => return Err(Unread::Unsupported),
+        };
+        let root = doc.root();
+        let names = ["senderid", "requestid", "senderagent", "msgtime", "body", "hash"];
+        let found = doc.get_syms(root, names)?;
+        let is_hash = matches!(doc.item(root)?.0, Item::Hash(_));
+        let field = |i: usize| -> Result<Item<'a>> {
+            match found[i] {
+                Some(pos) => Ok(doc.item(pos)?.0),
+                None if !is_hash => Err(Error::message("(message)", "is not a Hash")),
+                None => Err(Error::message(format!(":{}", names[i]), "missing")),
+            }
+        };
+        let text = |i: usize| -> Result<&'a str> {
+            match field(i)? {
+                Item::Str(bytes, _) => std::str::from_utf8(bytes).ok(),
+                _ => None,
+            }
+            .ok_or_else(|| Error::message(format!(":{}", names[i]), "not a UTF-8 String"))
+        };
+        let reply = ReplyRef {
+            senderid: text(0)?,
+            requestid: text(1)?,
+            senderagent: text(2)?,
+            msgtime: match field(3)? {
+                Item::Int(i) => i,
+                _ => return Err(Error::message(":msgtime", "not an Integer").into()),
+            },
+            body: match field(4)? {
+                Item::Str(bytes, _) => bytes,
+                _ => return Err(Error::message(":body", "not a String").into()),
+            },
+        };
+        let hash = text(5)?;
+        if !psk::verify(reply.body, psk, hash) {
+            return Err(Error::Signature(format!(
+                "reply from {} for request {} has a bad :hash",
+                reply.senderid, reply.requestid
+            ))
+            .into());
+        }
+        Ok(reply)
+    }
+
+    pub fn to_owned(&self) -> Reply {
+        Reply {
+            senderid: self.senderid.to_string(),
+            requestid: self.requestid.to_string(),
+            senderagent: self.senderagent.to_string(),
+            msgtime: self.msgtime,
+            body: self.body.to_vec(),
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! existing mcollectived daemons through RabbitMQ or ActiveMQ, with the
 //! operator's own `client.cfg` and the `psk` security provider.
 //!
-//! Layers, bottom up: [`stomp`] frames, [`marshal`] values, [`psk`]
+//! Layers, bottom up: [`stomp`] frames, [`marshal`] values (and [`marshal_reader`],
+//! the same streams read in place), [`psk`]
 //! signatures, [`message`] bodies, [`config`] file, [`connector`]
 //! destinations/headers, [`tls`] broker connections, [`client`] I/O. Wire facts:
 //! each module's doc, and `tests/fixtures/frames/README.md` for the captured traffic
@@ -13,12 +14,13 @@ pub mod config;
 pub mod connector;
 pub mod error;
 pub mod marshal;
+pub mod marshal_reader;
 pub mod message;
 pub mod psk;
 pub mod stomp;
 pub mod tls;
 
-pub use client::{Client, ClientStats, RpcOutcome, RpcReply};
+pub use client::{Client, ClientStats, RawOutcome, RpcOutcome, RpcReply};
 pub use config::{BrokerHost, Config, ConnectorKind, Overrides, ReplyLimits};
 pub use error::{Error, Result};
 pub use marshal::{Encoding, Value};

@@ -215,6 +215,8 @@ impl Shared {
                         #[cfg(test)]
                         reused,
                     });
+                } else if let Some(mcollective) = &self.mcollective {
+                    mcollective.carry(index.generation(), tables);
                 }
             }
         }

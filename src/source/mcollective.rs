@@ -22,12 +22,16 @@ use crate::config::McollectiveSettings;
 use crate::error::{Error, Result};
 use crate::facts::Facts;
 use crate::index::Index;
+use crate::mcollective::message::Reply;
 use crate::mcollective::{self as mco, Client, Filter, RpcReply};
-use crate::store::{Builder, ValueId, FALSE, NULL, TRUE};
+use crate::source::puppet_cache::GARBAGE_FACTOR;
+use crate::store::{Builder, Tables, ValueId, FALSE, NULL, TRUE};
+use crate::sync::lock;
 use crate::time::now;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Mutex;
 use std::time::Duration;
 
 pub const AGENT: &str = "rpcutil";
@@ -40,6 +44,11 @@ pub const COLLECTIVES: &str = "mcollective::collectives";
 
 /// Marshal nesting the conversion follows; the client's decoder already bounds it.
 const MAX_DEPTH: usize = 64;
+/// Threads decoding inventories: two halves of the servers, merged in order (the
+/// masters have few cores, shared with compiles).
+pub const DECODE_THREADS: usize = 2;
+/// Below this many servers one thread decodes them all: a thread costs more.
+const MIN_SERVERS_PER_THREAD: usize = 256;
 
 pub struct McollectiveSource {
     client: Client,
@@ -47,12 +56,24 @@ pub struct McollectiveSource {
     timeout: Duration,
     /// Seconds a silent server is kept.
     grace: i64,
+    /// What the last refresh leaves the next, once the service has built its index
+    /// ([`McollectiveSource::carry`]); and the memo of the refresh in flight.
+    carried: Mutex<Option<Carried>>,
+    pending: Mutex<Option<ReplyMemo>>,
+}
+
+/// The builder's tables for the store of index `generation`, and each server's
+/// last body and observation in that store.
+struct Carried {
+    generation: u64,
+    tables: Tables,
+    memo: ReplyMemo,
 }
 
 /// What one collective answered.
 struct Answer {
     discovered: Vec<String>,
-    replies: Vec<RpcReply>,
+    replies: Vec<Reply>,
     /// Senders whose inventory body another sender sent too (see [`mco::RpcOutcome::ambiguous`]).
     ambiguous: Vec<String>,
     /// Our clock when the replies were in.
@@ -74,6 +95,8 @@ impl McollectiveSource {
 
     pub fn with_client(client: Client, settings: &McollectiveSettings) -> McollectiveSource {
         McollectiveSource {
+            carried: Mutex::new(None),
+            pending: Mutex::new(None),
             client,
             timeout: Duration::from_secs(settings.timeout.max(1)),
             grace: i64::try_from(settings.grace).unwrap_or(i64::MAX),
@@ -82,6 +105,14 @@ impl McollectiveSource {
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Keeps the tables of the index the last refresh built (generation
+    /// `generation`), with that refresh's memo, for the next refresh.
+    pub fn carry(&self, generation: u64, tables: Tables) {
+        if let Some(memo) = lock(&self.pending).take() {
+            *lock(&self.carried) = Some(Carried { generation, tables, memo });
+        }
     }
 
     /// The longest a refresh can take: collectives are asked in parallel, each with
@@ -177,8 +208,9 @@ impl McollectiveSource {
         }
         let mut failures = Vec::new();
         let mut discovered = BTreeSet::new();
-        // identity -> (reply, our time); the newest reply when several collectives answered.
-        let mut best: BTreeMap<String, (RpcReply, i64)> = BTreeMap::new();
+        // identity -> (reply, our time) of each collective that answered, newest first
+        // (the first one received among equals): the first well-formed is the inventory.
+        let mut candidates: BTreeMap<String, Vec<(Reply, i64)>> = BTreeMap::new();
         for (collective, answer) in answers {
             match answer {
                 Err(e) => failures.push((collective, e.to_string())),
@@ -191,13 +223,8 @@ impl McollectiveSource {
                         ));
                     }
                     let ambiguous: BTreeSet<&str> = answer.ambiguous.iter().map(String::as_str).collect();
-                    for reply in answer.replies.into_iter().filter(|r| !ambiguous.contains(r.sender.as_str())) {
-                        match best.get(&reply.sender) {
-                            Some((kept, _)) if kept.msgtime >= reply.msgtime => {}
-                            _ => {
-                                best.insert(reply.sender.clone(), (reply, answer.at));
-                            }
-                        }
+                    for reply in answer.replies.into_iter().filter(|r| !ambiguous.contains(r.senderid.as_str())) {
+                        candidates.entry(reply.senderid.clone()).or_default().push((reply, answer.at));
                     }
                 }
             }
@@ -209,12 +236,47 @@ impl McollectiveSource {
             harvest.warnings.push(format!("mcollective: collective {collective}: {error}"));
         }
 
-        for (identity, (reply, at)) in best {
-            match observation(&reply, at, &self.client.config().main_collective, &mut harvest.builder) {
-                Ok(o) => harvest.observations.push(o),
-                Err(why) => harvest.warnings.push(format!("mcollective: ignored the inventory of {identity}: {why}")),
+        let servers: Vec<Vec<(Reply, i64)>> = candidates
+            .into_values()
+            .map(|mut replies| {
+                replies.sort_by_key(|r| std::cmp::Reverse(r.0.msgtime));
+                replies
+            })
+            .collect();
+        let config = self.client.config();
+        // Taken: a refresh that fails leaves none, and the next decodes every reply.
+        let carried = lock(&self.carried).take();
+        let (memo, resumed) = match (carried, previous) {
+            (Some(c), Some(index))
+                if c.generation == index.generation()
+                    && c.tables.fit(index.store())
+                    && index.store().values() <= GARBAGE_FACTOR.saturating_mul(c.memo.values_after_full.max(1)) =>
+            {
+                harvest.builder = Builder::resume(index.store(), c.tables);
+                (c.memo, true)
             }
+            (c, _) => {
+                (ReplyMemo { hasher: c.map(|c| c.memo.hasher).unwrap_or_default(), ..ReplyMemo::default() }, false)
+            }
+        };
+        let (observed, memo, reused) = observe_since(
+            &servers,
+            &config.main_collective,
+            config.marshal_limits,
+            DECODE_THREADS,
+            &mut harvest.builder,
+            &memo,
+        );
+        let mut memo = memo;
+        if !resumed {
+            // Garbage (values no server uses any more) is bounded by this store's size.
+            memo.values_after_full = harvest.builder.store().values();
         }
+        *lock(&self.pending) = Some(memo);
+        harvest.reused = reused;
+        self.client.record_inner(observed.accepted, observed.malformed);
+        harvest.observations = observed.observations;
+        harvest.warnings.extend(observed.warnings);
         let answered_owned: Vec<String> = harvest.observations.iter().map(|o| o.certname.clone()).collect();
         let answered: BTreeSet<&str> = answered_owned.iter().map(String::as_str).collect();
         let silent: Vec<&String> = discovered.iter().filter(|d| !answered.contains(d.as_str())).collect();
@@ -294,8 +356,15 @@ impl McollectiveSource {
         if discovered.is_empty() {
             return Ok(Answer { discovered, replies: Vec::new(), ambiguous: Vec::new(), at: now() });
         }
-        let outcome =
-            self.client.rpc_broadcast(collective, AGENT, ACTION, &[], &filter, Some(discovered.len()), self.timeout)?;
+        let outcome = self.client.rpc_broadcast_raw(
+            collective,
+            AGENT,
+            ACTION,
+            &[],
+            &filter,
+            Some(discovered.len()),
+            self.timeout,
+        )?;
         Ok(Answer { discovered, replies: outcome.replies, ambiguous: outcome.ambiguous, at: now() })
     }
 }
@@ -405,7 +474,7 @@ pub fn observation(
     builder: &mut Builder,
 ) -> std::result::Result<Observation, InventoryError> {
     let identity = reply.sender.as_str();
-    if identity.is_empty() || !identity.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
+    if !valid_identity(identity) {
         return Err(InventoryError::BadIdentity { identity: identity.to_string() });
     }
     if reply.statuscode != 0 {
@@ -425,8 +494,33 @@ pub fn observation(
         items.dedup();
         items
     };
-    let collectives = list("collectives");
-    let own_main = reply.data.get_sym("main_collective").and_then(mco::Value::as_str).unwrap_or(main_collective);
+    let lists = Lists { classes: list("classes"), agents: list("agents"), collectives: list("collectives") };
+    let own_main = reply.data.get_sym("main_collective").and_then(mco::Value::as_str);
+    let facts = add_to_store(facts, builder, 0);
+    Ok(finish(identity, reply.msgtime, at, own_main, main_collective, facts, lists, builder))
+}
+
+/// What an inventory lists beside the facts, each sorted without repeats.
+struct Lists {
+    classes: Vec<String>,
+    agents: Vec<String>,
+    collectives: Vec<String>,
+}
+
+/// The observation of a reply whose facts are in the store: the lists go after them.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    identity: &str,
+    msgtime: i64,
+    at: i64,
+    own_main: Option<&str>,
+    main_collective: &str,
+    facts: ValueId,
+    lists: Lists,
+    builder: &mut Builder,
+) -> Observation {
+    let own_main = own_main.unwrap_or(main_collective);
+    let Lists { classes, agents, collectives } = lists;
     let others: Vec<&String> = collectives.iter().filter(|c| *c != own_main && *c != main_collective).collect();
     let environment_hint = match others.as_slice() {
         [only] => Some((*only).clone()),
@@ -434,19 +528,399 @@ pub fn observation(
     };
     let strings = |items: Vec<String>| Value::Array(items.into_iter().map(Value::String).collect());
     let mut extra = Facts::new();
-    extra.insert(CLASSES.to_string(), strings(list("classes")));
-    extra.insert(AGENTS.to_string(), strings(list("agents")));
+    extra.insert(CLASSES.to_string(), strings(classes));
+    extra.insert(AGENTS.to_string(), strings(agents));
     extra.insert(COLLECTIVES.to_string(), strings(collectives));
-    Ok(Observation {
+    Observation {
         certname: identity.to_string(),
-        facts: add_to_store(facts, builder, 0),
+        facts,
         // The daemon's clock, but never ahead of ours: a far-future `:msgtime`
         // (unsigned) would keep these facts fresh forever.
-        timestamp: if reply.msgtime > 0 { reply.msgtime.min(at) } else { at },
+        timestamp: if msgtime > 0 { msgtime.min(at) } else { at },
         extra: builder.object(extra.iter().map(|(k, v)| (k.as_str(), v))),
         answered_at: Some(at),
         environment_hint,
-    })
+    }
+}
+
+/// Each server's last inventory body (by a fast hash of its bytes) and what it
+/// gave, for [`observe_since`]: an identical body gives the identical observation,
+/// so it is not decoded again.
+#[derive(Clone, Debug, Default)]
+pub struct ReplyMemo {
+    /// Seeded per process, kept across refreshes so hashes compare.
+    hasher: hashbrown::DefaultHashBuilder,
+    servers: HashMap<String, (u64, Observation)>,
+    /// Values in the store after the last refresh that decoded every server.
+    values_after_full: usize,
+}
+
+impl ReplyMemo {
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+}
+
+/// [`observe_replies`] into a builder resumed on the store of the refresh that left
+/// `memo` (its ids still valid there): a server whose chosen reply has the body it
+/// had then gets its observation again, dated by the new reply, without decoding.
+/// Returns the memo for the next refresh, and how many servers were given again.
+pub fn observe_since(
+    servers: &[Vec<(Reply, i64)>],
+    main_collective: &str,
+    limits: mco::marshal::DecodeLimits,
+    threads: usize,
+    builder: &mut Builder,
+    memo: &ReplyMemo,
+) -> (Observed, ReplyMemo, usize) {
+    use std::hash::BuildHasher;
+    let hasher = memo.hasher;
+    // Per server: its newest body's hash, and its observation when that body is unchanged.
+    let mut again: Vec<(u64, Option<Observation>)> = Vec::with_capacity(servers.len());
+    let mut changed: Vec<&[(Reply, i64)]> = Vec::new();
+    for replies in servers {
+        let Some((reply, at)) = replies.first() else {
+            again.push((0, None));
+            continue;
+        };
+        let hash = hasher.hash_one(&reply.body);
+        let hit = memo.servers.get(&reply.senderid).filter(|(last, _)| *last == hash).map(|(_, o)| Observation {
+            timestamp: if reply.msgtime > 0 { reply.msgtime.min(*at) } else { *at },
+            answered_at: Some(*at),
+            ..o.clone()
+        });
+        if hit.is_none() {
+            changed.push(replies);
+        }
+        again.push((hash, hit));
+    }
+    let reused = again.iter().filter(|(_, o)| o.is_some()).count();
+    let decoded = observe_slices(&changed, main_collective, limits, threads, builder);
+    let mut decoded_observations = decoded.observations.into_iter().zip(decoded.chosen).peekable();
+    let mut next =
+        ReplyMemo { hasher, servers: HashMap::with_capacity(servers.len()), values_after_full: memo.values_after_full };
+    let (mut observations, mut chosen) = (Vec::with_capacity(servers.len()), Vec::with_capacity(servers.len()));
+    for (replies, (hash, hit)) in servers.iter().zip(again) {
+        let Some((newest, _)) = replies.first() else { continue };
+        let (o, candidate) = match hit {
+            Some(o) => (o, 0),
+            None => match decoded_observations.next_if(|(o, _)| o.certname == newest.senderid) {
+                Some(decoded) => decoded,
+                None => continue,
+            },
+        };
+        // Only an observation of the newest reply stands for its body next time.
+        if candidate == 0 {
+            next.servers.insert(o.certname.clone(), (hash, o.clone()));
+        }
+        observations.push(o);
+        chosen.push(candidate);
+    }
+    let observed = Observed {
+        observations,
+        chosen,
+        warnings: decoded.warnings,
+        accepted: decoded.accepted + reused,
+        malformed: decoded.malformed,
+    };
+    (observed, next, reused)
+}
+
+/// What [`observe_replies`] made of the servers' replies.
+#[derive(Debug, Default)]
+pub struct Observed {
+    /// In the order of the servers given.
+    pub observations: Vec<Observation>,
+    /// For each observation, which of its server's replies it came from (0: the newest).
+    pub chosen: Vec<usize>,
+    pub warnings: Vec<String>,
+    /// Inner bodies read as RPC replies, and those that were not.
+    pub accepted: usize,
+    pub malformed: usize,
+}
+
+/// Each server's observation from its replies (newest first: the first well-formed
+/// one counts, as when malformed ones were dropped before choosing), its facts in
+/// `builder`. Up to `threads` threads (at most the cores) decode contiguous shares
+/// into builders of their own, merged in order by [`Builder::absorb`]: the store is
+/// the same, id for id, whatever the number of threads.
+pub fn observe_replies(
+    servers: &[Vec<(Reply, i64)>],
+    main_collective: &str,
+    limits: mco::marshal::DecodeLimits,
+    threads: usize,
+    builder: &mut Builder,
+) -> Observed {
+    let servers: Vec<&[(Reply, i64)]> = servers.iter().map(Vec::as_slice).collect();
+    observe_slices(&servers, main_collective, limits, threads, builder)
+}
+
+fn observe_slices(
+    servers: &[&[(Reply, i64)]],
+    main_collective: &str,
+    limits: mco::marshal::DecodeLimits,
+    threads: usize,
+    builder: &mut Builder,
+) -> Observed {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let threads = threads.min(cores).min(servers.len() / MIN_SERVERS_PER_THREAD).max(1);
+    if threads == 1 {
+        return observe_share(servers, main_collective, limits, builder);
+    }
+    let share = servers.len().div_ceil(threads);
+    let (first, rest) = servers.split_at(share);
+    let (mine, others) = std::thread::scope(|scope| {
+        let running: Vec<_> = rest
+            .chunks(share)
+            .map(|chunk| {
+                scope.spawn(move || {
+                    let mut own = Builder::new();
+                    let observed = observe_share(chunk, main_collective, limits, &mut own);
+                    (observed, own)
+                })
+            })
+            .collect();
+        let mine = observe_share(first, main_collective, limits, builder);
+        (mine, running.into_iter().map(|h| h.join()).collect::<Vec<_>>())
+    });
+    let mut all = mine;
+    for other in others {
+        // A panic fails the refresh, as it did on one thread.
+        let (observed, own) = other.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let remap = builder.absorb(own.store());
+        all.chosen.extend(observed.chosen);
+        all.observations.extend(observed.observations.into_iter().map(|mut o| {
+            o.facts = remap.values[o.facts as usize];
+            o.extra = remap.values[o.extra as usize];
+            o
+        }));
+        all.warnings.extend(observed.warnings);
+        all.accepted += observed.accepted;
+        all.malformed += observed.malformed;
+    }
+    all
+}
+
+fn observe_share(
+    servers: &[&[(Reply, i64)]],
+    main_collective: &str,
+    limits: mco::marshal::DecodeLimits,
+    builder: &mut Builder,
+) -> Observed {
+    let mut out = Observed::default();
+    for replies in servers {
+        for (candidate, (reply, at)) in replies.iter().enumerate() {
+            let got = observation_from_body(
+                &reply.senderid,
+                reply.msgtime,
+                &reply.body,
+                limits,
+                *at,
+                main_collective,
+                builder,
+            );
+            let got = match got {
+                Err(BodyError::Unsupported) => match RpcReply::from_reply(reply.clone(), limits) {
+                    Ok(rpc) => observation(&rpc, *at, main_collective, builder).map_err(BodyError::Inventory),
+                    Err(e) => Err(BodyError::Malformed(e)),
+                },
+                other => other,
+            };
+            match got {
+                Ok(o) => {
+                    out.observations.push(o);
+                    out.chosen.push(candidate);
+                }
+                Err(BodyError::Malformed(_) | BodyError::Unsupported) => {
+                    out.malformed += 1;
+                    continue;
+                }
+                Err(BodyError::Inventory(why)) => {
+                    out.warnings.push(format!("mcollective: ignored the inventory of {}: {why}", reply.senderid));
+                }
+            }
+            out.accepted += 1;
+            break;
+        }
+    }
+    out
+}
+
+/// Why [`observation_from_body`] gave no observation.
+#[derive(Debug)]
+pub enum BodyError {
+    /// The inner body is not an RPC reply: the client counts it as malformed.
+    Malformed(mco::Error),
+    /// A reply the source refuses, with its reason.
+    Inventory(InventoryError),
+    /// Outside the borrowed reader's subset: decode it with
+    /// [`RpcReply::from_reply`] and [`observation`].
+    Unsupported,
+}
+
+impl From<mco::Error> for BodyError {
+    fn from(e: mco::Error) -> BodyError {
+        BodyError::Malformed(e)
+    }
+}
+
+fn valid_identity(identity: &str) -> bool {
+    !identity.is_empty() && identity.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// [`RpcReply::from_reply`] then [`observation`], on the inner body's bytes in place:
+/// the same refusals, and the same facts put in the store in the same order (so the
+/// same ids), without Marshal values or copies of the strings.
+pub fn observation_from_body(
+    sender: &str,
+    msgtime: i64,
+    body: &[u8],
+    limits: mco::marshal::DecodeLimits,
+    at: i64,
+    main_collective: &str,
+    builder: &mut Builder,
+) -> std::result::Result<Observation, BodyError> {
+    use mco::marshal_reader::{Doc, Item, Scan};
+    let doc = match Doc::scan(body, limits) {
+        Ok(doc) => doc,
+        Err(Scan::Invalid(e)) => return Err(BodyError::Malformed(e)),
+        Err(Scan::Unsupported(_)) => return Err(BodyError::Unsupported),
+    };
+    let root = doc.root();
+    let malformed = |key: &str, why: &str| BodyError::Malformed(mco::Error::Marshal(format!(":{key} {why}")));
+    if !matches!(doc.item(root)?.0, Item::Hash(_)) {
+        return Err(malformed("(message)", "is not a Hash"));
+    }
+    let [statuscode, statusmsg, data] = doc.get_syms(root, ["statuscode", "statusmsg", "data"])?;
+    let statuscode = match statuscode {
+        Some(pos) => match doc.item(pos)?.0 {
+            Item::Int(i) => i,
+            _ => return Err(malformed("statuscode", "not an Integer")),
+        },
+        None => return Err(malformed("statuscode", "missing")),
+    };
+    let statusmsg = match statusmsg {
+        Some(pos) => match doc.item(pos)?.0 {
+            Item::Str(bytes, _) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => String::new(),
+        },
+        None => return Err(malformed("statusmsg", "missing")),
+    };
+    if !valid_identity(sender) {
+        return Err(BodyError::Inventory(InventoryError::BadIdentity { identity: sender.to_string() }));
+    }
+    if statuscode != 0 {
+        return Err(BodyError::Inventory(InventoryError::Status { code: statuscode, message: statusmsg }));
+    }
+    let names = ["facts", "classes", "agents", "collectives", "main_collective"];
+    let [facts, classes, agents, collectives, own_main] = match data {
+        Some(data) => doc.get_syms(data, names)?,
+        None => [None; 5],
+    };
+    let facts = match facts {
+        Some(pos) if matches!(doc.item(pos)?.0, Item::Hash(_)) => pos,
+        Some(_) => return Err(BodyError::Inventory(InventoryError::FactsNotAHash)),
+        None => return Err(BodyError::Inventory(InventoryError::NoFacts)),
+    };
+    let list = |at: Option<usize>| -> mco::Result<Vec<String>> {
+        let mut items = Vec::new();
+        if let Some(pos) = at {
+            for item in doc.items(pos)?.unwrap_or_default() {
+                match doc.item(item)?.0 {
+                    Item::Str(bytes, _) | Item::Sym(bytes) => items.push(String::from_utf8_lossy(bytes).into_owned()),
+                    _ => {}
+                }
+            }
+        }
+        items.sort();
+        items.dedup();
+        Ok(items)
+    };
+    let lists = Lists { classes: list(classes)?, agents: list(agents)?, collectives: list(collectives)? };
+    let own_main = match own_main {
+        Some(pos) => match doc.item(pos)?.0 {
+            Item::Str(bytes, _) => std::str::from_utf8(bytes).ok(),
+            _ => None,
+        },
+        None => None,
+    };
+    let facts = DocToStore { doc: &doc, builder }.value(facts, 0)?.0;
+    Ok(finish(sender, msgtime, at, own_main, main_collective, facts, lists, builder))
+}
+
+/// [`add_to_store`] on a checked Marshal document, value by value in stream order.
+struct DocToStore<'d, 'a, 'b> {
+    doc: &'d mco::marshal_reader::Doc<'a>,
+    builder: &'b mut Builder,
+}
+
+impl DocToStore<'_, '_, '_> {
+    /// The id of the value at `pos`, and where it ends.
+    fn value(&mut self, pos: usize, depth: usize) -> mco::Result<(ValueId, usize)> {
+        use mco::marshal_reader::Item;
+        let target = self.doc.deref(pos)?;
+        if target != pos {
+            let id = self.value(target, depth)?.0;
+            return Ok((id, self.doc.skip(pos)?));
+        }
+        if depth > MAX_DEPTH {
+            return Ok((NULL, self.doc.skip(pos)?));
+        }
+        let (item, mut next) = self.doc.head(pos)?;
+        let id = match item {
+            Item::Nil | Item::Other(_) => NULL,
+            Item::Bool(true) => TRUE,
+            Item::Bool(false) => FALSE,
+            Item::Int(i) => self.builder.int(i),
+            Item::Float(f) if f.is_finite() => self.builder.float(f),
+            Item::Float(_) => NULL,
+            Item::Str(bytes, _) | Item::Sym(bytes) => self.builder.string_value(&String::from_utf8_lossy(bytes)),
+            Item::Array(n) => {
+                let mark = self.builder.open();
+                for _ in 0..n {
+                    let (id, end) = self.value(next, depth + 1)?;
+                    self.builder.push_child(id);
+                    next = end;
+                }
+                self.builder.close_array(mark)
+            }
+            Item::Hash(n) => {
+                let mark = self.builder.open();
+                for _ in 0..n {
+                    let key = if depth + 1 > MAX_DEPTH {
+                        next = self.doc.skip(next)?;
+                        self.builder.string("null")
+                    } else {
+                        let target = self.doc.deref(next)?;
+                        match self.doc.head(target)? {
+                            (Item::Str(bytes, _) | Item::Sym(bytes), end) => {
+                                next = if target == next { end } else { self.doc.skip(next)? };
+                                self.builder.string(&String::from_utf8_lossy(bytes))
+                            }
+                            _ => {
+                                let key = self.doc.value(next)?;
+                                next = self.doc.skip(next)?;
+                                match convert(&key, depth + 1) {
+                                    Value::String(s) => self.builder.string(&s),
+                                    other => self.builder.string(&other.to_string()),
+                                }
+                            }
+                        }
+                    };
+                    let (value, end) = self.value(next, depth + 1)?;
+                    next = end;
+                    self.builder.push_child(key);
+                    self.builder.push_child(value);
+                }
+                self.builder.close_object(mark)
+            }
+        };
+        Ok((id, next))
+    }
 }
 
 /// A Ruby value as JSON: Strings and Symbols become strings, Hash keys strings.
