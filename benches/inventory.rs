@@ -63,6 +63,7 @@ fn main() {
             senderagent: "rpcutil".into(),
             msgtime: built_at,
             body: inner,
+            signature: None,
         }
         .encode(PSK)
         .unwrap();

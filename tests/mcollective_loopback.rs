@@ -278,6 +278,7 @@ fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mu
             senderagent: req.agent.clone(),
             msgtime: puppet_kicker::time::now(),
             body,
+            signature: None,
         }
         .encode(psk)
     };
@@ -290,6 +291,7 @@ fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mu
             senderagent: "other".into(),
             msgtime: 0,
             body: reply_body.clone(),
+            signature: None,
         }
         .encode(PSK)?;
         for body in [forged, foreign, wrong_agent, b"\x04\x08garbage".to_vec()] {
@@ -382,6 +384,7 @@ fn flood(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>) -> Result
             senderagent: req.agent.clone(),
             msgtime: puppet_kicker::time::now(),
             body,
+            signature: None,
         }
         .encode(PSK)?;
         if w.write_frame(&message_frame(frame, reply)).is_err() {
@@ -791,6 +794,7 @@ fn flood_reply_size(pad: usize) -> usize {
         senderagent: "rpcutil".into(),
         msgtime: puppet_kicker::time::now(),
         body,
+        signature: None,
     };
     reply.encode(PSK).unwrap().len()
 }

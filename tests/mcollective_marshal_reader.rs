@@ -167,6 +167,7 @@ fn fleet_replies(count: usize) -> Vec<Vec<u8>> {
                 senderagent: "rpcutil".into(),
                 msgtime: 1_700_000_000,
                 body: inner,
+                signature: None,
             }
             .encode(PSK)
             .unwrap()
@@ -306,11 +307,29 @@ fn truncated_and_mutated_bodies_read_as_marshal_rs_reads_them() {
 
 #[test]
 fn an_unchanged_body_is_not_decoded_again_and_gives_what_a_full_read_gives() {
+    unchanged_bodies_are_given_again(true);
+}
+
+#[test]
+fn a_reply_without_a_signature_is_known_unchanged_by_its_bytes() {
+    unchanged_bodies_are_given_again(false);
+}
+
+/// Verified replies are told apart by their PSK signatures; replies without one
+/// (built in this process) by a hash of their bodies.
+fn unchanged_bodies_are_given_again(signed: bool) {
     use puppet_kicker::source::mcollective::{observe_since, ReplyMemo};
     use puppet_kicker::source::Harvest;
     let limits = DecodeLimits::default();
     let servers = |outers: &[Vec<u8>], at: i64| -> Vec<Vec<(Reply, i64)>> {
-        outers.iter().map(|o| vec![(Reply::decode_verified(o, PSK, limits).unwrap(), at)]).collect()
+        outers
+            .iter()
+            .map(|o| {
+                let reply = Reply::decode_verified(o, PSK, limits).unwrap();
+                assert!(reply.signature.is_some(), "a verified reply carries its signature");
+                vec![(Reply { signature: reply.signature.filter(|_| signed), ..reply }, at)]
+            })
+            .collect()
     };
     let facts = |builder: &Builder,
                  observed: &[puppet_kicker::source::Observation]|

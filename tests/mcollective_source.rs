@@ -446,6 +446,7 @@ impl Rogue {
                         senderagent: request.agent.clone(),
                         msgtime: puppet_kicker::time::now(),
                         body,
+                        signature: None,
                     };
                     let bytes = reply.encode(psk).unwrap();
                     let send = Frame::new("SEND")

@@ -185,6 +185,7 @@ fn serve(tls: Tls, seen: &Mutex<Seen>) -> Result<(), String> {
                     senderagent: req.agent,
                     msgtime: puppet_kicker::time::now(),
                     body: marshal::encode(&Value::str("pong")).unwrap(),
+                    signature: None,
                 }
                 .encode(PSK)
                 .unwrap();

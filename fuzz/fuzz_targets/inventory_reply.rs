@@ -39,6 +39,7 @@ fuzz_target!(|input: &[u8]| {
             senderagent: "rpcutil".into(),
             msgtime: 1_700_000_000,
             body: rest.to_vec(),
+            signature: None,
         };
         reply.encode(PSK).expect("a reply with fixed fields encodes")
     };

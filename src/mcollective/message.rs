@@ -308,6 +308,10 @@ pub struct Reply {
     pub senderagent: String,
     pub msgtime: i64,
     pub body: Vec<u8>,
+    /// The verified PSK signature (MD5 of body and key) as a number: equal bodies
+    /// have equal signatures, so a refresh knows an unchanged body without reading
+    /// it again. `None` for a reply this process built.
+    pub signature: Option<u128>,
 }
 
 impl Reply {
@@ -332,6 +336,7 @@ impl Reply {
             senderagent: text(&v, "senderagent")?,
             msgtime: int(&v, "msgtime")?,
             body: bytes(&v, "body")?,
+            signature: None,
         };
         let hash = text(&v, "hash")?;
         if !psk::verify(&reply.body, psk, &hash) {
@@ -340,7 +345,7 @@ impl Reply {
                 reply.senderid, reply.requestid
             )));
         }
-        Ok(reply)
+        Ok(Reply { signature: psk::signature_number(&hash), ..reply })
     }
 
     /// The signed outer stream, as a daemon writes it (for fake daemons in tests).
@@ -384,6 +389,8 @@ pub struct ReplyRef<'a> {
     pub senderagent: &'a str,
     pub msgtime: i64,
     pub body: &'a [u8],
+    /// As [`Reply::signature`].
+    pub signature: Option<u128>,
 }
 
 impl<'a> ReplyRef<'a> {
@@ -425,6 +432,7 @@ impl<'a> ReplyRef<'a> {
                 Item::Str(bytes, _) => bytes,
                 _ => return Err(Error::message(":body", "not a String").into()),
             },
+            signature: None,
         };
         let hash = text(5)?;
         if !psk::verify(reply.body, psk, hash) {
@@ -434,7 +442,7 @@ impl<'a> ReplyRef<'a> {
             ))
             .into());
         }
-        Ok(reply)
+        Ok(ReplyRef { signature: psk::signature_number(hash), ..reply })
     }
 
     pub fn to_owned(&self) -> Reply {
@@ -444,6 +452,7 @@ impl<'a> ReplyRef<'a> {
             senderagent: self.senderagent.to_string(),
             msgtime: self.msgtime,
             body: self.body.to_vec(),
+            signature: self.signature,
         }
     }
 }

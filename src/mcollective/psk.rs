@@ -33,8 +33,24 @@ pub fn verify(body: &[u8], psk: &str, hash: &str) -> bool {
     expected.bytes().zip(given).fold(0u8, |acc, (a, b)| acc | (a ^ b.to_ascii_lowercase())) == 0
 }
 
+/// A signature [`verify`] accepted, as a number (its case does not matter).
+pub fn signature_number(hash: &str) -> Option<u128> {
+    u128::from_str_radix(hash, 16).ok().filter(|_| hash.len() == 32)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_signature_is_a_number_whatever_its_case_and_only_at_its_length() {
+        let signed = sign(b"body", "key");
+        let number = signature_number(&signed).unwrap();
+        assert_eq!(signature_number(&signed.to_uppercase()), Some(number));
+        assert_ne!(signature_number(&sign(b"other body", "key")), Some(number));
+        assert_eq!(signature_number(&signed[1..]), None, "31 digits");
+        assert_eq!(signature_number(&format!("0{signed}")), None, "33 digits");
+        assert_eq!(signature_number("g".repeat(32).as_str()), None);
+    }
+
     use super::*;
 
     #[test]

@@ -543,16 +543,25 @@ fn finish(
     }
 }
 
-/// Each server's last inventory body (by a fast hash of its bytes) and what it
-/// gave, for [`observe_since`]: an identical body gives the identical observation,
-/// so it is not decoded again.
+/// Each server's last inventory body (by its verified PSK signature, else a fast
+/// hash of its bytes) and what it gave, for [`observe_since`]: an identical body
+/// gives the identical observation, so it is not decoded again.
 #[derive(Clone, Debug, Default)]
 pub struct ReplyMemo {
     /// Seeded per process, kept across refreshes so hashes compare.
     hasher: hashbrown::DefaultHashBuilder,
-    servers: HashMap<String, (u64, Observation)>,
+    servers: HashMap<String, (BodyKey, Observation)>,
     /// Values in the store after the last refresh that decoded every server.
     values_after_full: usize,
+}
+
+/// What tells a body from another: its signature, which the client checked anyway
+/// (reading 139 MB of bodies again to hash them was most of a refresh with nothing
+/// changed), or, for a reply without one, a hash of its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BodyKey {
+    Signed(u128),
+    Hashed(u64),
 }
 
 impl ReplyMemo {
@@ -580,14 +589,17 @@ pub fn observe_since(
     use std::hash::BuildHasher;
     let hasher = memo.hasher;
     // Per server: its newest body's hash, and its observation when that body is unchanged.
-    let mut again: Vec<(u64, Option<Observation>)> = Vec::with_capacity(servers.len());
+    let mut again: Vec<(BodyKey, Option<Observation>)> = Vec::with_capacity(servers.len());
     let mut changed: Vec<&[(Reply, i64)]> = Vec::new();
     for replies in servers {
         let Some((reply, at)) = replies.first() else {
-            again.push((0, None));
+            again.push((BodyKey::Hashed(0), None));
             continue;
         };
-        let hash = hasher.hash_one(&reply.body);
+        let hash = match reply.signature {
+            Some(signature) => BodyKey::Signed(signature),
+            None => BodyKey::Hashed(hasher.hash_one(&reply.body)),
+        };
         let hit = memo.servers.get(&reply.senderid).filter(|(last, _)| *last == hash).map(|(_, o)| Observation {
             timestamp: if reply.msgtime > 0 { reply.msgtime.min(*at) } else { *at },
             answered_at: Some(*at),
