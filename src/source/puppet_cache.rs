@@ -36,8 +36,9 @@ pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
 
 /// [`load`], reading only the files that changed since `previous`: a file whose
 /// size, modification time, inode and device are those of the previous read gives
-/// what it gave then, its facts already in the previous store (which the new store
-/// starts as a copy of). Also gives what the next refresh needs of this one.
+/// what it gave then, its facts already in the previous store (whose arrays the new
+/// store shares, appending past them). Also gives what the next refresh needs of
+/// this one.
 ///
 /// Every refresh reads everything again once the store holds
 /// [`GARBAGE_FACTOR`] times the values of the last full read (the values of
