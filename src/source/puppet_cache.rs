@@ -149,19 +149,20 @@ fn load_since_with_readers(
 ) -> Result<(Harvest, ReadMemo)> {
     let listed_at = crate::time::now();
     let files = list(dirs)?;
-    let previous = previous.filter(|p| {
+    let mut previous = previous.filter(|p| {
         p.tables.fit(p.store) && p.store.values() <= GARBAGE_FACTOR.saturating_mul(p.memo.values_after_full.max(1))
     });
     let (mut outcomes, mut to_read): (Vec<Option<Outcome>>, Vec<usize>) = (Vec::with_capacity(files.len()), Vec::new());
     for (i, file) in files.iter().enumerate() {
+        // Moved out of the old memo, not cloned: it is this refresh's now.
         let seen = previous
-            .as_ref()
-            .and_then(|p| p.memo.files.get(file.path.as_os_str()))
+            .as_mut()
+            .and_then(|p| p.memo.files.remove(file.path.as_os_str()))
             .filter(|seen| file.stamp == Some(seen.stamp));
-        outcomes.push(seen.map(|seen| seen.outcome.clone()));
         if seen.is_none() {
             to_read.push(i);
         }
+        outcomes.push(seen.map(|seen| seen.outcome));
     }
     let reused = files.len() - to_read.len();
     let (base, values_after_full) = match previous {
