@@ -6,7 +6,8 @@
 //! (b) `servers_with_facts` shapes: the store-backed index vs the serde_json index
 //!     it replaced (`index::reference`) vs a scan with `Query::matches`;
 //! (c) both through the whole `Service` a compile calls (clause cache included);
-//! (d) building the index, the snapshot, vs re-reading the JSON fact cache.
+//! (d) building the index, the snapshot, vs re-reading the JSON (and the legacy
+//!     YAML) fact cache.
 //!
 //! No criterion: each case warms up, then runs batches for about a second (at least
 //! three samples for slow cases) and reports the median and mean time per operation.
@@ -294,6 +295,22 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
         measure_each(|| (), from_source(2)),
     );
     table.ours("  the same, 1 reader", measure_each(|| (), from_source(1)));
+    // The legacy cache of older masters: the same servers as Ruby-tagged YAML.
+    let yaml_dir = root.join("var/yaml/facts");
+    let yaml_bytes = write_yaml_cache(&yaml_dir, &nodes);
+    let yaml_dirs = [yaml_dir.clone()];
+    let from_yaml = puppet_cache::load(&yaml_dirs).unwrap();
+    assert!(from_yaml.warnings.is_empty(), "{:?}", from_yaml.warnings);
+    assert_eq!(from_yaml.observations.len(), servers);
+    drop(from_yaml);
+    table.ours(
+        &format!(
+            "legacy YAML cache ({:.1} MB): puppet_cache::load, 2 readers (a tree per file, then the store)",
+            yaml_bytes as f64 / 1e6
+        ),
+        measure_each(|| (), |()| puppet_cache::load_with_readers(&yaml_dirs, 2).unwrap()),
+    );
+    let _ = fs::remove_dir_all(&yaml_dir);
     table.alternative(
         "before: each file to a serde_json tree, Node::new, Index::build (1 thread)",
         measure_each(|| (), |()| Index::build(read_trees(facts_dir), ROLE_FACT, built_at)),
@@ -340,6 +357,42 @@ fn read_trees(dir: &Path) -> Vec<Node> {
         Node::new(certname, facts, timestamp.unwrap_or(0), None)
     };
     paths.iter().map(node).collect()
+}
+
+/// Writes `nodes` as an older master's YAML fact cache (`$vardir/yaml/facts`), in
+/// block style as Puppet wrote it; gives the bytes written.
+fn write_yaml_cache(dir: &Path, nodes: &[Node]) -> u64 {
+    use yaml_rust2::yaml::Hash;
+    use yaml_rust2::{Yaml, YamlEmitter};
+    fn yaml(value: &Value) -> Yaml {
+        match value {
+            Value::Null => Yaml::Null,
+            Value::Bool(b) => Yaml::Boolean(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => Yaml::Integer(i),
+                None => Yaml::Real(n.to_string()),
+            },
+            Value::String(s) => Yaml::String(s.clone()),
+            Value::Array(items) => Yaml::Array(items.iter().map(yaml).collect()),
+            Value::Object(map) => Yaml::Hash(map.iter().map(|(k, v)| (Yaml::String(k.clone()), yaml(v))).collect()),
+        }
+    }
+    fs::create_dir_all(dir).unwrap();
+    let mut written = 0;
+    for node in nodes {
+        let mut top = Hash::new();
+        top.insert(Yaml::String("name".into()), Yaml::String(node.certname.clone()));
+        let values = node.facts.iter().map(|(k, v)| (Yaml::String(k.clone()), yaml(v))).collect();
+        top.insert(Yaml::String("values".into()), Yaml::Hash(values));
+        let timestamp = synthetic::rfc3339(node.timestamp, 0);
+        top.insert(Yaml::String("timestamp".into()), Yaml::String(timestamp));
+        let mut text = String::new();
+        YamlEmitter::new(&mut text).dump(&Yaml::Hash(top)).unwrap();
+        let text = text.replacen("---", "--- !ruby/object:Puppet::Node::Facts", 1);
+        fs::write(dir.join(format!("{}.yaml", node.certname)), &text).unwrap();
+        written += text.len() as u64;
+    }
+    written
 }
 
 fn plural(n: usize) -> &'static str {

@@ -222,3 +222,60 @@ fn the_store_is_read_whole_again_once_changed_servers_doubled_it() {
     assert!(full_reads >= 2, "{full_reads} full reads in 40 rounds");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn refreshes_sharing_the_last_store_serve_what_a_full_read_does_and_leave_the_old_index_unchanged() {
+    use puppet_cache::Previous;
+    use puppet_kicker::Index;
+    use std::collections::BTreeMap;
+    let dir = std::env::temp_dir().join(format!("pk-shared-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let now = 1_764_000_000;
+    let mut nodes = puppet_kicker::synthetic::fleet(120, 11, now);
+    puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
+    // Dated in the past, each write later than the last: within the last seconds a
+    // file's stamp is not trusted.
+    let date = |nodes: &[puppet_kicker::facts::Node], minutes: u64| {
+        let then = std::time::SystemTime::now() - std::time::Duration::from_secs(3600 - 60 * minutes);
+        for node in nodes {
+            let path = dir.join(format!("{}.json", node.certname));
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(then).unwrap();
+        }
+    };
+    date(&nodes, 0);
+    let dirs = [dir.clone()];
+    let seen = BTreeMap::new();
+    let servers = |i: &Index| i.servers().map(|s| s.to_node()).collect::<Vec<_>>();
+    let (harvest, mut memo) = puppet_cache::load_since(&dirs, None).unwrap();
+    let (mut index, mut tables) = harvest.into_index_and_tables(None, &seen, "role", now);
+    let mut kept = Vec::new();
+    for round in 0..6 {
+        // Rewritten, removed and added servers, the older indexes kept serving.
+        nodes[round].facts.insert("uptime_seconds".into(), serde_json::json!(round * 1000));
+        nodes[round + 50].facts.insert("role".into(), serde_json::json!(format!("role{round}")));
+        let removed = nodes.remove(100);
+        std::fs::remove_file(dir.join(format!("{}.json", removed.certname))).unwrap();
+        let mut added = nodes[7].clone();
+        added.certname = format!("added{round}.example.com");
+        added.facts.insert("fqdn".into(), serde_json::json!(added.certname));
+        nodes.push(added);
+        let changed = [nodes[round].clone(), nodes[round + 50].clone(), nodes.last().unwrap().clone()];
+        puppet_kicker::synthetic::write_puppet_cache(&dir, &changed).unwrap();
+        date(&changed, round as u64 + 1);
+
+        let expected_before = servers(&index);
+        let previous = Previous { store: index.store(), tables, memo };
+        let (harvest, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
+        assert_eq!(harvest.reused, 120 - 3 - 1 + 1, "round {round}: the refresh went on from the last one");
+        let (next, next_tables) = harvest.into_index_and_tables(Some(&index), &seen, "role", now);
+        let full = puppet_cache::load(&dirs).unwrap().into_index(None, &seen, "role", now);
+        assert_eq!(servers(&next), servers(&full), "round {round}");
+        assert_eq!(servers(&index), expected_before, "round {round}: the index it went on from is unchanged");
+        kept.push((servers(&index), index));
+        (index, tables, memo) = (next, next_tables, next_memo);
+    }
+    for (expected, old) in &kept {
+        assert_eq!(&servers(old), expected, "every older index still serves what it did");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -26,7 +26,9 @@ use crate::store::{Builder, Column, KeyHint, Store, StrId, ValueId, View, EMPTY_
 use answers::Answers;
 use path::PathIndexes;
 use serde::Deserialize;
-use std::collections::HashMap;
+// foldhash, seeded per process (as the store's tables): the role and environment
+// maps are hashed once per server at every refresh.
+use hashbrown::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@ use crate::store::{Builder, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
 use std::io;
@@ -36,8 +36,9 @@ pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
 
 /// [`load`], reading only the files that changed since `previous`: a file whose
 /// size, modification time, inode and device are those of the previous read gives
-/// what it gave then, its facts already in the previous store (which the new store
-/// starts as a copy of). Also gives what the next refresh needs of this one.
+/// what it gave then, its facts already in the previous store (whose arrays the new
+/// store shares, appending past them). Also gives what the next refresh needs of
+/// this one.
 ///
 /// Every refresh reads everything again once the store holds
 /// [`GARBAGE_FACTOR`] times the values of the last full read (the values of
@@ -74,7 +75,8 @@ pub struct Previous<'a> {
 /// What one read of the fact cache found, per file, for the next one.
 #[derive(Debug, Default)]
 pub struct ReadMemo {
-    files: HashMap<PathBuf, Seen>,
+    /// By path, as bytes: `Path` hashes component by component, ten times slower.
+    files: hashbrown::HashMap<OsString, Seen>,
     /// Values in the store after the last full read.
     values_after_full: usize,
 }
@@ -101,6 +103,31 @@ impl Stamp {
         let m = fs::metadata(path).ok()?;
         Some(Stamp { len: m.len(), modified: (m.mtime(), m.mtime_nsec()), inode: m.ino(), device: m.dev() })
     }
+
+    /// The stamp of `name` in the open directory `dir`, as [`Stamp::of`] gives it
+    /// (symbolic links followed): `fstatat` spares resolving the whole path again.
+    // The field types of `libc::stat` differ between platforms.
+    #[allow(clippy::unnecessary_cast)]
+    fn at(dir: &fs::File, name: &OsStr) -> Option<Stamp> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::io::AsRawFd;
+        let name = std::ffi::CString::new(name.as_bytes()).ok()?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `dir` is an open descriptor, `name` a NUL-terminated string, and
+        // `st` room for one `stat`, written in full when the call succeeds.
+        let st = unsafe {
+            if libc::fstatat(dir.as_raw_fd(), name.as_ptr(), st.as_mut_ptr(), 0) != 0 {
+                return None;
+            }
+            st.assume_init()
+        };
+        Some(Stamp {
+            len: st.st_size as u64,
+            modified: (st.st_mtime as i64, st.st_mtime_nsec as i64),
+            inode: st.st_ino as u64,
+            device: st.st_dev as u64,
+        })
+    }
 }
 
 /// One file to read: where, in which format, and its stamp before the read.
@@ -122,17 +149,20 @@ fn load_since_with_readers(
 ) -> Result<(Harvest, ReadMemo)> {
     let listed_at = crate::time::now();
     let files = list(dirs)?;
-    let previous = previous.filter(|p| {
+    let mut previous = previous.filter(|p| {
         p.tables.fit(p.store) && p.store.values() <= GARBAGE_FACTOR.saturating_mul(p.memo.values_after_full.max(1))
     });
     let (mut outcomes, mut to_read): (Vec<Option<Outcome>>, Vec<usize>) = (Vec::with_capacity(files.len()), Vec::new());
     for (i, file) in files.iter().enumerate() {
-        let seen =
-            previous.as_ref().and_then(|p| p.memo.files.get(&file.path)).filter(|seen| file.stamp == Some(seen.stamp));
-        outcomes.push(seen.map(|seen| seen.outcome.clone()));
+        // Moved out of the old memo, not cloned: it is this refresh's now.
+        let seen = previous
+            .as_mut()
+            .and_then(|p| p.memo.files.remove(file.path.as_os_str()))
+            .filter(|seen| file.stamp == Some(seen.stamp));
         if seen.is_none() {
             to_read.push(i);
         }
+        outcomes.push(seen.map(|seen| seen.outcome));
     }
     let reused = files.len() - to_read.len();
     let (base, values_after_full) = match previous {
@@ -145,7 +175,7 @@ fn load_since_with_readers(
     }
     let mut harvest = Harvest { builder, reused, ..Harvest::default() };
     let mut memo = ReadMemo {
-        files: HashMap::with_capacity(files.len()),
+        files: hashbrown::HashMap::with_capacity(files.len()),
         values_after_full: values_after_full.unwrap_or(harvest.builder.store().values()),
     };
     for (file, outcome) in files.into_iter().zip(outcomes) {
@@ -158,13 +188,14 @@ fn load_since_with_readers(
         // tick of the file system's clock, in place, at the same size: its stamp
         // would not show it. It is read again next time.
         if let Some(stamp) = file.stamp.filter(|s| s.modified.0 < listed_at - RACY_SECONDS) {
-            memo.files.insert(file.path, Seen { stamp, outcome });
+            memo.files.insert(file.path.into_os_string(), Seen { stamp, outcome });
         }
     }
     Ok((harvest, memo))
 }
 
-/// The fact files of `dirs`, each directory's in name order, stamped.
+/// The fact files of `dirs`, each directory's in name order, stamped (on up to
+/// [`MAX_READERS`] threads: a refresh that reads few files mostly stats).
 fn list(dirs: &[PathBuf]) -> Result<Vec<Listed>> {
     let mut failures = Vec::new();
     let mut files = Vec::new();
@@ -178,18 +209,46 @@ fn list(dirs: &[PathBuf]) -> Result<Vec<Listed>> {
             }
         };
         readable += 1;
-        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        paths.sort();
-        for path in paths {
-            let Some(format) = Format::of(&path) else { continue };
-            let stamp = Stamp::of(&path);
-            files.push(Listed { path, format, stamp });
-        }
+        // One component each: byte order is the order of their paths.
+        let mut names: Vec<(OsString, Format)> = entries
+            .filter_map(|e| {
+                let name = e.ok()?.file_name();
+                let format = Format::of(Path::new(&name))?;
+                Some((name, format))
+            })
+            .collect();
+        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let stamps = stamp_all(dir, &names);
+        files.extend(names.into_iter().zip(stamps).map(|((name, format), stamp)| Listed {
+            path: dir.join(name),
+            format,
+            stamp,
+        }));
     }
     if readable == 0 {
         return Err(Error::Io(format!("no fact cache directory could be read: {}", failures.join(", "))));
     }
     Ok(files)
+}
+
+/// The stamp of each of `names` in `dir`.
+fn stamp_all(dir: &Path, names: &[(OsString, Format)]) -> Vec<Option<Stamp>> {
+    let Ok(open) = fs::File::open(dir) else {
+        return names.iter().map(|(name, _)| Stamp::of(&dir.join(name))).collect();
+    };
+    let stamp_share = |share: &[(OsString, Format)]| -> Vec<Option<Stamp>> {
+        share.iter().map(|(name, _)| Stamp::at(&open, name)).collect()
+    };
+    let share = names.len().div_ceil(default_readers()).max(MIN_SHARE * 4);
+    if share >= names.len() {
+        return stamp_share(names);
+    }
+    std::thread::scope(|scope| {
+        let running: Vec<_> = names.chunks(share).map(|share| scope.spawn(move || stamp_share(share))).collect();
+        // A thread that panicked leaves its files unstamped: read again, not trusted.
+        let stamped = running.into_iter().zip(names.chunks(share));
+        stamped.flat_map(|(t, share)| t.join().unwrap_or_else(|_| vec![None; share.len()])).collect()
+    })
 }
 
 /// Reads `files[i]` for each `i` of `which` into `base` (or a new store), on up to

@@ -84,12 +84,12 @@ impl Builder {
     fn reserve(&mut self, like: &Store) {
         let (values, strings) = (like.values(), like.strings());
         let store = &mut self.store;
-        store.text.make_mut().reserve(like.text.len());
-        store.text_ends.make_mut().reserve(strings);
-        store.tags.make_mut().reserve(values);
-        store.lo.make_mut().reserve(values);
-        store.hi.make_mut().reserve(values);
-        store.children.make_mut().reserve(like.children.len());
+        store.text.reserve(like.text.len());
+        store.text_ends.reserve(strings);
+        store.tags.reserve(values);
+        store.lo.reserve(values);
+        store.hi.reserve(values);
+        store.children.reserve(like.children.len());
         let hasher = &self.hasher;
         self.strings.reserve(strings, |&id| hasher.hash_one(store_str_bytes(store, id)));
         let rehash = |&id: &ValueId| {
@@ -112,23 +112,24 @@ impl Builder {
         }
     }
 
-    /// A builder that goes on from `store` (a copy of it: the store an index
-    /// serves is never changed) with the `tables` taken from the builder that
+    /// A builder that goes on from `store` (sharing its arrays and appending past
+    /// them: the store an index serves is never changed) with the `tables` taken from the builder that
     /// made it, so a refresh that changes a few servers adds only theirs. Every id
     /// of `store` stays valid.
     pub fn resume(store: &Store, tables: Tables) -> Builder {
         let Tables { hasher, strings, values, string_values } = tables;
-        // Columns copy themselves when first changed (`Column::make_mut`).
+        // Shares `store`'s arrays: this builder appends past them (see `Column`).
         Builder { store: store.clone(), hasher, strings, values, string_values, scratch: Vec::new() }
     }
 
+    /// The store built, its arrays sealed for the next builder to resume from.
     pub fn finish(mut self) -> Store {
         let store = &mut self.store;
         for v in [&mut store.text_ends, &mut store.lo, &mut store.hi, &mut store.children] {
-            v.make_mut().shrink_to_fit();
+            v.seal();
         }
-        store.text.make_mut().shrink_to_fit();
-        store.tags.make_mut().shrink_to_fit();
+        store.text.seal();
+        store.tags.seal();
         self.store
     }
 
@@ -149,9 +150,9 @@ impl Builder {
             Entry::Occupied(e) => *e.get(),
             Entry::Vacant(e) => {
                 let id = store.text_ends.len() as StrId;
-                store.text.make_mut().extend_from_slice(s.as_bytes());
+                store.text.extend_from_slice(s.as_bytes());
                 let end = store.text.len() as u32;
-                store.text_ends.make_mut().push(end);
+                store.text_ends.push(end);
                 e.insert(id);
                 id
             }
@@ -367,14 +368,14 @@ impl Builder {
                 let id = store.tags.len() as ValueId;
                 let lo = if is_container(slot.tag) {
                     let start = store.children.len() as u32;
-                    store.children.make_mut().extend_from_slice(children);
+                    store.children.extend_from_slice(children);
                     start
                 } else {
                     slot.lo
                 };
-                store.tags.make_mut().push(slot.tag as u8);
-                store.lo.make_mut().push(lo);
-                store.hi.make_mut().push(slot.hi);
+                store.tags.push(slot.tag as u8);
+                store.lo.push(lo);
+                store.hi.push(slot.hi);
                 e.insert(id);
                 id
             }
