@@ -302,7 +302,10 @@ fn incremental(stream: &[u8], built_at: i64) {
     println!("| --- | ---: |");
     println!("| outer layers and PSK of all replies (as they arrive, in the network wait) | {} |", ms(median(0)));
     println!("| resume the builder on the last index's store | {} |", ms(median(1)));
-    println!("| know each unchanged body by its signature, decode the {CHANGED} changed into the store | {} |", ms(median(2)));
+    println!(
+        "| know each unchanged body by its signature, decode the {CHANGED} changed into the store | {} |",
+        ms(median(2))
+    );
     println!("| build the index | {} |", ms(median(3)));
     let mut beyond: Vec<Duration> = samples.iter().map(|s| s[1] + s[2] + s[3]).collect();
     beyond.sort();
