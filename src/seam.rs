@@ -217,6 +217,15 @@ pub fn take_log() -> Result<Vec<LogLine>> {
     Ok(lines)
 }
 
+/// How many lines [`take_log`] would return now (0 before the service is
+/// configured), so a binding for which that call is dear skips it when there is
+/// nothing to take. Lines may arrive just after: the next call takes them.
+pub fn log_pending() -> u32 {
+    let Ok(service) = Service::global() else { return 0 };
+    let pending = service.warnings_pending() + service.kick_log_pending();
+    u32::try_from(pending).unwrap_or(u32::MAX)
+}
+
 /// The index's size and age, the last refresh error, the configuration in use and
 /// what this process leaves undone.
 pub fn status() -> Result<Status> {

@@ -240,6 +240,12 @@ impl IndexService {
         }
     }
 
+    /// How many warnings [`Self::take_warnings`] would return now.
+    pub fn warnings_pending(&self) -> usize {
+        let warnings = lock(&self.shared.warnings);
+        warnings.pending.len() + usize::from(warnings.left_out > 0)
+    }
+
     /// Warnings from refreshes and snapshot reads since the last call, for logging.
     pub fn take_warnings(&self) -> Vec<String> {
         let mut warnings = lock(&self.shared.warnings);

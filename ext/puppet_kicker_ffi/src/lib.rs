@@ -16,6 +16,7 @@
 //! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
+//! | `uint32_t pk_log_pending(void)` | | (returns how many lines `pk_take_log` would give now; no JSON) |
 //! | `char *pk_status(void)` | | `{"servers","index_bytes","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
 //! | `char *pk_kick(req, len)` | a report's kicks, as `lib/puppet_kicker/kick.rb` sends them | `[[level, message], ..]` to log |
 //! | `char *pk_kick_flush(void)` | | `[[level, message], ..]` (waits, bounded, for due kicks) |
@@ -50,8 +51,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_servers_at, so callers can cache servers per index generation; 3: pk_query
 /// and the `unsupported` kind dropped, pk_take_log replaces pk_take_warnings and
 /// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`,
-/// pk_servers_at by ids, pk_values).
-pub const ABI_VERSION: u32 = 4;
+/// pk_servers_at by ids, pk_values; 5: pk_log_pending).
+pub const ABI_VERSION: u32 = 5;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -113,6 +114,15 @@ without_request!(
     /// What to log since the last call: refresh warnings, then kick lines (`[]`
     /// before the core is configured).
     pk_take_log => seam::take_log);
+/// How many lines `pk_take_log` would give now (0 before the core is configured),
+/// with no JSON either way, so a caller skips `pk_take_log` when there is nothing
+/// to take. Lines logged right after are taken by the next call. Saturates at
+/// `u32::MAX`; a panic (a bug) answers 1, so the caller takes the log.
+#[no_mangle]
+pub extern "C" fn pk_log_pending() -> u32 {
+    catch_unwind(seam::log_pending).unwrap_or(1)
+}
+
 without_request!(
     /// The index's size and age, the last refresh error, the configuration in use.
     pk_status => seam::status);

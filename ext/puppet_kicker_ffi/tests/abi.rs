@@ -243,6 +243,29 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     assert!(ok(take(pk_take_log())).is_array());
 }
 
+/// pk_log_pending counts what pk_take_log would give, without JSON: the facade
+/// skips pk_take_log when it is 0.
+#[test]
+fn log_pending_counts_what_take_log_gives() {
+    let _core = serial();
+    let master = Master::new("pending", "", &fleet());
+    fs::write(master.root.join("var/server_data/facts/broken.example.com.json"), "not json").unwrap();
+    fs::write(master.root.join("var/server_data/facts/broken2.example.com.json"), "{").unwrap();
+    assert_eq!(ok(master.configure()), Value::Null);
+    ok(query(&json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"})));
+    let pending = pk_log_pending();
+    assert!(pending >= 2, "two unreadable fact files are two warnings, got {pending}");
+    let lines = ok(take(pk_take_log()));
+    assert_eq!(lines.as_array().unwrap().len(), pending as usize, "{lines}");
+    assert!(lines.to_string().contains("broken.example.com.json"), "{lines}");
+    assert_eq!(pk_log_pending(), 0);
+    assert_eq!(ok(take(pk_take_log())), json!([]));
+    // Still 0, and still no JSON, however often it is asked.
+    for _ in 0..1000 {
+        assert_eq!(pk_log_pending(), 0);
+    }
+}
+
 #[test]
 fn errors_are_data_with_the_cores_kind_and_message() {
     let _core = serial();
