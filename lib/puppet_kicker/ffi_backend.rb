@@ -17,6 +17,8 @@ module PuppetKicker
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
     MAX_ANSWERS = 512
+    # Notes (certname => environment) remembered before they are all forgotten.
+    MAX_NOTED = 100_000
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = { max_nesting: false, create_additions: false }.freeze
@@ -47,12 +49,20 @@ module PuppetKicker
         @library = path
         @cache_lock = Mutex.new
         fresh_generation(:none) # no index generation seen yet
+        @noted_lock = Mutex.new
+        @noted = {}
         self
       end
 
+      # A configure may replace the core, and what it was told with it: the notes
+      # remembered are forgotten, whatever the outcome.
       def configure(confdir, vardir, server_datadir, config_file)
-        request(:pk_configure, 'confdir' => confdir, 'vardir' => vardir,
-                               'server_datadir' => server_datadir, 'config_file' => config_file)
+        @noted_lock.synchronize do
+          request(:pk_configure, 'confdir' => confdir, 'vardir' => vardir,
+                                 'server_datadir' => server_datadir, 'config_file' => config_file)
+        ensure
+          @noted = {}
+        end
       end
 
       def servers_with_role(roles, environment)
@@ -67,8 +77,21 @@ module PuppetKicker
         servers('op' => 'servers_with_facts', 'clauses' => clauses, 'environment' => environment)
       end
 
+      # Every function call notes its node's environment, nearly always the one noted
+      # last time, and the core only records it (certname => environment): a note
+      # this backend already made since its last configure is not sent again, which
+      # saves a JSON round trip per call. Only successful notes are remembered (so
+      # always a String environment), at most MAX_NOTED; the lock keeps the memo the
+      # core's own when threads note the same certname at once.
       def note_environment(certname, environment)
-        request(:pk_note_environment, 'certname' => certname, 'environment' => environment)
+        @noted_lock.synchronize do
+          return nil if environment.is_a?(String) && @noted[certname] == environment
+
+          request(:pk_note_environment, 'certname' => certname, 'environment' => environment)
+          @noted.clear if @noted.size >= MAX_NOTED
+          @noted[certname] = -environment
+        end
+        nil
       end
 
       # The kick report processor: `report` is the JSON text lib/puppet_kicker/kick.rb

@@ -176,6 +176,39 @@ describe 'the two backends' do
     expect_identical { |n| n.note_environment('web9.example.com', 'staging') }
   end
 
+  it 'sends a note to the ffi core only when it changes what this backend noted since its configure' do
+    ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
+    lib = ffi.instance_variable_get(:@lib)
+    sent = []
+    allow(lib).to receive(:pk_note_environment).and_wrap_original do |original, json, size|
+      sent << JSON.parse(json).values_at('certname', 'environment')
+      original.call(json, size)
+    end
+    etc = File.join(@dir, 'etc')
+    var = File.join(@dir, 'var')
+    ffi.configure(etc, var, nil, nil)
+    3.times { expect(ffi.note_environment('memo1.example.com', 'production')).to be_nil }
+    ffi.note_environment('memo2.example.com', 'production')
+    ffi.note_environment('memo1.example.com', 'staging')
+    ffi.note_environment('memo1.example.com', 'production')
+    expect(sent).to eq([%w[memo1.example.com production], %w[memo2.example.com production],
+                        %w[memo1.example.com staging], %w[memo1.example.com production],])
+    # A configure may be a new core: every note is sent again.
+    ffi.configure(etc, var, nil, nil)
+    ffi.note_environment('memo1.example.com', 'production')
+    expect(sent.size).to eq(5)
+    # A note the core refuses is refused each time, never remembered.
+    2.times { expect { ffi.note_environment('memo3.example.com', nil) }.to raise_error(PuppetKicker::Error, /malformed request/) }
+    expect(sent.size).to eq(7)
+    # Bounded: past MAX_NOTED notes, all are forgotten.
+    stub_const('PuppetKicker::FFIBackend::MAX_NOTED', 2)
+    ffi.note_environment('memo4.example.com', 'production') # the memo holds memo1 and memo4: full
+    ffi.note_environment('memo5.example.com', 'production') # cleared, then memo5
+    ffi.note_environment('memo1.example.com', 'production')
+    ffi.note_environment('memo5.example.com', 'production')
+    expect(sent.drop(7).map(&:first)).to eq(%w[memo4.example.com memo5.example.com memo1.example.com])
+  end
+
   it 'fails to load with an error that names the file and why' do
     expect { PuppetKicker.send(:load_ffi, '/nonexistent/libpuppet_kicker_ffi.so') }.to raise_error(
       PuppetKicker::Error, %r{cannot load puppet-kicker's native library /nonexistent/libpuppet_kicker_ffi.so \(ffi backend\): no such file}
