@@ -183,6 +183,14 @@ pub fn select_known(request: Select) -> Result<Selected> {
     Ok(selected)
 }
 
+/// Whether `answer`, an answer id [`select`] gave, is still what an identical call
+/// would get ([`Service::answer_holds`]; it queues a refresh of a stale index, as
+/// the call would). False for 0, an id not kept or aged out, or no service or
+/// index: the caller then makes the call, which answers and reports any error.
+pub fn answer_holds(answer: u64) -> bool {
+    answer != 0 && Service::global().is_ok_and(|service| service.answer_holds(answer))
+}
+
 /// The servers at `at.positions` of index `at.generation`, or `None` once that
 /// index has been replaced (the caller selects again).
 pub fn servers_at(at: ServersAt) -> Result<Option<Servers>> {

@@ -138,6 +138,7 @@ module PuppetKicker
       def attach(lib)
         lib.attach_function :pk_abi_version, [], :uint32
         lib.attach_function :pk_log_pending, [], :uint32
+        lib.attach_function :pk_answer_holds, [:uint64], :uint32
         # :strptr returns [copy of the NUL-terminated reply, pointer to free].
         lib.attach_function :pk_version, [], :strptr
         lib.attach_function :pk_status, [], :strptr
@@ -165,8 +166,15 @@ module PuppetKicker
       # `known` and, when it is still the answer, sends no positions). These caches
       # hold Ruby objects, the frozen Hashes JRuby hands to templates, so they cannot
       # live in Rust. The lock covers multithreaded JRuby.
+      #
+      # A held answer the core says is still the answer (pk_answer_holds: no JSON;
+      # it queues a refresh of a stale index as the query would) is returned as it
+      # is; else the query is asked with pk_select.
       def servers(query)
         key = JSON.generate(query)
+        held = @cache_lock.synchronize { @answers[key] }
+        return held[1] if held && @lib.pk_answer_holds(held[0]) == 1
+
         SELECT_ATTEMPTS.times do
           held = @cache_lock.synchronize { @answers[key] }
           selected = request(:pk_select, held ? query.merge('known' => held[0]) : query)

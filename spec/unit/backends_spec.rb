@@ -209,6 +209,27 @@ describe 'the two backends' do
     expect(sent.drop(7).map(&:first)).to eq(%w[memo4.example.com memo5.example.com memo1.example.com])
   end
 
+  it 'returns a kept answer of the ffi backend with pk_answer_holds alone while the core says it holds' do
+    ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
+    lib = ffi.instance_variable_get(:@lib)
+    first = ffi.servers_with_role(['web'], 'production')
+    allow(lib).to receive(:pk_select).and_call_original
+    allow(lib).to receive(:pk_answer_holds).and_call_original
+    expect(ffi.servers_with_role(['web'], 'production')).to equal(first)
+    expect(lib).to have_received(:pk_answer_holds).once
+    expect(lib).not_to have_received(:pk_select)
+    # Not held: the query is asked, and the answer, still the same, is the same Array.
+    allow(lib).to receive(:pk_answer_holds).and_return(0)
+    expect(ffi.servers_with_role(['web'], 'production')).to equal(first)
+    expect(lib).to have_received(:pk_select).once
+    # Nothing held yet for a new query, an error, or server_with_role: no pk_answer_holds.
+    allow(lib).to receive(:pk_answer_holds).and_call_original
+    expect(ffi.servers_with_role(['api'], 'staging').map { |s| s['hostname'] }).to eq(['api1'])
+    expect(ffi.server_with_role(['web'], 'production')).to eq(first.first)
+    expect { ffi.servers_with_role(['/(?=x)/'], 'production') }.to raise_error(PuppetKicker::QueryError)
+    expect(lib).to have_received(:pk_answer_holds).twice
+  end
+
   it 'fails to load with an error that names the file and why' do
     expect { PuppetKicker.send(:load_ffi, '/nonexistent/libpuppet_kicker_ffi.so') }.to raise_error(
       PuppetKicker::Error, %r{cannot load puppet-kicker's native library /nonexistent/libpuppet_kicker_ffi.so \(ffi backend\): no such file}

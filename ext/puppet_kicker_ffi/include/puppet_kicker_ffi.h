@@ -56,6 +56,14 @@ char *pk_configure(const uint8_t *req, size_t len);
  * whose answer is A leaves "positions" out. */
 char *pk_select(const uint8_t *req, size_t len);
 
+/* 1 when `answer`, a non-zero answer id pk_select gave, is still what that identical
+ * call would get now (same index generation, still kept, no server past max_age);
+ * then, as the call would, it queues a refresh of an index older than cache.ttl.
+ * 0 otherwise (0, an unknown or replaced id, no index, not configured): make the
+ * call with pk_select, which answers and reports any error. No JSON: a caller that
+ * kept what it built for `answer` returns it for the cost of this call. */
+uint32_t pk_answer_holds(uint64_t answer);
+
 /* req: {"generation": n, "positions": [n, ...]}. ok: [[[K, ...], [V, ...], certname],
  * ...]: each server at those positions of that index as its fact names' string ids
  * (K), their values' ids (V) in the same order, and the certname to add as
