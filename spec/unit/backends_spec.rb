@@ -224,7 +224,7 @@ describe 'the two backends' do
     expect(lib).to have_received(:pk_select).once
     # Nothing held yet for a new query, an error, or server_with_role: no pk_answer_holds.
     allow(lib).to receive(:pk_answer_holds).and_call_original
-    expect(ffi.servers_with_role(['api'], 'staging').map { |s| s['hostname'] }).to eq(['api1'])
+    expect(ffi.servers_with_role(%w[api held-nowhere], 'staging').map { |s| s['hostname'] }).to eq(['api1'])
     expect(ffi.server_with_role(['web'], 'production')).to eq(first.first)
     expect { ffi.servers_with_role(['/(?=x)/'], 'production') }.to raise_error(PuppetKicker::QueryError)
     expect(lib).to have_received(:pk_answer_holds).twice
