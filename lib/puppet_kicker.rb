@@ -167,9 +167,10 @@ module PuppetKicker
       raise
     end
 
-    # The core's one log drain: refresh warnings and kick lines.
+    # The core's one log drain: refresh warnings and kick lines. Asking whether any
+    # wait costs no JSON, so most calls (nothing to log) skip taking them.
     def log_warnings
-      log_lines(native.take_log)
+      log_lines(native.take_log) unless native.log_pending.zero?
     end
 
     def log_lines(lines)

@@ -183,6 +183,14 @@ pub fn select_known(request: Select) -> Result<Selected> {
     Ok(selected)
 }
 
+/// Whether `answer`, an answer id [`select`] gave, is still what an identical call
+/// would get ([`Service::answer_holds`]; it queues a refresh of a stale index, as
+/// the call would). False for 0, an id not kept or aged out, or no service or
+/// index: the caller then makes the call, which answers and reports any error.
+pub fn answer_holds(answer: u64) -> bool {
+    answer != 0 && Service::global().is_ok_and(|service| service.answer_holds(answer))
+}
+
 /// The servers at `at.positions` of index `at.generation`, or `None` once that
 /// index has been replaced (the caller selects again).
 pub fn servers_at(at: ServersAt) -> Result<Option<Servers>> {
@@ -215,6 +223,15 @@ pub fn take_log() -> Result<Vec<LogLine>> {
         service.take_warnings().into_iter().map(|warning| LogLine::new(Level::Warning, warning)).collect();
     lines.append(&mut service.take_kick_log());
     Ok(lines)
+}
+
+/// How many lines [`take_log`] would return now (0 before the service is
+/// configured), so a binding for which that call is dear skips it when there is
+/// nothing to take. Lines may arrive just after: the next call takes them.
+pub fn log_pending() -> u32 {
+    let Ok(service) = Service::global() else { return 0 };
+    let pending = service.warnings_pending() + service.kick_log_pending();
+    u32::try_from(pending).unwrap_or(u32::MAX)
 }
 
 /// The index's size and age, the last refresh error, the configuration in use and

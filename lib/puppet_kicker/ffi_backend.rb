@@ -12,11 +12,13 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 4
+    ABI_VERSION = 5
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
     MAX_ANSWERS = 512
+    # Notes (certname => environment) remembered before they are all forgotten.
+    MAX_NOTED = 100_000
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = { max_nesting: false, create_additions: false }.freeze
@@ -47,12 +49,20 @@ module PuppetKicker
         @library = path
         @cache_lock = Mutex.new
         fresh_generation(:none) # no index generation seen yet
+        @noted_lock = Mutex.new
+        @noted = {}
         self
       end
 
+      # A configure may replace the core, and what it was told with it: the notes
+      # remembered are forgotten, whatever the outcome.
       def configure(confdir, vardir, server_datadir, config_file)
-        request(:pk_configure, 'confdir' => confdir, 'vardir' => vardir,
-                               'server_datadir' => server_datadir, 'config_file' => config_file)
+        @noted_lock.synchronize do
+          request(:pk_configure, 'confdir' => confdir, 'vardir' => vardir,
+                                 'server_datadir' => server_datadir, 'config_file' => config_file)
+        ensure
+          @noted = {}
+        end
       end
 
       def servers_with_role(roles, environment)
@@ -67,8 +77,21 @@ module PuppetKicker
         servers('op' => 'servers_with_facts', 'clauses' => clauses, 'environment' => environment)
       end
 
+      # Every function call notes its node's environment, nearly always the one noted
+      # last time, and the core only records it (certname => environment): a note
+      # this backend already made since its last configure is not sent again, which
+      # saves a JSON round trip per call. Only successful notes are remembered (so
+      # always a String environment), at most MAX_NOTED; the lock keeps the memo the
+      # core's own when threads note the same certname at once.
       def note_environment(certname, environment)
-        request(:pk_note_environment, 'certname' => certname, 'environment' => environment)
+        @noted_lock.synchronize do
+          return nil if environment.is_a?(String) && @noted[certname] == environment
+
+          request(:pk_note_environment, 'certname' => certname, 'environment' => environment)
+          @noted.clear if @noted.size >= MAX_NOTED
+          @noted[certname] = -environment
+        end
+        nil
       end
 
       # The kick report processor: `report` is the JSON text lib/puppet_kicker/kick.rb
@@ -91,6 +114,11 @@ module PuppetKicker
         decode(@lib.pk_take_log)
       end
 
+      # How many lines take_log would give now: one cheap call, no JSON.
+      def log_pending
+        @lib.pk_log_pending
+      end
+
       def status
         decode(@lib.pk_status)
       end
@@ -109,6 +137,8 @@ module PuppetKicker
 
       def attach(lib)
         lib.attach_function :pk_abi_version, [], :uint32
+        lib.attach_function :pk_log_pending, [], :uint32
+        lib.attach_function :pk_answer_holds, [:uint64], :uint32
         # :strptr returns [copy of the NUL-terminated reply, pointer to free].
         lib.attach_function :pk_version, [], :strptr
         lib.attach_function :pk_status, [], :strptr
@@ -136,8 +166,15 @@ module PuppetKicker
       # `known` and, when it is still the answer, sends no positions). These caches
       # hold Ruby objects, the frozen Hashes JRuby hands to templates, so they cannot
       # live in Rust. The lock covers multithreaded JRuby.
+      #
+      # A held answer the core says is still the answer (pk_answer_holds: no JSON;
+      # it queues a refresh of a stale index as the query would) is returned as it
+      # is; else the query is asked with pk_select.
       def servers(query)
         key = JSON.generate(query)
+        held = @cache_lock.synchronize { @answers[key] }
+        return held[1] if held && @lib.pk_answer_holds(held[0]) == 1
+
         SELECT_ATTEMPTS.times do
           held = @cache_lock.synchronize { @answers[key] }
           selected = request(:pk_select, held ? query.merge('known' => held[0]) : query)

@@ -170,8 +170,64 @@ describe 'the two backends' do
     expect([ffi['built_at'], magnus['built_at']]).to all(be_a(Integer))
     expect([ffi['index_bytes'], magnus['index_bytes']]).to all(be > 1000)
     expect_identical(&:take_log)
+    # Nothing waits once taken: the facade skips take_log while log_pending is 0.
+    expect(expect_identical(&:log_pending)).to eq(0)
     expect_identical(&:version)
     expect_identical { |n| n.note_environment('web9.example.com', 'staging') }
+  end
+
+  it 'sends a note to the ffi core only when it changes what this backend noted since its configure' do
+    ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
+    lib = ffi.instance_variable_get(:@lib)
+    sent = []
+    allow(lib).to receive(:pk_note_environment).and_wrap_original do |original, json, size|
+      sent << JSON.parse(json).values_at('certname', 'environment')
+      original.call(json, size)
+    end
+    etc = File.join(@dir, 'etc')
+    var = File.join(@dir, 'var')
+    ffi.configure(etc, var, nil, nil)
+    3.times { expect(ffi.note_environment('memo1.example.com', 'production')).to be_nil }
+    ffi.note_environment('memo2.example.com', 'production')
+    ffi.note_environment('memo1.example.com', 'staging')
+    ffi.note_environment('memo1.example.com', 'production')
+    expect(sent).to eq([%w[memo1.example.com production], %w[memo2.example.com production],
+                        %w[memo1.example.com staging], %w[memo1.example.com production],])
+    # A configure may be a new core: every note is sent again.
+    ffi.configure(etc, var, nil, nil)
+    ffi.note_environment('memo1.example.com', 'production')
+    expect(sent.size).to eq(5)
+    # A note the core refuses is refused each time, never remembered.
+    2.times { expect { ffi.note_environment('memo3.example.com', nil) }.to raise_error(PuppetKicker::Error, /malformed request/) }
+    expect(sent.size).to eq(7)
+    # Bounded: past MAX_NOTED notes, all are forgotten.
+    stub_const('PuppetKicker::FFIBackend::MAX_NOTED', 2)
+    ffi.note_environment('memo4.example.com', 'production') # the memo holds memo1 and memo4: full
+    ffi.note_environment('memo5.example.com', 'production') # cleared, then memo5
+    ffi.note_environment('memo1.example.com', 'production')
+    ffi.note_environment('memo5.example.com', 'production')
+    expect(sent.drop(7).map(&:first)).to eq(%w[memo4.example.com memo5.example.com memo1.example.com])
+  end
+
+  it 'returns a kept answer of the ffi backend with pk_answer_holds alone while the core says it holds' do
+    ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
+    lib = ffi.instance_variable_get(:@lib)
+    first = ffi.servers_with_role(['web'], 'production')
+    allow(lib).to receive(:pk_select).and_call_original
+    allow(lib).to receive(:pk_answer_holds).and_call_original
+    expect(ffi.servers_with_role(['web'], 'production')).to equal(first)
+    expect(lib).to have_received(:pk_answer_holds).once
+    expect(lib).not_to have_received(:pk_select)
+    # Not held: the query is asked, and the answer, still the same, is the same Array.
+    allow(lib).to receive(:pk_answer_holds).and_return(0)
+    expect(ffi.servers_with_role(['web'], 'production')).to equal(first)
+    expect(lib).to have_received(:pk_select).once
+    # Nothing held yet for a new query, an error, or server_with_role: no pk_answer_holds.
+    allow(lib).to receive(:pk_answer_holds).and_call_original
+    expect(ffi.servers_with_role(%w[api held-nowhere], 'staging').map { |s| s['hostname'] }).to eq(['api1'])
+    expect(ffi.server_with_role(['web'], 'production')).to eq(first.first)
+    expect { ffi.servers_with_role(['/(?=x)/'], 'production') }.to raise_error(PuppetKicker::QueryError)
+    expect(lib).to have_received(:pk_answer_holds).twice
   end
 
   it 'fails to load with an error that names the file and why' do

@@ -11,6 +11,7 @@
 
 use super::{Freshness, Index};
 use crate::sync::lock;
+use hashbrown::HashMap;
 use lru::LruCache;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,20 +47,30 @@ impl Answer {
     }
 }
 
+type Key = (Question, u64);
+
 #[derive(Debug)]
 pub(super) struct Answers {
-    kept: Mutex<LruCache<(Question, u64), Arc<Answer>>>,
+    kept: Mutex<Kept>,
+}
+
+/// The answers by question and max_age, and the key of each by its id (for
+/// [`Index::answer_holds`]): the two always hold the same answers.
+#[derive(Debug)]
+struct Kept {
+    by_key: LruCache<Key, Arc<Answer>>,
+    by_id: HashMap<u64, Key>,
 }
 
 impl Default for Answers {
     fn default() -> Answers {
-        Answers { kept: Mutex::new(LruCache::new(ANSWERS)) }
+        Answers { kept: Mutex::new(Kept { by_key: LruCache::new(ANSWERS), by_id: HashMap::new() }) }
     }
 }
 
 impl Answers {
     pub(super) fn heap_bytes(&self) -> usize {
-        lock(&self.kept).iter().map(|(_, answer)| 4 * answer.positions.capacity() + 64).sum()
+        lock(&self.kept).by_key.iter().map(|(_, answer)| 4 * answer.positions.capacity() + 64).sum()
     }
 }
 
@@ -73,7 +84,7 @@ impl Index {
         compute: impl FnOnce() -> Result<Vec<u32>, E>,
     ) -> Result<Arc<Answer>, E> {
         let key = (question, fresh.max_age);
-        if let Some(kept) = lock(&self.answers.kept).get(&key).filter(|a| a.holds_at(fresh.now)) {
+        if let Some(kept) = lock(&self.answers.kept).by_key.get(&key).filter(|a| a.holds_at(fresh.now)) {
             return Ok(kept.clone());
         }
         let positions = compute()?;
@@ -85,7 +96,24 @@ impl Index {
             computed_at: fresh.now,
             valid_until,
         });
-        lock(&self.answers.kept).put(key, answer.clone());
+        let mut kept = lock(&self.answers.kept);
+        // The answer replaced (same key) or the least recently used one evicted.
+        if let Some((_, dropped)) = kept.by_key.push(key.clone(), answer.clone()) {
+            kept.by_id.remove(&dropped.id);
+        }
+        kept.by_id.insert(answer.id, key);
         Ok(answer)
+    }
+
+    /// Whether answer `id` is what [`Self::answer`] would return now for the
+    /// question it answered, with `fresh.max_age`: kept by this index, and holding at
+    /// `fresh.now` (no selected server past max_age). Counts as a use of that
+    /// answer, as the identical call would. A caller that holds what it built for
+    /// `id` may then return it without asking the question again.
+    pub fn answer_holds(&self, id: u64, fresh: Freshness) -> bool {
+        let mut kept = lock(&self.answers.kept);
+        let Kept { by_key, by_id } = &mut *kept;
+        let Some(key) = by_id.get(&id).filter(|key| key.1 == fresh.max_age) else { return false };
+        by_key.get(key).is_some_and(|answer| answer.id == id && answer.holds_at(fresh.now))
     }
 }

@@ -141,16 +141,35 @@ fn an_identical_question_gets_the_kept_answer_until_a_selected_server_ages_out()
     assert_eq!(certnames(&idx, first.positions.clone()), ["old", "web1", "web3"]);
     let again = ask(Freshness { now: NOW + 1, ..lenient });
     assert!(Arc::ptr_eq(&first, &again), "the same answer, not an equal one");
+    // answer_holds says so without the question, exactly when `answer` would give it.
+    assert!(idx.answer_holds(first.id, Freshness { now: NOW + 1, ..lenient }));
+    assert!(!idx.answer_holds(first.id, Freshness { now: NOW + 2, ..lenient }), "`old` aged out");
+    assert!(!idx.answer_holds(first.id, Freshness { now: NOW - 1, ..lenient }), "the clock went back");
+    assert!(!idx.answer_holds(first.id, Freshness { now: NOW, max_age: 7200 }), "another max_age");
+    assert!(
+        !idx.answer_holds(0, lenient)
+            && !idx.answer_holds(u64::MAX, lenient)
+            && !idx.answer_holds(first.id + 1000, lenient)
+    );
     let later = ask(Freshness { now: NOW + 1, max_age: 7200 });
     assert_ne!(later.id, first.id, "another max_age is another question");
+    assert!(
+        idx.answer_holds(first.id, lenient) && idx.answer_holds(later.id, Freshness { now: NOW + 1, max_age: 7200 })
+    );
     // Once `old` ages out, the answer is computed again, without it.
     let aged = ask(Freshness { now: NOW + 2, ..lenient });
     assert_ne!(aged.id, first.id);
     assert_eq!(certnames(&idx, aged.positions.clone()), ["web1", "web3"]);
+    // The answer it replaced is no longer held, even at a time it was true for.
+    assert!(!idx.answer_holds(first.id, lenient));
+    assert!(idx.answer_holds(aged.id, Freshness { now: NOW + 2, ..lenient }));
     // A clock that went back does not trust an answer from its future.
     let earlier = ask(Freshness { now: NOW - 10, ..lenient });
     assert_ne!(earlier.id, aged.id);
+    assert!(!idx.answer_holds(aged.id, Freshness { now: NOW + 2, ..lenient }));
     assert_eq!(computed, 4);
+    // Another index (generation) holds none of this one's answers.
+    assert!(!sample().answer_holds(earlier.id, Freshness { now: NOW - 10, ..lenient }));
 }
 
 #[test]
@@ -188,8 +207,19 @@ fn kept_answers_are_bounded() {
     };
     let first = ask(0);
     assert_eq!(ask(0), first);
-    for i in 1..=ANSWERS.get() {
+    let second = ask(1);
+    for i in 2..ANSWERS.get() {
         ask(i);
     }
+    // All 256 kept; answer_holds counts as a use: `first` is not the least recently used then.
+    assert!(idx.answer_holds(first, FRESH));
+    ask(ANSWERS.get());
+    assert!(!idx.answer_holds(second, FRESH), "the least recently used was dropped");
+    assert!(idx.answer_holds(first, FRESH));
+    assert_eq!(ask(0), first);
+    for i in 1000..1000 + ANSWERS.get() {
+        ask(i);
+    }
+    assert!(!idx.answer_holds(first, FRESH), "dropped, and so no longer held");
     assert_ne!(ask(0), first, "the least recently asked of {} + 1 questions was dropped", ANSWERS);
 }

@@ -219,6 +219,12 @@ impl KickService {
         lines
     }
 
+    /// How many lines [`Self::take_log`] would return now.
+    pub fn log_pending(&self) -> usize {
+        let log = lock(&self.inner.log);
+        log.lines.len() + usize::from(log.left_out > 0)
+    }
+
     /// Lines the dispatcher logged since the last call, and one counting those
     /// left out when more than the log holds were waiting.
     pub fn take_log(&self) -> Vec<LogLine> {

@@ -240,6 +240,12 @@ impl IndexService {
         }
     }
 
+    /// How many warnings [`Self::take_warnings`] would return now.
+    pub fn warnings_pending(&self) -> usize {
+        let warnings = lock(&self.shared.warnings);
+        warnings.pending.len() + usize::from(warnings.left_out > 0)
+    }
+
     /// Warnings from refreshes and snapshot reads since the last call, for logging.
     pub fn take_warnings(&self) -> Vec<String> {
         let mut warnings = lock(&self.shared.warnings);
@@ -275,11 +281,7 @@ impl IndexService {
         let config = &self.shared.config;
         let mut index = self.shared.current.load_full();
         match &index {
-            Some(current) if !current.is_empty() => {
-                if now() - current.built_at() >= config.cache_ttl as i64 && self.backoff_over() {
-                    self.request_refresh();
-                }
-            }
+            Some(current) if !current.is_empty() => self.refresh_if_stale(current),
             _ => {
                 // No data: wait for a refresh, unless one just failed or found nothing.
                 let in_flight = lock(&self.shared.refresh_state).in_flight;
@@ -295,6 +297,28 @@ impl IndexService {
             _ if config.on_no_data == OnNoData::Empty => Ok(None),
             _ => Err(Error::NoData(self.no_data_message())),
         }
+    }
+
+    /// Queues a refresh when `current` (the index, with servers) is older than
+    /// `cache.ttl` and no failure asks to wait: what every query does first.
+    fn refresh_if_stale(&self, current: &Index) {
+        if now() - current.built_at() >= self.shared.config.cache_ttl as i64 && self.backoff_over() {
+            self.request_refresh();
+        }
+    }
+
+    /// Whether kept answer `id` is still what an identical query would get now
+    /// ([`Index::answer_holds`] on the current index): then, as that query would,
+    /// queues a refresh if the index is stale. False (nothing done: the caller asks
+    /// the query, which does it all and reports any error) for an id no longer
+    /// kept, an answer a server aged out of, or no index with servers.
+    pub fn answer_holds(&self, id: u64) -> bool {
+        let Some(current) = self.shared.current.load_full().filter(|i| !i.is_empty()) else { return false };
+        if !current.answer_holds(id, self.freshness()) {
+            return false;
+        }
+        self.refresh_if_stale(&current);
+        true
     }
 
     fn no_data_message(&self) -> String {

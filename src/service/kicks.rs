@@ -116,6 +116,14 @@ impl Service {
         lines
     }
 
+    /// How many lines [`Self::take_kick_log`] would return now.
+    pub fn kick_log_pending(&self) -> usize {
+        match self.kicks.get() {
+            Some(Ok(service)) => service.log_pending(),
+            _ => 0,
+        }
+    }
+
     /// Lines the kick dispatcher logged since the last call.
     pub fn take_kick_log(&self) -> Vec<LogLine> {
         match self.kicks.get() {

@@ -193,6 +193,7 @@ fn define(ruby: &Ruby) -> Result<(), Error> {
     native.define_module_function("servers_with_facts", function!(|r: &Ruby, clauses, environment| servers(r, Query::ServersWithFacts { clauses, environment }), 2))?;
     native.define_module_function("note_environment", function!(|r: &Ruby, certname, environment| call(r, || seam::note_environment(NoteEnvironment { certname, environment }), nil), 2))?;
     native.define_module_function("take_log", function!(|r: &Ruby| call(r, seam::take_log, log_lines), 0))?;
+    native.define_module_function("log_pending", function!(|r: &Ruby| entry(r, || Ok(seam::log_pending())), 0))?;
     native.define_module_function("status", function!(|r: &Ruby| call(r, seam::status, status), 0))?;
     native.define_module_function("version", function!(|r: &Ruby| call(r, seam::version, string), 0))?;
     native.define_module_function("kick_report", function!(|r: &Ruby, report: RString| { let report = bytes(report); call(r, move || seam::kick_report(&report), log_lines) }, 1))?;

@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 4. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 5. See ext/puppet_kicker_ffi/src/lib.rs.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (4); check it before any other call. */
+/* The ABI version this library implements (5); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 2)", the core's version. */
@@ -56,6 +56,14 @@ char *pk_configure(const uint8_t *req, size_t len);
  * whose answer is A leaves "positions" out. */
 char *pk_select(const uint8_t *req, size_t len);
 
+/* 1 when `answer`, a non-zero answer id pk_select gave, is still what that identical
+ * call would get now (same index generation, still kept, no server past max_age);
+ * then, as the call would, it queues a refresh of an index older than cache.ttl.
+ * 0 otherwise (0, an unknown or replaced id, no index, not configured): make the
+ * call with pk_select, which answers and reports any error. No JSON: a caller that
+ * kept what it built for `answer` returns it for the cost of this call. */
+uint32_t pk_answer_holds(uint64_t answer);
+
 /* req: {"generation": n, "positions": [n, ...]}. ok: [[[K, ...], [V, ...], certname],
  * ...]: each server at those positions of that index as its fact names' string ids
  * (K), their values' ids (V) in the same order, and the certname to add as
@@ -75,6 +83,11 @@ char *pk_note_environment(const uint8_t *req, size_t len);
 /* ok: [[level, message], ...] to log since the last call: the core's warnings, then
  * what the kick dispatcher logged. */
 char *pk_take_log(void);
+
+/* How many lines pk_take_log would give now (0 before pk_configure), no JSON: a
+ * caller skips pk_take_log when it is 0. Lines logged right after wait for the next
+ * call. Saturates at UINT32_MAX. */
+uint32_t pk_log_pending(void);
 
 /* ok: {"servers": n, "index_bytes": n, "built_at": n|null, "last_error": s|null,
  *      "config_file": s|null, "cache_dir": s, "failures": n, "retry_at": n|null,

@@ -12,10 +12,12 @@
 //! | `char *pk_version(void)` | | `"0.1.0 (index format 2)"` |
 //! | `char *pk_configure(req, len)` | `{"confdir","vardir","server_datadir"?,"config_file"?}` | `null` |
 //! | `char *pk_select(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}`, each with an optional `"known": A` | `{"generation": G, "answer": A, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`); the same `A` (non-zero) is the same answer to an identical call, and when it is the `known` one, `positions` is left out |
+//! | `uint32_t pk_answer_holds(uint64_t A)` | | (returns 1 when answer `A` of `pk_select` is still the answer to that call, queuing a refresh of a stale index as the call would; else 0; no JSON) |
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[[[K, ..], [V, ..], certname], ..]`: each server at those positions as its fact names' ids, their values' ids, and the certname to add (or `null`); `null` when the index is no longer generation G |
 //! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
+//! | `uint32_t pk_log_pending(void)` | | (returns how many lines `pk_take_log` would give now; no JSON) |
 //! | `char *pk_status(void)` | | `{"servers","index_bytes","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
 //! | `char *pk_kick(req, len)` | a report's kicks, as `lib/puppet_kicker/kick.rb` sends them | `[[level, message], ..]` to log |
 //! | `char *pk_kick_flush(void)` | | `[[level, message], ..]` (waits, bounded, for due kicks) |
@@ -50,8 +52,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_servers_at, so callers can cache servers per index generation; 3: pk_query
 /// and the `unsupported` kind dropped, pk_take_log replaces pk_take_warnings and
 /// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`,
-/// pk_servers_at by ids, pk_values).
-pub const ABI_VERSION: u32 = 4;
+/// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds).
+pub const ABI_VERSION: u32 = 5;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -113,6 +115,27 @@ without_request!(
     /// What to log since the last call: refresh warnings, then kick lines (`[]`
     /// before the core is configured).
     pk_take_log => seam::take_log);
+/// 1 when `answer`, a non-zero answer id `pk_select` gave, is still what that
+/// identical call would get now: the same index generation, the answer still kept,
+/// none of its servers past `max_age`. Then, exactly as the call would, it queues a
+/// refresh when the index is older than `cache.ttl`. 0 otherwise (0, an unknown or
+/// replaced id, no index, not configured, a panic): the caller makes the call with
+/// `pk_select`, which answers and reports any error. No JSON either way, so a
+/// caller that kept what it built for `answer` returns it for the cost of one call.
+#[no_mangle]
+pub extern "C" fn pk_answer_holds(answer: u64) -> u32 {
+    catch_unwind(|| seam::answer_holds(answer)).map_or(0, u32::from)
+}
+
+/// How many lines `pk_take_log` would give now (0 before the core is configured),
+/// with no JSON either way, so a caller skips `pk_take_log` when there is nothing
+/// to take. Lines logged right after are taken by the next call. Saturates at
+/// `u32::MAX`; a panic (a bug) answers 1, so the caller takes the log.
+#[no_mangle]
+pub extern "C" fn pk_log_pending() -> u32 {
+    catch_unwind(seam::log_pending).unwrap_or(1)
+}
+
 without_request!(
     /// The index's size and age, the last refresh error, the configuration in use.
     pk_status => seam::status);

@@ -243,6 +243,29 @@ fn queries_return_servers_as_the_magnus_extension_builds_them() {
     assert!(ok(take(pk_take_log())).is_array());
 }
 
+/// pk_log_pending counts what pk_take_log would give, without JSON: the facade
+/// skips pk_take_log when it is 0.
+#[test]
+fn log_pending_counts_what_take_log_gives() {
+    let _core = serial();
+    let master = Master::new("pending", "", &fleet());
+    fs::write(master.root.join("var/server_data/facts/broken.example.com.json"), "not json").unwrap();
+    fs::write(master.root.join("var/server_data/facts/broken2.example.com.json"), "{").unwrap();
+    assert_eq!(ok(master.configure()), Value::Null);
+    ok(query(&json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"})));
+    let pending = pk_log_pending();
+    assert!(pending >= 2, "two unreadable fact files are two warnings, got {pending}");
+    let lines = ok(take(pk_take_log()));
+    assert_eq!(lines.as_array().unwrap().len(), pending as usize, "{lines}");
+    assert!(lines.to_string().contains("broken.example.com.json"), "{lines}");
+    assert_eq!(pk_log_pending(), 0);
+    assert_eq!(ok(take(pk_take_log())), json!([]));
+    // Still 0, and still no JSON, however often it is asked.
+    for _ in 0..1000 {
+        assert_eq!(pk_log_pending(), 0);
+    }
+}
+
 #[test]
 fn errors_are_data_with_the_cores_kind_and_message() {
     let _core = serial();
@@ -388,4 +411,107 @@ fn selections_are_fetched_by_generation_and_go_stale_with_a_new_index() {
     assert_eq!(stale, Value::Null);
     let (kind, _) = error(&call(pk_servers_at, &json!({"generation": "x"})));
     assert_eq!(kind, "request");
+}
+
+/// pk_answer_holds says, without JSON, whether an answer pk_select gave is still the
+/// answer to that call: exactly while pk_select with that `known` leaves the
+/// positions out. Never for 0, an unknown id, or an id of a replaced index.
+#[test]
+fn a_held_answer_is_known_without_json_while_it_is_the_answer() {
+    let _core = serial();
+    let master = Master::new("holds", "", &fleet());
+    assert_eq!(ok(master.configure()), Value::Null);
+    let web = json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"});
+    let selected = ok(call(pk_select, &web));
+    let answer = selected["answer"].as_u64().unwrap();
+    for _ in 0..1000 {
+        assert_eq!(pk_answer_holds(answer), 1);
+    }
+    let known = json!({"op": "servers_with_role", "roles": ["web"], "environment": "production", "known": answer});
+    assert_eq!(ok(call(pk_select, &known)), json!({"generation": selected["generation"], "answer": answer}));
+    for id in [0, 1, u64::MAX, u64::MAX - 1, answer + 1_000_000, 1 << 63] {
+        assert_eq!(pk_answer_holds(id), 0, "id {id}");
+    }
+    // server_with_role is never a kept answer: its id is 0, never held.
+    let first = ok(call(pk_select, &json!({"op": "server_with_role", "roles": ["web"], "environment": "production"})));
+    assert_eq!((first["answer"].as_u64(), pk_answer_holds(0)), (Some(0), 0));
+    // Another answer of the same index is held on its own.
+    let db = ok(call(pk_select, &json!({"op": "servers_with_role", "roles": ["db"], "environment": "production"})));
+    let db = db["answer"].as_u64().unwrap();
+    assert_ne!(db, answer);
+    assert_eq!((pk_answer_holds(answer), pk_answer_holds(db)), (1, 1));
+
+    // Another configuration, another index: nothing of the old one is held.
+    let other = Master::new("holds-other", "", &fleet());
+    assert_eq!(ok(other.configure()), Value::Null);
+    assert_eq!((pk_answer_holds(answer), pk_answer_holds(db)), (0, 0));
+    let again = ok(call(pk_select, &known));
+    let renewed = again["answer"].as_u64().unwrap();
+    assert_ne!(renewed, answer);
+    assert_eq!(again["positions"], selected["positions"], "the same servers, a new answer");
+    assert_eq!(pk_answer_holds(renewed), 1);
+}
+
+/// An answer one of whose servers passes max_age is not held: pk_select computes it
+/// again, without that server, as it would have without pk_answer_holds.
+#[test]
+fn a_held_answer_ends_when_a_server_passes_max_age() {
+    let _core = serial();
+    let master = Master::new("holds-age", "", &[]);
+    fs::write(master.root.join("etc/puppet_kicker.yaml"), "max_age: 10s\ncache:\n  ttl: 1h\n").unwrap();
+    let facts = master.root.join("var/server_data/facts");
+    let now = std::time::SystemTime::now();
+    for (certname, age) in [("young.example.com", 0), ("aging.example.com", 8)] {
+        // No timestamp in the document: the file's modification time dates the facts.
+        let doc = json!({"name": certname, "values": {"fqdn": certname, "role": "web"}});
+        let path = facts.join(format!("{certname}.json"));
+        fs::write(&path, doc.to_string()).unwrap();
+        let file = fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(now - std::time::Duration::from_secs(age)).unwrap();
+    }
+    assert_eq!(ok(master.configure()), Value::Null);
+    let web = json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"});
+    let selected = ok(call(pk_select, &web));
+    assert_eq!(selected["positions"].as_array().unwrap().len(), 2, "{selected}");
+    let answer = selected["answer"].as_u64().unwrap();
+    assert_eq!(pk_answer_holds(answer), 1);
+    // `aging` passes max_age 2 s from now (the clock counts whole seconds).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pk_answer_holds(answer) == 1 {
+        assert!(std::time::Instant::now() < deadline, "the answer outlived its servers' max_age");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let aged = ok(call(
+        pk_select,
+        &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production", "known": answer}),
+    ));
+    assert_eq!(aged["positions"].as_array().map(Vec::len), Some(1), "{aged}");
+    assert_ne!(aged["answer"].as_u64(), Some(answer));
+    assert_eq!(aged["generation"], selected["generation"], "the same index, a new answer");
+    assert_eq!(pk_answer_holds(aged["answer"].as_u64().unwrap()), 1);
+}
+
+/// A held answer of an index older than cache.ttl queues a refresh, as the query
+/// does: the index is replaced with no other call, and the answer is no longer held.
+#[test]
+fn a_held_answer_of_a_stale_index_queues_a_refresh() {
+    let _core = serial();
+    let master = Master::new("holds-stale", "cache:\n  ttl: 1s\n", &fleet());
+    assert_eq!(ok(master.configure()), Value::Null);
+    let web = json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"});
+    let answer = ok(call(pk_select, &web))["answer"].as_u64().unwrap();
+    let built_at = ok(take(pk_status()))["built_at"].clone();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    // Nothing refreshes a stale index by itself...
+    assert_eq!(ok(take(pk_status()))["built_at"], built_at);
+    // ...but a call does, and still gets the answer of the index it found.
+    assert_eq!(pk_answer_holds(answer), 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ok(take(pk_status()))["built_at"] == built_at {
+        assert!(std::time::Instant::now() < deadline, "no refresh was queued");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(pk_answer_holds(answer), 0, "a new index: the answer is asked again");
+    let renewed = ok(call(pk_select, &web))["answer"].as_u64().unwrap();
+    assert_ne!(renewed, answer);
 }
