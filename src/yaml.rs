@@ -441,7 +441,22 @@ fn resolve(text: String, style: TScalarStyle, tag: Option<Tag>) -> Yaml {
             _ => Yaml::String(text),
         },
         Some(_) => Yaml::String(text),
-        None => Yaml::from_str(&text),
+        None => plain(text),
+    }
+}
+
+/// `Yaml::from_str`, without its copy of the text when the scalar is a string that
+/// holds no digit: every other type it gives (a number, a `.inf`, a `0x` prefix)
+/// needs a digit or is one of the words below.
+fn plain(text: String) -> Yaml {
+    const WORDS: [&str; 22] = [
+        "", "~", "null", "true", "True", "TRUE", "false", "False", "FALSE", ".inf", ".Inf", ".INF", "+.inf", "+.Inf",
+        "+.INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN", "+",
+    ];
+    if text.bytes().any(|b| b.is_ascii_digit()) || WORDS.contains(&text.as_str()) {
+        Yaml::from_str(&text)
+    } else {
+        Yaml::String(text)
     }
 }
 
@@ -491,6 +506,17 @@ mod tests {
         assert_eq!(v["values"]["load"], json!(0.5));
         assert_eq!(v["values"]["virtual"], json!(false));
         assert_eq!(v["timestamp"], json!("2026-11-20 10:15:30.123456789 +00:00"));
+    }
+
+    #[test]
+    fn plain_scalars_are_typed_as_yaml_rust2_types_them() {
+        let words = "~ null Null true True TRUE tRUE false no yes x inf nan NaN infinity .inf .Inf .INF +.inf -.inf \
+                     -.INF .nan .NaN .NAN + - +x 0x 0xg 0xff 0o 0o7 +1 -1 1 1.5 1e3 e E . .. -. +. a1 \
+                     web1.example.com 10.0.0.5 é ∞";
+        let words = words.split_whitespace().chain([""]);
+        for word in words {
+            assert_eq!(plain(word.to_string()), Yaml::from_str(word), "{word:?}");
+        }
     }
 
     #[test]
