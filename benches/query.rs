@@ -305,7 +305,7 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     drop(from_yaml);
     table.ours(
         &format!(
-            "legacy YAML cache ({:.1} MB): puppet_cache::load, 2 readers (a tree per file, then the store)",
+            "legacy YAML cache ({:.1} MB): puppet_cache::load, 2 readers (YAML events decoded into the store)",
             yaml_bytes as f64 / 1e6
         ),
         measure_each(|| (), |()| puppet_cache::load_with_readers(&yaml_dirs, 2).unwrap()),

@@ -9,6 +9,7 @@
 //! [`MAX_TEXT`] bytes of text is refused before it is built. No value deeper than
 //! [`MAX_DEPTH`] is ever built, so dropping one cannot overflow the stack either.
 
+use crate::store::{Builder, StrId, ValueId, FALSE, NULL, TRUE};
 use serde_json::{Map, Number, Value};
 use std::collections::HashMap;
 use std::fmt;
@@ -109,7 +110,31 @@ impl std::error::Error for YamlError {
 ///
 /// The error says what is wrong and on which line.
 pub fn parse(text: &str) -> Result<Value, YamlError> {
-    let mut builder = Builder::default();
+    Ok(read(text, TreeSink)?.unwrap_or(Value::Null))
+}
+
+/// [`parse`] straight into `builder`, no tree built: the same values (objects
+/// sorted, of a key given twice the last value kept), the same limits and errors;
+/// an empty document is `NULL`. An aliased value is its anchor's id again.
+///
+/// On an error, values already interned stay (unreferenced) and the children of
+/// the containers left open are on the builder's stack: the caller takes
+/// [`Builder::open`] before and calls [`Builder::discard_open`] after a failure.
+pub fn decode(text: &str, builder: &mut Builder) -> Result<ValueId, YamlError> {
+    Ok(read(text, StoreSink { builder })?.unwrap_or(NULL))
+}
+
+/// The first document of `text` through `sink`, within the limits.
+fn read<S: Sink>(text: &str, sink: S) -> Result<Option<S::Value>, YamlError> {
+    let mut reader = Reader {
+        sink,
+        stack: Vec::new(),
+        spent: Cost::default(),
+        aliases: 0,
+        aliased_values: 0,
+        anchors: HashMap::new(),
+        root: None,
+    };
     let mut parser = Parser::new_from_str(text);
     loop {
         let (event, mark) = parser.next_token().map_err(|e| match e.info() {
@@ -120,9 +145,147 @@ pub fn parse(text: &str) -> Result<Value, YamlError> {
             _ => YamlError::Syntax(e),
         })?;
         match event {
-            Event::DocumentEnd | Event::StreamEnd => return Ok(builder.root.unwrap_or(Value::Null)),
-            event => builder.on_event(event, mark)?,
+            Event::DocumentEnd | Event::StreamEnd => return Ok(reader.root),
+            event => reader.on_event(event, mark)?,
         }
+    }
+}
+
+/// Where the values of a document go: a serde_json tree ([`parse`]) or a store
+/// ([`decode`]). The reader decides everything else (limits, keys, aliases).
+trait Sink {
+    type Value: Clone;
+    type Key;
+    /// A collection being filled.
+    type Open;
+    fn open(&mut self, mapping: bool) -> Self::Open;
+    fn push(&mut self, open: &mut Self::Open, value: Self::Value);
+    fn insert(&mut self, open: &mut Self::Open, key: Self::Key, value: Self::Value);
+    fn close(&mut self, open: Self::Open, mapping: bool) -> Self::Value;
+    /// A scalar value, typed as [`resolve`] and [`scalar_value`] say.
+    fn scalar(&mut self, yaml: Yaml) -> Self::Value;
+    /// A plain key: its text ([`key_string`]).
+    fn scalar_key(&mut self, yaml: &Yaml) -> Self::Key;
+    /// An aliased or collection key ([`value_key_string`]).
+    fn value_key(&mut self, value: Self::Value) -> Self::Key;
+}
+
+struct TreeSink;
+
+enum TreeOpen {
+    Sequence(Vec<Value>),
+    Mapping(Map<String, Value>),
+}
+
+impl Sink for TreeSink {
+    type Value = Value;
+    type Key = String;
+    type Open = TreeOpen;
+
+    fn open(&mut self, mapping: bool) -> TreeOpen {
+        if mapping {
+            TreeOpen::Mapping(Map::new())
+        } else {
+            TreeOpen::Sequence(Vec::new())
+        }
+    }
+
+    fn push(&mut self, open: &mut TreeOpen, value: Value) {
+        if let TreeOpen::Sequence(items) = open {
+            items.push(value);
+        }
+    }
+
+    fn insert(&mut self, open: &mut TreeOpen, key: String, value: Value) {
+        if let TreeOpen::Mapping(map) = open {
+            map.insert(key, value);
+        }
+    }
+
+    fn close(&mut self, open: TreeOpen, _: bool) -> Value {
+        match open {
+            TreeOpen::Sequence(items) => Value::Array(items),
+            TreeOpen::Mapping(map) => Value::Object(map),
+        }
+    }
+
+    fn scalar(&mut self, yaml: Yaml) -> Value {
+        scalar_value(yaml)
+    }
+
+    fn scalar_key(&mut self, yaml: &Yaml) -> String {
+        key_string(yaml)
+    }
+
+    fn value_key(&mut self, value: Value) -> String {
+        value_key_string(value)
+    }
+}
+
+struct StoreSink<'b> {
+    builder: &'b mut Builder,
+}
+
+impl Sink for StoreSink<'_> {
+    type Value = ValueId;
+    type Key = StrId;
+    /// Where the collection's children start on the builder's stack.
+    type Open = usize;
+
+    fn open(&mut self, _: bool) -> usize {
+        self.builder.open()
+    }
+
+    fn push(&mut self, _: &mut usize, value: ValueId) {
+        self.builder.push_child(value);
+    }
+
+    fn insert(&mut self, _: &mut usize, key: StrId, value: ValueId) {
+        self.builder.push_child(key);
+        self.builder.push_child(value);
+    }
+
+    fn close(&mut self, mark: usize, mapping: bool) -> ValueId {
+        if mapping {
+            self.builder.close_object(mark)
+        } else {
+            self.builder.close_array(mark)
+        }
+    }
+
+    fn scalar(&mut self, yaml: Yaml) -> ValueId {
+        // As `scalar_value`, then `Builder::value`.
+        match yaml {
+            Yaml::Boolean(b) => {
+                if b {
+                    TRUE
+                } else {
+                    FALSE
+                }
+            }
+            Yaml::Integer(i) => self.builder.int(i),
+            Yaml::Real(text) => match text.parse::<f64>() {
+                Ok(f) if f.is_finite() => self.builder.float(f),
+                _ => self.builder.string_value(&text),
+            },
+            Yaml::String(s) => self.builder.string_value(&s),
+            _ => NULL,
+        }
+    }
+
+    fn scalar_key(&mut self, yaml: &Yaml) -> StrId {
+        match yaml {
+            Yaml::String(s) | Yaml::Real(s) => self.builder.string(s),
+            Yaml::Integer(i) => self.builder.string(&i.to_string()),
+            Yaml::Boolean(b) => self.builder.string(if *b { "true" } else { "false" }),
+            _ => self.builder.string("~"),
+        }
+    }
+
+    fn value_key(&mut self, value: ValueId) -> StrId {
+        // Rare (Psych writes no such key): through the tree, to say it as `parse` does.
+        let key = value_key_string(self.builder.store().view(value).to_json());
+        self.builder.string(&key)
     }
 }
 
@@ -135,24 +298,29 @@ struct Cost {
     height: usize,
 }
 
-enum Frame {
-    Sequence { items: Vec<Value>, anchor: usize, start: Cost, height: usize },
-    Mapping { map: Map<String, Value>, key: Option<String>, anchor: usize, start: Cost, height: usize },
+struct Frame<S: Sink> {
+    open: S::Open,
+    mapping: bool,
+    /// A mapping's key waiting for its value.
+    key: Option<S::Key>,
+    anchor: usize,
+    start: Cost,
+    height: usize,
 }
 
-#[derive(Default)]
-struct Builder {
-    stack: Vec<Frame>,
+struct Reader<S: Sink> {
+    sink: S,
+    stack: Vec<Frame<S>>,
     /// Values and text so far (`height` unused).
     spent: Cost,
     aliases: usize,
     /// Values that aliases repeated so far.
     aliased_values: usize,
-    anchors: HashMap<usize, (Value, Cost)>,
-    root: Option<Value>,
+    anchors: HashMap<usize, (S::Value, Cost)>,
+    root: Option<S::Value>,
 }
 
-impl Builder {
+impl<S: Sink> Reader<S> {
     fn on_event(&mut self, event: Event, mark: Marker) -> Result<(), YamlError> {
         let line = mark.line();
         match event {
@@ -162,21 +330,15 @@ impl Builder {
                 }
                 self.charge(Cost { values: 1, text: 0, height: 0 }, line)?;
                 let start = self.spent;
-                self.stack.push(match event {
-                    Event::SequenceStart(..) => Frame::Sequence { items: Vec::new(), anchor, start, height: 1 },
-                    _ => Frame::Mapping { map: Map::new(), key: None, anchor, start, height: 1 },
-                });
+                let mapping = matches!(event, Event::MappingStart(..));
+                let open = self.sink.open(mapping);
+                self.stack.push(Frame { open, mapping, key: None, anchor, start, height: 1 });
             }
             Event::SequenceEnd | Event::MappingEnd => {
-                let (value, anchor, start, height) = match self.stack.pop() {
-                    Some(Frame::Sequence { items, anchor, start, height }) => {
-                        (Value::Array(items), anchor, start, height)
-                    }
-                    Some(Frame::Mapping { map, anchor, start, height, .. }) => {
-                        (Value::Object(map), anchor, start, height)
-                    }
-                    None => return Err(YamlError::UnmatchedEnd { line }),
+                let Some(Frame { open, mapping, anchor, start, height, .. }) = self.stack.pop() else {
+                    return Err(YamlError::UnmatchedEnd { line });
                 };
+                let value = self.sink.close(open, mapping);
                 let cost =
                     Cost { values: self.spent.values - start.values + 1, text: self.spent.text - start.text, height };
                 self.finish(value, anchor, cost, line)?;
@@ -186,11 +348,11 @@ impl Builder {
                 self.charge(cost, line)?;
                 let value = match self.stack.last_mut() {
                     // A scalar key keeps its text: `1.50:` is the key "1.50".
-                    Some(Frame::Mapping { key: key @ None, .. }) if anchor == 0 => {
-                        *key = Some(key_string(&resolve(text, style, tag)));
+                    Some(Frame { mapping: true, key: key @ None, .. }) if anchor == 0 => {
+                        *key = Some(self.sink.scalar_key(&resolve(text, style, tag)));
                         return Ok(());
                     }
-                    _ => scalar_value(resolve(text, style, tag)),
+                    _ => self.sink.scalar(resolve(text, style, tag)),
                 };
                 self.finish(value, anchor, cost, line)?;
             }
@@ -234,25 +396,23 @@ impl Builder {
 
     /// Puts a finished node into its parent (or makes it the document), and keeps a
     /// copy of an anchored one for its aliases.
-    fn finish(&mut self, value: Value, anchor: usize, cost: Cost, line: usize) -> Result<(), YamlError> {
+    fn finish(&mut self, value: S::Value, anchor: usize, cost: Cost, line: usize) -> Result<(), YamlError> {
         if anchor != 0 {
-            // The copy is memory too.
+            // The copy is memory too (a tree's is; a store's is charged the same).
             self.charge(cost, line)?;
             self.anchors.insert(anchor, (value.clone(), cost));
         }
         match self.stack.last_mut() {
             None => self.root = Some(value),
-            Some(Frame::Sequence { items, height, .. }) => {
-                *height = (*height).max(cost.height + 1);
-                items.push(value);
-            }
-            Some(Frame::Mapping { map, key, height, .. }) => {
-                *height = (*height).max(cost.height + 1);
-                match key.take() {
-                    Some(key) => {
-                        map.insert(key, value);
+            Some(frame) => {
+                frame.height = frame.height.max(cost.height + 1);
+                if !frame.mapping {
+                    self.sink.push(&mut frame.open, value);
+                } else {
+                    match frame.key.take() {
+                        Some(key) => self.sink.insert(&mut frame.open, key, value),
+                        None => frame.key = Some(self.sink.value_key(value)),
                     }
-                    None => *key = Some(value_key_string(value)),
                 }
             }
         }
@@ -281,7 +441,22 @@ fn resolve(text: String, style: TScalarStyle, tag: Option<Tag>) -> Yaml {
             _ => Yaml::String(text),
         },
         Some(_) => Yaml::String(text),
-        None => Yaml::from_str(&text),
+        None => plain(text),
+    }
+}
+
+/// `Yaml::from_str`, without its copy of the text when the scalar is a string that
+/// holds no digit: every other type it gives (a number, a `.inf`, a `0x` prefix)
+/// needs a digit or is one of the words below.
+fn plain(text: String) -> Yaml {
+    const WORDS: [&str; 22] = [
+        "", "~", "null", "true", "True", "TRUE", "false", "False", "FALSE", ".inf", ".Inf", ".INF", "+.inf", "+.Inf",
+        "+.INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN", "+",
+    ];
+    if text.bytes().any(|b| b.is_ascii_digit()) || WORDS.contains(&text.as_str()) {
+        Yaml::from_str(&text)
+    } else {
+        Yaml::String(text)
     }
 }
 
@@ -331,6 +506,17 @@ mod tests {
         assert_eq!(v["values"]["load"], json!(0.5));
         assert_eq!(v["values"]["virtual"], json!(false));
         assert_eq!(v["timestamp"], json!("2026-11-20 10:15:30.123456789 +00:00"));
+    }
+
+    #[test]
+    fn plain_scalars_are_typed_as_yaml_rust2_types_them() {
+        let words = "~ null Null true True TRUE tRUE false no yes x inf nan NaN infinity .inf .Inf .INF +.inf -.inf \
+                     -.INF .nan .NaN .NAN + - +x 0x 0xg 0xff 0o 0o7 +1 -1 1 1.5 1e3 e E . .. -. +. a1 \
+                     web1.example.com 10.0.0.5 é ∞";
+        let words = words.split_whitespace().chain([""]);
+        for word in words {
+            assert_eq!(plain(word.to_string()), Yaml::from_str(word), "{word:?}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::store::json::{self, Depth, JsonError, Skip, ValueSeed};
 use crate::store::{Builder, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+#[cfg(any(test, feature = "synthetic"))]
 use serde_json::Value;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -396,7 +397,7 @@ fn read_file(
 /// `path` names it (and gives the certname when the document has none), `mtime`
 /// dates facts without a timestamp.
 ///
-/// JSON is decoded straight into the store. Facts from every format and source stop
+/// JSON and YAML are decoded straight into the store. Facts from every format and source stop
 /// at the same depth as YAML's ([`crate::yaml::MAX_DEPTH`]).
 pub fn parse_fact_file(
     bytes: &[u8],
@@ -420,9 +421,13 @@ pub fn parse_fact_file(
         Format::Yaml => {
             let text = std::str::from_utf8(bytes)
                 .map_err(|source| FactFileError::NotUtf8 { path: path.to_path_buf(), source })?;
-            let tree =
-                crate::yaml::parse(text).map_err(|source| FactFileError::Yaml { path: path.to_path_buf(), source })?;
-            Document::of_tree(tree, builder)
+            let mark = builder.open();
+            let decoded = crate::yaml::decode(text, builder);
+            if decoded.is_err() {
+                builder.discard_open(mark);
+            }
+            let root = decoded.map_err(|source| FactFileError::Yaml { path: path.to_path_buf(), source })?;
+            Document::of_store(root, builder.store())
         }
     };
     document.observation(builder.store(), path, mtime)
@@ -436,7 +441,8 @@ enum Document {
 }
 
 impl Document {
-    /// A document parsed as a tree first (YAML).
+    /// A document parsed as a tree first (the paths kept as references).
+    #[cfg(any(test, feature = "synthetic"))]
     fn of_tree(tree: Value, builder: &mut Builder) -> Document {
         let Value::Object(top) = tree else { return Document::NotAMapping };
         let text = |key: &str| top.get(key).and_then(Value::as_str).map(str::to_string);
@@ -445,6 +451,13 @@ impl Document {
             timestamp: text("timestamp"),
             values: top.get("values").map(|v| builder.value(v)),
         }
+    }
+
+    /// A document already in the store (YAML): its other keys stay there, unreferenced.
+    fn of_store(root: ValueId, store: &Store) -> Document {
+        let Some(top) = store.view(root).as_object() else { return Document::NotAMapping };
+        let text = |key: &str| top.get(key).and_then(View::as_str).map(str::to_string);
+        Document::Mapping { name: text("name"), timestamp: text("timestamp"), values: top.get("values").map(View::id) }
     }
 
     fn observation(self, store: &Store, path: &Path, mtime: i64) -> std::result::Result<Observation, FactFileError> {
@@ -615,6 +628,21 @@ pub fn parse_fact_file_via_tree(
     if deeper_than(&tree, crate::yaml::MAX_DEPTH) {
         return Err(FactFileError::JsonTooDeep { path: path.to_path_buf(), limit: crate::yaml::MAX_DEPTH });
     }
+    Document::of_tree(tree, builder).observation(builder.store(), path, mtime)
+}
+
+/// The YAML path before the store (kept to show the new one reads the same):
+/// [`crate::yaml::parse`]'s serde_json tree first, then the store.
+#[cfg(any(test, feature = "synthetic"))]
+pub fn parse_yaml_fact_file_via_tree(
+    bytes: &[u8],
+    path: &Path,
+    mtime: i64,
+    builder: &mut Builder,
+) -> std::result::Result<Observation, FactFileError> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|source| FactFileError::NotUtf8 { path: path.to_path_buf(), source })?;
+    let tree = crate::yaml::parse(text).map_err(|source| FactFileError::Yaml { path: path.to_path_buf(), source })?;
     Document::of_tree(tree, builder).observation(builder.store(), path, mtime)
 }
 
