@@ -231,11 +231,7 @@ impl Client {
         expected: Option<usize>,
         timeout: Duration,
     ) -> Result<RpcOutcome> {
-        self.check_collective(collective)?;
-        check_name("agent", agent)?;
-        check_name("action", action)?;
-        let body = message::rpc_body(agent, action, &self.config.callerid, inputs, true)?;
-        let replies = self.call(collective, agent, filter, body, None, expected, timeout)?;
+        let replies = self.broadcast(collective, agent, action, inputs, filter, expected, timeout)?;
         Ok(self.rpc_outcome(replies, None))
     }
 
@@ -253,15 +249,31 @@ impl Client {
         expected: Option<usize>,
         timeout: Duration,
     ) -> Result<RawOutcome> {
-        self.check_collective(collective)?;
-        check_name("agent", agent)?;
-        check_name("action", action)?;
-        let body = message::rpc_body(agent, action, &self.config.callerid, inputs, true)?;
-        let collected = self.call(collective, agent, filter, body, None, expected, timeout)?;
+        let collected = self.broadcast(collective, agent, action, inputs, filter, expected, timeout)?;
         Ok(RawOutcome {
             replies: collected.replies.into_values().collect(),
             ambiguous: collected.ambiguous.into_iter().collect(),
         })
+    }
+
+    /// What both broadcasts do: the names checked, the request sent to every node
+    /// matching `filter`, the replies collected.
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast(
+        &self,
+        collective: &str,
+        agent: &str,
+        action: &str,
+        inputs: &[(String, Value)],
+        filter: &Filter,
+        expected: Option<usize>,
+        timeout: Duration,
+    ) -> Result<Collected> {
+        self.check_collective(collective)?;
+        check_name("agent", agent)?;
+        check_name("action", action)?;
+        let body = message::rpc_body(agent, action, &self.config.callerid, inputs, true)?;
+        self.call(collective, agent, filter, body, None, expected, timeout)
     }
 
     /// Counts inner bodies of [`Client::rpc_broadcast_raw`] replies as accepted or
