@@ -89,7 +89,7 @@ module PureRuby
   end
 end
 
-# MRI's own floor for a first conversion: building, from objects that already
+# The Ruby engine's own floor for a first conversion (MRI's, or JRuby's): building, from objects that already
 # exist, only what the servers' Hashes need that no earlier server had (Hashes through
 # rb_hash_bulk_insert, as the magnus binding does; Arrays; Strings), each frozen, for
 # the servers a native call returned. Median seconds a server of 5 runs, and the
@@ -295,9 +295,10 @@ end
 
 node = cases.first
 floor = first_conversion_floor(facts_dir, node[:names])
-puts format("MRI's floor for %s's first call: only the Hashes (%.1f, %.0f entries), Arrays and Strings each " \
+engine = RUBY_ENGINE == 'ruby' ? 'MRI' : RUBY_ENGINE
+puts format("%s's floor for %s's first call: only the Hashes (%.1f, %.0f entries), Arrays and Strings each " \
             'server has that no earlier one had, built from existing objects: %.1f µs a server ' \
-            '(the native first call: %.1f µs a server)', node[:title], floor[:hashes], floor[:entries],
+            '(the native first call: %.1f µs a server)', engine, node[:title], floor[:hashes], floor[:entries],
             floor[:per_server] * 1e6, node[:first] * 1e6 / node[:names].size)
 puts
 puts "load average at end: #{File.read('/proc/loadavg').split.first(3).join(' ')}"
