@@ -362,33 +362,10 @@ fn read_trees(dir: &Path) -> Vec<Node> {
 /// Writes `nodes` as an older master's YAML fact cache (`$vardir/yaml/facts`), in
 /// block style as Puppet wrote it; gives the bytes written.
 fn write_yaml_cache(dir: &Path, nodes: &[Node]) -> u64 {
-    use yaml_rust2::yaml::Hash;
-    use yaml_rust2::{Yaml, YamlEmitter};
-    fn yaml(value: &Value) -> Yaml {
-        match value {
-            Value::Null => Yaml::Null,
-            Value::Bool(b) => Yaml::Boolean(*b),
-            Value::Number(n) => match n.as_i64() {
-                Some(i) => Yaml::Integer(i),
-                None => Yaml::Real(n.to_string()),
-            },
-            Value::String(s) => Yaml::String(s.clone()),
-            Value::Array(items) => Yaml::Array(items.iter().map(yaml).collect()),
-            Value::Object(map) => Yaml::Hash(map.iter().map(|(k, v)| (Yaml::String(k.clone()), yaml(v))).collect()),
-        }
-    }
     fs::create_dir_all(dir).unwrap();
     let mut written = 0;
     for node in nodes {
-        let mut top = Hash::new();
-        top.insert(Yaml::String("name".into()), Yaml::String(node.certname.clone()));
-        let values = node.facts.iter().map(|(k, v)| (Yaml::String(k.clone()), yaml(v))).collect();
-        top.insert(Yaml::String("values".into()), Yaml::Hash(values));
-        let timestamp = synthetic::rfc3339(node.timestamp, 0);
-        top.insert(Yaml::String("timestamp".into()), Yaml::String(timestamp));
-        let mut text = String::new();
-        YamlEmitter::new(&mut text).dump(&Yaml::Hash(top)).unwrap();
-        let text = text.replacen("---", "--- !ruby/object:Puppet::Node::Facts", 1);
+        let text = synthetic::yaml_fact_file(node);
         fs::write(dir.join(format!("{}.yaml", node.certname)), &text).unwrap();
         written += text.len() as u64;
     }

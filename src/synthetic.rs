@@ -622,6 +622,34 @@ pub fn write_puppet_cache(dir: &Path, nodes: &[Node]) -> std::io::Result<u64> {
     Ok(written)
 }
 
+/// `node` as an older master's YAML fact file (`$vardir/yaml/facts`): block style
+/// under Puppet's Ruby tag, as Psych wrote it.
+pub fn yaml_fact_file(node: &Node) -> String {
+    use yaml_rust2::yaml::Hash;
+    use yaml_rust2::{Yaml, YamlEmitter};
+    fn yaml(value: &Value) -> Yaml {
+        match value {
+            Value::Null => Yaml::Null,
+            Value::Bool(b) => Yaml::Boolean(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => Yaml::Integer(i),
+                None => Yaml::Real(n.to_string()),
+            },
+            Value::String(s) => Yaml::String(s.clone()),
+            Value::Array(items) => Yaml::Array(items.iter().map(yaml).collect()),
+            Value::Object(map) => Yaml::Hash(map.iter().map(|(k, v)| (Yaml::String(k.clone()), yaml(v))).collect()),
+        }
+    }
+    let mut top = Hash::new();
+    top.insert(Yaml::String("name".into()), Yaml::String(node.certname.clone()));
+    let values = node.facts.iter().map(|(k, v)| (Yaml::String(k.clone()), yaml(v))).collect();
+    top.insert(Yaml::String("values".into()), Yaml::Hash(values));
+    top.insert(Yaml::String("timestamp".into()), Yaml::String(rfc3339(node.timestamp, 0)));
+    let mut text = String::new();
+    YamlEmitter::new(&mut text).dump(&Yaml::Hash(top)).expect("emitting YAML into a String");
+    text.replacen("---", "--- !ruby/object:Puppet::Node::Facts", 1)
+}
+
 /// `2026-11-20T10:15:30.123456789+00:00`, as puppetserver writes fact timestamps.
 pub fn rfc3339(secs: i64, nanos: u32) -> String {
     let t = CalendarTime::utc(secs);

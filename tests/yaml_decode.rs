@@ -7,7 +7,6 @@ use puppet_kicker::source::puppet_cache::{self, parse_fact_file, parse_yaml_fact
 use puppet_kicker::store::Builder;
 use puppet_kicker::synthetic;
 use puppet_kicker::yaml::{self, MAX_ALIASES, MAX_DEPTH};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Both paths on `text`: both refuse it with the same error, or give the same
@@ -67,34 +66,10 @@ fn fixtures_read_the_same() {
     assert!(!harvest.observations.is_empty());
 }
 
-fn to_yaml(value: &Value) -> yaml_rust2::Yaml {
-    use yaml_rust2::Yaml;
-    match value {
-        Value::Null => Yaml::Null,
-        Value::Bool(b) => Yaml::Boolean(*b),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => Yaml::Integer(i),
-            None => Yaml::Real(n.to_string()),
-        },
-        Value::String(s) => Yaml::String(s.clone()),
-        Value::Array(items) => Yaml::Array(items.iter().map(to_yaml).collect()),
-        Value::Object(map) => Yaml::Hash(map.iter().map(|(k, v)| (Yaml::String(k.clone()), to_yaml(v))).collect()),
-    }
-}
-
 #[test]
 fn a_generated_fleet_reads_the_same_server_by_server() {
-    use yaml_rust2::yaml::Hash;
-    use yaml_rust2::{Yaml, YamlEmitter};
     for node in synthetic::fleet(300, 0x5EED, 1_790_000_000) {
-        let mut top = Hash::new();
-        top.insert(Yaml::String("name".into()), Yaml::String(node.certname.clone()));
-        let values = node.facts.iter().map(|(k, v)| (Yaml::String(k.clone()), to_yaml(v))).collect();
-        top.insert(Yaml::String("values".into()), Yaml::Hash(values));
-        top.insert(Yaml::String("timestamp".into()), Yaml::String(synthetic::rfc3339(node.timestamp, 0)));
-        let mut text = String::new();
-        YamlEmitter::new(&mut text).dump(&Yaml::Hash(top)).unwrap();
-        let text = text.replacen("---", "--- !ruby/object:Puppet::Node::Facts", 1);
+        let text = synthetic::yaml_fact_file(&node);
         same_fact_file(text.as_bytes(), &PathBuf::from(format!("/facts/{}.yaml", node.certname)));
     }
 }
