@@ -104,22 +104,29 @@ impl PathIndexes {
 /// The path's index: one code per distinct [`Found`], in order of first sight.
 fn build(index: &Index, clause: &Clause) -> PathIndex {
     let rows = &index.rows;
-    let mut hints = PathHints::new(clause.fact_path());
-    let mut found_at = |p: usize| -> Found {
-        match clause.path() {
-            "environment" => Found::Text(rows.environment[p]),
-            path => match index.server(p as u32).fact_hinted(clause.fact_path(), &mut hints) {
+    let found: Vec<Found> = if clause.path() == "environment" {
+        rows.environment.iter().map(|&id| Found::Text(id)).collect()
+    } else {
+        // Every server's facts object first, then the path in each: the objects lie
+        // all over the store, and loops of independent reads let the CPU overlap
+        // the cache misses that one loop doing everything would take one by one.
+        let servers = (0..index.len() as u32).map(|p| index.server(p));
+        let facts: Vec<_> = servers.clone().map(|server| server.facts()).collect();
+        let (path, mut hints) = (clause.fact_path(), PathHints::new(clause.fact_path()));
+        let certname_fallback = clause.path() == "certname";
+        servers
+            .zip(facts)
+            .map(|(server, facts)| match server.fact_in(facts, path, &mut hints) {
                 Some(value) => Found::Value(value.id()),
-                None if path == "certname" => Found::Text(rows.certname[p]),
+                None if certname_fallback => Found::Text(rows.certname[server.position() as usize]),
                 None => Found::Missing,
-            },
-        }
+            })
+            .collect()
     };
-    let mut codes = Vec::with_capacity(index.len());
+    let mut codes = Vec::with_capacity(found.len());
     let mut distinct = Vec::new();
-    let mut code_of: HashMap<Found, u32> = HashMap::new();
-    for p in 0..index.len() {
-        let found = found_at(p);
+    let mut code_of: HashMap<Found, u32> = HashMap::with_capacity(found.len().min(1 << 16));
+    for found in found {
         let code = *code_of.entry(found).or_insert_with(|| {
             distinct.push(found);
             distinct.len() as u32 - 1

@@ -81,7 +81,12 @@ impl<'a> ServerRef<'a> {
     /// [`Self::fact`] for a path asked of server after server of one index (a path's
     /// index): `hints`, made for `path`, keep where its keys were found last.
     pub fn fact_hinted(self, path: &FactPath, hints: &mut PathHints) -> Option<View<'a>> {
-        let facts = self.facts();
+        self.fact_in(self.facts(), path, hints)
+    }
+
+    /// [`Self::fact_hinted`] with the server's facts already read ([`Self::facts`]):
+    /// a path's index reads every server's first, so that the CPU overlaps those reads.
+    pub(super) fn fact_in(self, facts: ObjectRef<'a>, path: &FactPath, hints: &mut PathHints) -> Option<View<'a>> {
         if let Some(value) = facts.get_hinted(&mut hints.whole) {
             return Some(value);
         }

@@ -274,6 +274,10 @@ fn a_key_hint_answers_as_the_binary_search_does_wherever_the_key_is() {
         json!({"a": 1, "b": 2, "c": 3, "d": 4}),
         json!({"a": 1, "b": 2, "c": 3, "hostname": "w"}),
         json!({}),
+        json!({"hostname": "v", "z": 1}),
+        many_keys_then("hostname", 40),
+        json!({"a": 1, "d": 4}),
+        many_keys_then("d", 3),
     ];
     let ids: Vec<ValueId> = objects.iter().map(|o| b.value(o)).collect();
     let store = b.finish();
@@ -285,4 +289,12 @@ fn a_key_hint_answers_as_the_binary_search_does_wherever_the_key_is() {
             assert_eq!(found.map(View::id), store.view(*id).as_object().unwrap().get(key).map(View::id));
         }
     }
+}
+
+/// An object of `count` keys sorting before `key` ("a00", "a01", ...), then `key`.
+fn many_keys_then(key: &str, count: usize) -> serde_json::Value {
+    let mut object: serde_json::Map<String, serde_json::Value> =
+        (0..count).map(|i| (format!("a{i:02}"), json!(i))).collect();
+    object.insert(key.to_string(), json!(key));
+    serde_json::Value::Object(object)
 }

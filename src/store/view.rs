@@ -174,9 +174,12 @@ impl<'s> ObjectRef<'s> {
     /// facts alike).
     pub fn get_hinted(self, hint: &mut KeyHint<'_>) -> Option<View<'s>> {
         if let Some(id) = hint.id {
-            if self.pairs.get(2 * hint.at) == Some(&id) {
-                return Some(View::new(self.store, self.pairs[2 * hint.at + 1]));
-            }
+            // Found before in this store, the key has an id here: look for it by id,
+            // outward from where it was last (servers differ by a few facts before
+            // it), never comparing text. Not found by id, it is not there.
+            let at = self.find_near(id, hint.at)?;
+            hint.at = at;
+            return Some(View::new(self.store, self.pairs[2 * at + 1]));
         }
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
@@ -191,6 +194,18 @@ impl<'s> ObjectRef<'s> {
             }
         }
         None
+    }
+
+    /// The pair whose key is string `id`, looking outward from pair `start`.
+    fn find_near(self, id: StrId, start: usize) -> Option<usize> {
+        let keys = self.len();
+        let start = start.min(keys.saturating_sub(1));
+        let key = |at: usize| self.pairs[2 * at];
+        (0..keys).find_map(|distance| {
+            let after = start + distance;
+            let before = start.checked_sub(distance).filter(|_| distance > 0);
+            [Some(after).filter(|&a| a < keys), before].into_iter().flatten().find(|&at| key(at) == id)
+        })
     }
 
     pub fn contains_key(self, key: &str) -> bool {
