@@ -9,6 +9,8 @@
 //! [`MAX_TEXT`] bytes of text is refused before it is built. No value deeper than
 //! [`MAX_DEPTH`] is ever built, so dropping one cannot overflow the stack either.
 
+mod block;
+
 use crate::store::{Builder, StrId, ValueId, FALSE, NULL, TRUE};
 use serde_json::{Map, Number, Value};
 use std::collections::HashMap;
@@ -121,6 +123,9 @@ pub fn parse(text: &str) -> Result<Value, YamlError> {
 /// the containers left open are on the builder's stack: the caller takes
 /// [`Builder::open`] before and calls [`Builder::discard_open`] after a failure.
 pub fn decode(text: &str, builder: &mut Builder) -> Result<ValueId, YamlError> {
+    if let Some(id) = block::decode(text, builder) {
+        return Ok(id);
+    }
     Ok(read(text, StoreSink { builder })?.unwrap_or(NULL))
 }
 
@@ -254,38 +259,42 @@ impl Sink for StoreSink<'_> {
     }
 
     fn scalar(&mut self, yaml: Yaml) -> ValueId {
-        // As `scalar_value`, then `Builder::value`.
-        match yaml {
-            Yaml::Boolean(b) => {
-                if b {
-                    TRUE
-                } else {
-                    FALSE
-                }
-            }
-            Yaml::Integer(i) => self.builder.int(i),
-            Yaml::Real(text) => match text.parse::<f64>() {
-                Ok(f) if f.is_finite() => self.builder.float(f),
-                _ => self.builder.string_value(&text),
-            },
-            Yaml::String(s) => self.builder.string_value(&s),
-            _ => NULL,
-        }
+        store_scalar(self.builder, yaml)
     }
 
     fn scalar_key(&mut self, yaml: &Yaml) -> StrId {
-        match yaml {
-            Yaml::String(s) | Yaml::Real(s) => self.builder.string(s),
-            Yaml::Integer(i) => self.builder.string(&i.to_string()),
-            Yaml::Boolean(b) => self.builder.string(if *b { "true" } else { "false" }),
-            _ => self.builder.string("~"),
-        }
+        store_key(self.builder, yaml)
     }
 
     fn value_key(&mut self, value: ValueId) -> StrId {
         // Rare (Psych writes no such key): through the tree, to say it as `parse` does.
         let key = value_key_string(self.builder.store().view(value).to_json());
         self.builder.string(&key)
+    }
+}
+
+/// A scalar value into the store: as [`scalar_value`], then `Builder::value`.
+fn store_scalar(builder: &mut Builder, yaml: Yaml) -> ValueId {
+    match yaml {
+        Yaml::Boolean(true) => TRUE,
+        Yaml::Boolean(false) => FALSE,
+        Yaml::Integer(i) => builder.int(i),
+        Yaml::Real(text) => match text.parse::<f64>() {
+            Ok(f) if f.is_finite() => builder.float(f),
+            _ => builder.string_value(&text),
+        },
+        Yaml::String(s) => builder.string_value(&s),
+        _ => NULL,
+    }
+}
+
+/// A plain key into the store: its text, as [`key_string`] says it.
+fn store_key(builder: &mut Builder, yaml: &Yaml) -> StrId {
+    match yaml {
+        Yaml::String(s) | Yaml::Real(s) => builder.string(s),
+        Yaml::Integer(i) => builder.string(&i.to_string()),
+        Yaml::Boolean(b) => builder.string(if *b { "true" } else { "false" }),
+        _ => builder.string("~"),
     }
 }
 
@@ -447,17 +456,25 @@ fn resolve(text: String, style: TScalarStyle, tag: Option<Tag>) -> Yaml {
 
 /// `Yaml::from_str`, without its copy of the text when the scalar is a string that
 /// holds no digit: every other type it gives (a number, a `.inf`, a `0x` prefix)
-/// needs a digit or is one of the words below.
+/// needs a digit or is one of [`PLAIN_WORDS`].
 fn plain(text: String) -> Yaml {
-    const WORDS: [&str; 22] = [
-        "", "~", "null", "true", "True", "TRUE", "false", "False", "FALSE", ".inf", ".Inf", ".INF", "+.inf", "+.Inf",
-        "+.INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN", "+",
-    ];
-    if text.bytes().any(|b| b.is_ascii_digit()) || WORDS.contains(&text.as_str()) {
+    if may_be_typed(&text) {
         Yaml::from_str(&text)
     } else {
         Yaml::String(text)
     }
+}
+
+/// The plain scalars without a digit that `Yaml::from_str` may read as other than
+/// a string.
+const PLAIN_WORDS: [&str; 22] = [
+    "", "~", "null", "true", "True", "TRUE", "false", "False", "FALSE", ".inf", ".Inf", ".INF", "+.inf", "+.Inf",
+    "+.INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN", "+",
+];
+
+/// Whether plain scalar `text` may be other than a string (see [`plain`]).
+fn may_be_typed(text: &str) -> bool {
+    text.bytes().any(|b| b.is_ascii_digit()) || PLAIN_WORDS.contains(&text)
 }
 
 fn scalar_value(yaml: Yaml) -> Value {
