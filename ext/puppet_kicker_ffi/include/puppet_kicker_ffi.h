@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 5. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 6. See ext/puppet_kicker_ffi/src/lib.rs.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -71,6 +71,14 @@ uint32_t pk_answer_holds(uint64_t answer);
  * replaced (select again). */
 char *pk_servers_at(const uint8_t *req, size_t len);
 
+/* The servers at `count` `positions` of index `generation`, with every fact name and
+ * value they hold at any depth, each once and after everything it holds, in one
+ * binary buffer (layout: ext/puppet_kicker_ffi/src/fetch.rs): u64 length, u32
+ * status (0 ok, 1 stale: select again, 2 failed: the text is a JSON error reply),
+ * u32 counts, then u32 words, f64 floats, UTF-8 text. Never null; pass it to
+ * pk_free_fetch() exactly once. */
+uint8_t *pk_fetch(uint64_t generation, const uint32_t *positions, size_t count);
+
 /* req: {"generation": n, "values": [V, ...], "keys": [K, ...]}. ok: {"values":
  * [value, ...], "keys": [name, ...]} in the order asked, each id of that index
  * generation; null once the index has been replaced or for an id it does not have
@@ -109,6 +117,9 @@ char *pk_kick_status(void);
 
 /* Frees a reply of any pk_* function; null is ignored. */
 void pk_free(char *reply);
+
+/* Frees a reply of pk_fetch; null is ignored. */
+void pk_free_fetch(uint8_t *reply);
 
 #ifdef __cplusplus
 }
