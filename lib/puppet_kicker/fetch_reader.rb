@@ -24,7 +24,7 @@ module PuppetKicker
     # FFI::Pointer), their objects added to `table`; nil when the index has been
     # replaced. A failed reply's JSON error document is yielded (the caller raises it).
     def servers(pointer, table)
-      status, base, strings, scalars, containers, servers, word_count, text_bytes, json_bytes = pointer.get_bytes(8, 36).unpack('L<9')
+      status, base, strings, scalars, containers, servers, word_count, text_bytes, json_bytes = pointer.get_array_of_uint32(8, 9)
       words_at = HEADER_BYTES
       text_at = words_at + (4 * word_count)
       json_at = text_at + text_bytes
@@ -39,7 +39,8 @@ module PuppetKicker
       # The session started over (a reply this table missed): so does the table.
       table.clear unless base == table.size
       malformed("base #{base} for a table of #{table.size}") unless base == table.size
-      words = pointer.get_bytes(words_at, 4 * word_count).unpack('L<*')
+      # Native byte order: the library's, in this process.
+      words = pointer.get_array_of_uint32(words_at, word_count)
       # The strings share this one text (a slice is not a copy).
       text = utf8(pointer.get_bytes(text_at, text_bytes))
       at = 0

@@ -246,7 +246,7 @@ describe 'the two backends' do
   it "reads pk_fetch's replies only whole: a malformed one is a PuppetKicker::Error" do
     PuppetKicker.with_backend('ffi') { PuppetKicker.native }
     reply = lambda do |length, counts|
-      bytes = ([length] + counts).pack('Q<L<9')
+      bytes = ([length] + counts).pack('QL9') # native byte order, as the library writes
       FFI::MemoryPointer.new(:uint8, bytes.bytesize).tap { |pointer| pointer.put_bytes(0, bytes) }
     end
     expect(PuppetKicker::FetchReader.servers(reply.call(44, [0] * 9), [])).to eq([])

@@ -71,13 +71,21 @@ uint32_t pk_answer_holds(uint64_t answer);
  * replaced (select again). */
 char *pk_servers_at(const uint8_t *req, size_t len);
 
-/* The servers at `count` `positions` of index `generation`, with every fact name and
- * value they hold at any depth, each once and after everything it holds, in one
- * binary buffer (layout: ext/puppet_kicker_ffi/src/fetch.rs): u64 length, u32
- * status (0 ok, 1 stale: select again, 2 failed: the text is a JSON error reply),
- * u32 counts, then u32 words, f64 floats, UTF-8 text. Never null; pass it to
- * pk_free_fetch() exactly once. */
-uint8_t *pk_fetch(uint64_t generation, const uint32_t *positions, size_t count);
+/* A fetch session: which names and values of an index generation one caller holds,
+ * and under which number in its table, so pk_fetch sends each once. Free it with
+ * pk_session_free() (null is ignored) once no pk_fetch uses it. Null only on an
+ * internal failure. */
+void *pk_session_new(void);
+void pk_session_free(void *session);
+
+/* The servers at `count` `positions` of index `generation`, with the fact names and
+ * values they hold (at any depth) that the caller, holding `have` objects from
+ * `session`, lacks; another `have` than the session sent, or another generation,
+ * starts the session over from 0. One binary buffer in native byte order (layout:
+ * ext/puppet_kicker_ffi/src/fetch.rs): u64 length; u32 status (0 ok, 1 stale:
+ * select again, 2 failed: the JSON is an error reply), base, counts; u32 words;
+ * UTF-8 text; JSON. Never null; pass it to pk_free_fetch() exactly once. */
+uint8_t *pk_fetch(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count);
 
 /* req: {"generation": n, "values": [V, ...], "keys": [K, ...]}. ok: {"values":
  * [value, ...], "keys": [name, ...]} in the order asked, each id of that index

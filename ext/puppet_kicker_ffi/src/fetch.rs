@@ -15,7 +15,7 @@
 //! could not read to the end) or the generation is another, the session starts over
 //! from 0 and the reply's `base` says so.
 //!
-//! # Layout (all little-endian)
+//! # Layout (native byte order: the caller is in this process)
 //!
 //! | Bytes | What |
 //! | --- | --- |
@@ -153,13 +153,13 @@ pub fn failed(failure: Failure) -> Vec<u8> {
 fn finish(status: u32, counts: [u32; 6], words: &[u32], text: &[u8], json: &[u8]) -> Vec<u8> {
     let length = HEADER_BYTES + 4 * words.len() + text.len() + json.len();
     let mut out = Vec::with_capacity(length);
-    out.extend_from_slice(&(length as u64).to_le_bytes());
+    out.extend_from_slice(&(length as u64).to_ne_bytes());
     // The encoder keeps the text and the JSON under 4 GiB.
     for word in [status].iter().chain(&counts).chain(&[text.len() as u32, json.len() as u32]) {
-        out.extend_from_slice(&word.to_le_bytes());
+        out.extend_from_slice(&word.to_ne_bytes());
     }
     for word in words {
-        out.extend_from_slice(&word.to_le_bytes());
+        out.extend_from_slice(&word.to_ne_bytes());
     }
     out.extend_from_slice(text);
     out.extend_from_slice(json);

@@ -226,7 +226,7 @@ pub unsafe extern "C" fn pk_fetch(
 pub unsafe extern "C" fn pk_free_fetch(reply: *mut u8) {
     if !reply.is_null() {
         // The buffer's first 8 bytes are its length (fetch::finish).
-        let length = u64::from_le_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+        let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
         drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(reply, length)) });
     }
 }

@@ -559,7 +559,7 @@ impl Drop for Fetcher {
 
 fn read_reply(reply: *mut u8, table: &mut Vec<Value>) -> Fetched {
     assert!(!reply.is_null());
-    let length = u64::from_le_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
     let bytes = unsafe { std::slice::from_raw_parts(reply, length) }.to_vec();
     unsafe { pk_free_fetch(reply) };
     read_fetched(&bytes, table)
@@ -567,7 +567,7 @@ fn read_reply(reply: *mut u8, table: &mut Vec<Value>) -> Fetched {
 
 fn read_fetched(bytes: &[u8], table: &mut Vec<Value>) -> Fetched {
     use puppet_kicker_ffi::fetch::*;
-    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    let u32_at = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
     let [status, base, strings, scalars, containers, servers, words, text, json] =
         std::array::from_fn(|i| u32_at(8 + 4 * i) as usize);
     let text_at = HEADER_BYTES + 4 * words;
