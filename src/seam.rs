@@ -338,6 +338,14 @@ impl Serialize for Selected {
 /// again.
 pub struct Servers(Selection);
 
+impl Servers {
+    /// The servers, in the order their positions were asked for (the C ABI's
+    /// binary `pk_fetch` encodes them itself).
+    pub fn iter(&self) -> impl Iterator<Item = Server<'_>> {
+        self.0.servers().map(Server)
+    }
+}
+
 impl Serialize for Servers {
     fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;

@@ -6,7 +6,11 @@
 # written by Rust, copied, parsed by Ruby's JSON), on a synthetic fleet written by
 # `pk-synthetic-facts` as puppetserver's JSON fact cache (~150 facts a server). The
 # ffi call is also split into its parts: the C call that returns the JSON (Rust
-# query + serialization + copy into a Ruby String) and JSON.parse. Standard library only.
+# query + serialization + copy into a Ruby String) and JSON.parse, for the JSON
+# functions pk_servers_at and pk_values that the backend used before C ABI 6; and
+# the whole first conversion as the backend does it now: pk_select, then pk_fetch
+# (one binary reply) read by FetchReader into a new table, so every server, name
+# and value is built. Standard library only.
 
 require 'json'
 require_relative 'support'
@@ -53,6 +57,8 @@ cases = [
 
 ffi = backends.fetch('ffi')
 lib = ffi.instance_variable_get(:@lib)
+# The JSON functions the backend no longer calls, for the parts of the old first call.
+%i[pk_servers_at pk_values].each { |name| lib.attach_function name, %i[string size_t], :strptr }
 call_raw = lambda do |function, request|
   json = JSON.generate(request)
   text, pointer = lib.send(function, json, json.bytesize)
@@ -71,6 +77,19 @@ raw = lambda do |request|
                                      'values' => ids.flat_map { |server| server[1] }.uniq)
   [servers, values]
 end
+# The first conversion as the backend does it: every server built from a new
+# session's reply into a new table.
+fetch_all = lambda do |request|
+  selected = JSON.parse(call_raw.call(:pk_select, request))['ok']
+  positions = selected['positions']
+  session = FFI::AutoPointer.new(lib.pk_session_new, lib.method(:pk_session_free))
+  pointer = lib.pk_fetch(session, selected['generation'], 0, positions.pack('L*'), positions.size)
+  begin
+    PuppetKicker::FetchReader.servers(pointer, []) { |error| raise error.to_s }
+  ensure
+    lib.pk_free_fetch(pointer)
+  end
+end
 requests = {
   'server_with_role: 1 server' => { 'op' => 'server_with_role', 'roles' => ['haproxy'], 'environment' => ENVIRONMENT },
   'servers_with_facts: role=haproxy' => { 'op' => 'servers_with_facts', 'clauses' => ['role=haproxy'], 'environment' => ENVIRONMENT },
@@ -80,8 +99,9 @@ requests = {
 puts "#{SERVERS} synthetic servers; #{RUBY_DESCRIPTION}"
 puts "#{`nproc`.strip} CPUs: #{File.read('/proc/cpuinfo')[/^model name\s*:\s*(.*)$/, 1]}"
 puts
-puts '| Call | Servers returned | magnus | ffi | ffi / magnus | ffi, first call: C calls + copy | ffi, first call: JSON.parse | JSON bytes |'
-puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
+puts '| Call | Servers returned | magnus | ffi | ffi / magnus | ffi before ABI 6, first call: C calls + copy | ' \
+     'ffi before ABI 6, first call: JSON.parse | JSON bytes | ffi, first call: pk_select + pk_fetch + FetchReader |'
+puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
 cases.each do |label, call|
   result = call.call(backends.fetch('magnus'))
   raise "#{label}: the backends disagree" unless call.call(ffi) == result
@@ -93,11 +113,15 @@ cases.each do |label, call|
           end
   magnus_time = measure { call.call(backends.fetch('magnus')) }
   ffi_time = measure { call.call(ffi) }
-  parts = ['', '', '']
+  parts = ['', '', '', '']
   if (request = requests[label])
     texts = raw.call(request)
     parse = measure { texts.each { |text| JSON.parse(text, max_nesting: false, create_additions: false) } }
-    parts = [human(measure { raw.call(request) }), human(parse), "#{(texts.sum(&:bytesize) / 1024.0).round} KiB"]
+    fetched = fetch_all.call(request)
+    raise "#{label}: pk_fetch disagrees" unless (request['op'] == 'server_with_role' ? fetched.first : fetched) == result
+
+    parts = [human(measure { raw.call(request) }), human(parse), "#{(texts.sum(&:bytesize) / 1024.0).round} KiB",
+             human(measure { fetch_all.call(request) }),]
   end
   puts "| #{label} | #{count} | #{human(magnus_time)} | #{human(ffi_time)} | #{format('%.2fx', ffi_time / magnus_time)} | #{parts.join(' | ')} |"
 end

@@ -1,18 +1,20 @@
 # frozen_string_literal: true
 
 require 'json'
+require_relative 'fetch_reader'
 
 module PuppetKicker
   # The core through its C ABI (ext/puppet_kicker_ffi, libpuppet_kicker_ffi.so) and
   # Ruby's `ffi`: what JRuby, so puppetserver, uses, since it cannot load a C
   # extension. Same methods, results and errors as the magnus extension's
   # PuppetKicker::Native. Requests go in as JSON; each reply is a JSON document the
-  # library allocates and this code frees with pk_free right after copying it.
+  # library allocates and this code frees with pk_free right after copying it,
+  # except servers, which pk_fetch gives as one binary buffer (read by FetchReader).
   #
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 5
+    ABI_VERSION = 6
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
@@ -22,8 +24,6 @@ module PuppetKicker
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = { max_nesting: false, create_additions: false }.freeze
-    # Servers come deep-frozen, as the magnus extension shares them between calls.
-    PARSE_FROZEN = PARSE.merge(freeze: true).freeze
 
     class << self
       attr_reader :library
@@ -47,6 +47,8 @@ module PuppetKicker
 
         @lib = lib
         @library = path
+        # What this backend's table holds, for pk_fetch: freed with the backend.
+        @session = ::FFI::AutoPointer.new(lib.pk_session_new, lib.method(:pk_session_free))
         @cache_lock = Mutex.new
         fresh_generation(:none) # no index generation seen yet
         @noted_lock = Mutex.new
@@ -145,10 +147,14 @@ module PuppetKicker
         lib.attach_function :pk_take_log, [], :strptr
         lib.attach_function :pk_kick_flush, [], :strptr
         lib.attach_function :pk_kick_status, [], :strptr
-        %i[pk_configure pk_select pk_servers_at pk_values pk_note_environment pk_kick].each do |name|
+        %i[pk_configure pk_select pk_note_environment pk_kick].each do |name|
           lib.attach_function name, %i[string size_t], :strptr
         end
         lib.attach_function :pk_free, [:pointer], :void
+        lib.attach_function :pk_session_new, [], :pointer
+        lib.attach_function :pk_session_free, [:pointer], :void
+        lib.attach_function :pk_fetch, %i[pointer uint64 uint64 buffer_in size_t], :pointer
+        lib.attach_function :pk_free_fetch, [:pointer], :void
       end
 
       def request(function, payload, options = PARSE)
@@ -160,12 +166,12 @@ module PuppetKicker
       # extension returns them. Converting a server costs far more than finding it, so
       # what was converted is kept per index generation, as the magnus extension keeps
       # it (`converted`, `VALUES`, `KEYS`, `ANSWERS`): each server's Hash, each fact
-      # name and each distinct value (pk_servers_at gives servers as ids, pk_values
-      # what this side lacks: a value many servers share, like `os`, is parsed once),
-      # and each whole answer by its query (pk_select is told the answer held as
-      # `known` and, when it is still the answer, sends no positions). These caches
-      # hold Ruby objects, the frozen Hashes JRuby hands to templates, so they cannot
-      # live in Rust. The lock covers multithreaded JRuby.
+      # name and each distinct value at any depth (pk_fetch gives each once per reply,
+      # by id: a value many servers share, like `os`, is built once), and each whole
+      # answer by its query (pk_select is told the answer held as `known` and, when
+      # it is still the answer, sends no positions). These caches hold Ruby objects,
+      # the frozen Hashes JRuby hands to templates, so they cannot live in Rust. The
+      # lock covers multithreaded JRuby.
       #
       # A held answer the core says is still the answer (pk_answer_holds: no JSON;
       # it queues a refresh of a stale index as the query would) is returned as it
@@ -214,9 +220,7 @@ module PuppetKicker
 
         @cache = {}
         @answers = {}
-        @values = []
-        @have = {} # value ids in @values (a value may be nil or false)
-        @keys = []
+        @table = [] # what pk_fetch sent in this generation, numbered as it sent it
         @cache_generation = generation
       end
 
@@ -225,45 +229,33 @@ module PuppetKicker
       def cached(generation, positions)
         missing = positions.reject { |p| @cache.key?(p) }
         unless missing.empty?
-          fetched = request(:pk_servers_at, 'generation' => generation, 'positions' => missing)
-          return nil if fetched.nil? || !values_for(generation, fetched)
+          fetched = fetch(generation, missing)
+          return nil if fetched.nil?
 
-          missing.each_with_index { |p, i| @cache[p] = server(*fetched[i]) }
+          missing.each_with_index { |p, i| @cache[p] = fetched[i] }
         end
         positions.map { |p| @cache[p] }
       end
 
-      # Fetches the names and values of `servers` (as pk_servers_at gives them) not
-      # yet kept; false if the index has been replaced meanwhile.
-      def values_for(generation, servers)
-        keys = servers.flat_map(&:first).uniq.reject { |k| @keys[k] }
-        values = servers.flat_map { |server| server[1] }.uniq.reject { |v| @have.key?(v) }
-        return true if keys.empty? && values.empty?
-
-        fetched = request(:pk_values, { 'generation' => generation, 'values' => values, 'keys' => keys }, PARSE_FROZEN)
-        return false if fetched.nil?
-
-        keys.zip(fetched['keys']) { |k, name| @keys[k] = name }
-        values.zip(fetched['values']) do |v, value|
-          @values[v] = value
-          @have[v] = true
+      # The servers at `positions` built from one pk_fetch reply and what earlier
+      # replies of this generation sent; nil when the index has been replaced.
+      def fetch(generation, positions)
+        pointer = @lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size)
+        begin
+          FetchReader.servers(pointer, @table) { |error| decode_document(error) }
+        ensure
+          @lib.pk_free_fetch(pointer)
         end
-        true
-      end
-
-      # A server's frozen Hash from its names' and values' ids. @keys and @values are
-      # Arrays by id, so `values_at` looks them all up at once.
-      def server(keys, values, certname)
-        hash = @keys.values_at(*keys).zip(@values.values_at(*values)).to_h
-        hash['certname'] = certname.freeze unless certname.nil?
-        hash.freeze
       end
 
       # The reply's value, or its error raised as the magnus extension raises it.
       def decode(reply, options = PARSE)
         text, pointer = reply
         @lib.pk_free(pointer)
-        document = JSON.parse(text.force_encoding(Encoding::UTF_8), options)
+        decode_document(JSON.parse(text.force_encoding(Encoding::UTF_8), options))
+      end
+
+      def decode_document(document)
         return document['ok'] if document.key?('ok')
 
         error = document['error'] || {}

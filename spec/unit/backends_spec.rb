@@ -230,6 +230,31 @@ describe 'the two backends' do
     expect(lib).to have_received(:pk_answer_holds).twice
   end
 
+  it 'gives the ffi backend every server again when its table missed a reply (pk_fetch starts its session over)' do
+    ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
+    ffi.servers_with_role(['web'], 'production')
+    table = ffi.instance_variable_get(:@table)
+    expect(table).not_to be_empty
+    table.pop(2) # as a reply read only in part would leave it
+    odd = expect_identical { |n| n.servers_with_role(['odd'], 'production') }
+    expect(odd.map { |s| s['hostname'] }).to eq(['odd'])
+    # The servers converted before are still kept, and still the same objects.
+    web = ffi.servers_with_role(['web'], 'production')
+    expect(ffi.servers_with_facts(['role=web'], 'production').map(&:object_id)).to eq(web.map(&:object_id))
+  end
+
+  it "reads pk_fetch's replies only whole: a malformed one is a PuppetKicker::Error" do
+    PuppetKicker.with_backend('ffi') { PuppetKicker.native }
+    reply = lambda do |length, counts|
+      bytes = ([length] + counts).pack('QL9') # native byte order, as the library writes
+      FFI::MemoryPointer.new(:uint8, bytes.bytesize).tap { |pointer| pointer.put_bytes(0, bytes) }
+    end
+    expect(PuppetKicker::FetchReader.servers(reply.call(44, [0] * 9), [])).to eq([])
+    expect(PuppetKicker::FetchReader.servers(reply.call(44, [1] + ([0] * 8)), [])).to be_nil
+    expect { PuppetKicker::FetchReader.servers(reply.call(45, [0] * 9), []) }.to raise_error(PuppetKicker::Error, /malformed.*length/)
+    expect { PuppetKicker::FetchReader.servers(reply.call(44, [0, 3] + ([0] * 7)), []) }.to raise_error(PuppetKicker::Error, /malformed.*base 3/)
+  end
+
   it 'fails to load with an error that names the file and why' do
     expect { PuppetKicker.send(:load_ffi, '/nonexistent/libpuppet_kicker_ffi.so') }.to raise_error(
       PuppetKicker::Error, %r{cannot load puppet-kicker's native library /nonexistent/libpuppet_kicker_ffi.so \(ffi backend\): no such file}

@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 5. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 6. See ext/puppet_kicker_ffi/src/lib.rs.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -71,6 +71,22 @@ uint32_t pk_answer_holds(uint64_t answer);
  * replaced (select again). */
 char *pk_servers_at(const uint8_t *req, size_t len);
 
+/* A fetch session: which names and values of an index generation one caller holds,
+ * and under which number in its table, so pk_fetch sends each once. Free it with
+ * pk_session_free() (null is ignored) once no pk_fetch uses it. Null only on an
+ * internal failure. */
+void *pk_session_new(void);
+void pk_session_free(void *session);
+
+/* The servers at `count` `positions` of index `generation`, with the fact names and
+ * values they hold (at any depth) that the caller, holding `have` objects from
+ * `session`, lacks; another `have` than the session sent, or another generation,
+ * starts the session over from 0. One binary buffer in native byte order (layout:
+ * ext/puppet_kicker_ffi/src/fetch.rs): u64 length; u32 status (0 ok, 1 stale:
+ * select again, 2 failed: the JSON is an error reply), base, counts; u32 words;
+ * UTF-8 text; JSON. Never null; pass it to pk_free_fetch() exactly once. */
+uint8_t *pk_fetch(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count);
+
 /* req: {"generation": n, "values": [V, ...], "keys": [K, ...]}. ok: {"values":
  * [value, ...], "keys": [name, ...]} in the order asked, each id of that index
  * generation; null once the index has been replaced or for an id it does not have
@@ -109,6 +125,9 @@ char *pk_kick_status(void);
 
 /* Frees a reply of any pk_* function; null is ignored. */
 void pk_free(char *reply);
+
+/* Frees a reply of pk_fetch; null is ignored. */
+void pk_free_fetch(uint8_t *reply);
 
 #ifdef __cplusplus
 }

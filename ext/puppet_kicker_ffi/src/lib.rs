@@ -14,6 +14,8 @@
 //! | `char *pk_select(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}`, each with an optional `"known": A` | `{"generation": G, "answer": A, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`); the same `A` (non-zero) is the same answer to an identical call, and when it is the `known` one, `positions` is left out |
 //! | `uint32_t pk_answer_holds(uint64_t A)` | | (returns 1 when answer `A` of `pk_select` is still the answer to that call, queuing a refresh of a stale index as the call would; else 0; no JSON) |
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[[[K, ..], [V, ..], certname], ..]`: each server at those positions as its fact names' ids, their values' ids, and the certname to add (or `null`); `null` when the index is no longer generation G |
+//! | `void *pk_session_new(void)` | | (a fetch session for one caller, freed with `pk_session_free`) |
+//! | `uint8_t *pk_fetch(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count)` | | (binary, see [`fetch`]: the servers at `positions` of index generation G with the fact names and values they hold that the caller lacks, for its table of `have` objects; freed with `pk_free_fetch`) |
 //! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
@@ -23,6 +25,8 @@
 //! | `char *pk_kick_flush(void)` | | `[[level, message], ..]` (waits, bounded, for due kicks) |
 //! | `char *pk_kick_status(void)` | | the kick status document, as a JSON text in a string |
 //! | `void pk_free(char *)` | | |
+//! | `void pk_free_fetch(uint8_t *)` | | |
+//! | `void pk_session_free(void *)` | | |
 //!
 //! - A request is `len` bytes of UTF-8 JSON at `req` (no NUL needed).
 //! - Every `char *` returned is a new, NUL-terminated UTF-8 JSON document that the
@@ -43,6 +47,8 @@
 //! - The library is linked "nodelete": `dlclose` never unloads it, so a JRuby
 //!   instance going away cannot unmap code the core's refresh thread runs.
 
+pub mod fetch;
+
 use puppet_kicker::seam::{self, Failure};
 use serde::{Deserialize, Serialize};
 use std::ffi::{c_char, CString};
@@ -52,8 +58,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_servers_at, so callers can cache servers per index generation; 3: pk_query
 /// and the `unsupported` kind dropped, pk_take_log replaces pk_take_warnings and
 /// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`,
-/// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds).
-pub const ABI_VERSION: u32 = 5;
+/// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds; 6:
+/// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free).
+pub const ABI_VERSION: u32 = 6;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -157,6 +164,71 @@ without_request!(
 pub unsafe extern "C" fn pk_kick(req: *const u8, len: usize) -> *mut c_char {
     let bytes = request_bytes(req, len);
     reply(|| Ok(seam::kick_report(bytes?)?))
+}
+
+/// A new fetch session ([`fetch::Session`]): what one caller holds of an index
+/// generation, so `pk_fetch` sends each name and value once. Free it with
+/// `pk_session_free`. Null only if the allocation panicked.
+#[no_mangle]
+pub extern "C" fn pk_session_new() -> *mut fetch::Session {
+    catch_unwind(|| Box::into_raw(Box::default())).unwrap_or(std::ptr::null_mut())
+}
+
+/// Frees a session of `pk_session_new`. Null is ignored.
+///
+/// # Safety
+/// `session` must be null or a pointer `pk_session_new` returned, not freed
+/// before, and no `pk_fetch` may be using it.
+#[no_mangle]
+pub unsafe extern "C" fn pk_session_free(session: *mut fetch::Session) {
+    if !session.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(session) })));
+    }
+}
+
+/// The servers at `count` `positions` of index `generation`, with the names and
+/// values they hold that the caller, holding `have` objects of `session`, lacks:
+/// one binary buffer ([`fetch`]: its first 8 bytes are its length) that the caller
+/// passes to `pk_free_fetch` exactly once. A stale generation or a position beyond
+/// the index is [`fetch::STALE`]; an error or a panic, [`fetch::FAILED`] with the
+/// JSON error. Never null.
+///
+/// # Safety
+/// `session` must be null or a live session of `pk_session_new`; `positions` must
+/// point to `count` readable u32s (or be null with `count == 0`).
+#[no_mangle]
+pub unsafe extern "C" fn pk_fetch(
+    session: *const fetch::Session,
+    generation: u64,
+    have: u64,
+    positions: *const u32,
+    count: usize,
+) -> *mut u8 {
+    let positions = match (positions.is_null(), count) {
+        (_, 0) => Ok(&[][..]),
+        (true, _) => Err(format!("null positions with count {count}")),
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts(positions, count) }),
+    };
+    let reply = match (unsafe { session.as_ref() }, positions) {
+        (None, _) => fetch::failed(Failure::request("null session".to_string())),
+        (_, Err(message)) => fetch::failed(Failure::request(message)),
+        (Some(session), Ok(positions)) => catch_unwind(AssertUnwindSafe(|| session.fetch(generation, have, positions)))
+            .unwrap_or_else(|panic| fetch::failed(Failure::panic(&*panic))),
+    };
+    Box::into_raw(reply.into_boxed_slice()) as *mut u8
+}
+
+/// Frees a reply of `pk_fetch`. Null is ignored.
+///
+/// # Safety
+/// `reply` must be null or a pointer `pk_fetch` returned, not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn pk_free_fetch(reply: *mut u8) {
+    if !reply.is_null() {
+        // The buffer's first 8 bytes are its length (fetch::finish).
+        let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(reply, length)) });
+    }
 }
 
 /// Frees a reply of any `pk_*` function. Null is ignored.

@@ -517,3 +517,205 @@ fn a_held_answer_of_a_stale_index_queues_a_refresh() {
     let renewed = ok(call(pk_select, &web))["answer"].as_u64().unwrap();
     assert_ne!(renewed, answer);
 }
+
+/// A pk_fetch reply read as a caller reads it (fetch.rs's layout) into its table,
+/// checking every word: its status, and the servers as JSON objects, or the JSON
+/// error it carries.
+#[derive(Debug)]
+enum Fetched {
+    Servers(Vec<Value>),
+    Stale,
+    Failed(Value),
+}
+
+/// A caller of pk_fetch: its session and its table of objects.
+struct Fetcher {
+    session: *mut puppet_kicker_ffi::fetch::Session,
+    table: Vec<Value>,
+}
+
+impl Fetcher {
+    fn new() -> Fetcher {
+        let session = pk_session_new();
+        assert!(!session.is_null());
+        Fetcher { session, table: Vec::new() }
+    }
+
+    fn fetch(&mut self, generation: u64, positions: &[u32]) -> Fetched {
+        self.fetch_having(generation, self.table.len() as u64, positions)
+    }
+
+    fn fetch_having(&mut self, generation: u64, have: u64, positions: &[u32]) -> Fetched {
+        let reply = unsafe { pk_fetch(self.session, generation, have, positions.as_ptr(), positions.len()) };
+        read_reply(reply, &mut self.table)
+    }
+}
+
+impl Drop for Fetcher {
+    fn drop(&mut self) {
+        unsafe { pk_session_free(self.session) };
+    }
+}
+
+fn read_reply(reply: *mut u8, table: &mut Vec<Value>) -> Fetched {
+    assert!(!reply.is_null());
+    let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    let bytes = unsafe { std::slice::from_raw_parts(reply, length) }.to_vec();
+    unsafe { pk_free_fetch(reply) };
+    read_fetched(&bytes, table)
+}
+
+fn read_fetched(bytes: &[u8], table: &mut Vec<Value>) -> Fetched {
+    use puppet_kicker_ffi::fetch::*;
+    let u32_at = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
+    let [status, base, strings, scalars, containers, servers, words, text, json] =
+        std::array::from_fn(|i| u32_at(8 + 4 * i) as usize);
+    let text_at = HEADER_BYTES + 4 * words;
+    let json_at = text_at + text;
+    assert_eq!(json_at + json, bytes.len(), "the counts add up to the length");
+    match status as u32 {
+        OK => {}
+        STALE => return Fetched::Stale,
+        FAILED => return Fetched::Failed(serde_json::from_slice(&bytes[json_at..]).unwrap()),
+        other => panic!("status {other}"),
+    }
+    if base != table.len() {
+        assert_eq!(base, 0, "a session starts over from 0");
+        table.clear();
+    }
+    let words: Vec<u32> = (0..words).map(|i| u32_at(HEADER_BYTES + 4 * i)).collect();
+    let (mut at, mut offset) = (0, text_at);
+    for _ in 0..strings {
+        let end = offset + words[at] as usize;
+        table.push(std::str::from_utf8(&bytes[offset..end]).expect("strings are UTF-8").into());
+        (at, offset) = (at + 1, end);
+    }
+    assert_eq!(offset, json_at, "the strings fill the text");
+    let others: Vec<Value> = serde_json::from_slice(&bytes[json_at..]).unwrap();
+    assert_eq!(others.len(), scalars);
+    assert!(others.iter().all(|v| !(v.is_string() || v.is_array() || v.is_object())), "{others:?}");
+    table.extend(others);
+    for _ in 0..containers {
+        let (tag, n) = (words[at], words[at + 1] as usize);
+        at += 2;
+        let built = table.len();
+        let item = |number: u32| {
+            assert!((number as usize) < built, "only lower numbers");
+            table[number as usize].clone()
+        };
+        let container = match tag {
+            ARRAY => Value::Array(words[at..at + n].iter().map(|number| item(*number)).collect()),
+            OBJECT => Value::Object(
+                words[at..at + 2 * n]
+                    .chunks(2)
+                    .map(|pair| (item(pair[0]).as_str().expect("names are strings").to_string(), item(pair[1])))
+                    .collect(),
+            ),
+            other => panic!("tag {other}"),
+        };
+        at += if tag == OBJECT { 2 * n } else { n };
+        table.push(container);
+    }
+    assert_eq!(at + servers, words.len(), "every word read");
+    Fetched::Servers(words[at..].iter().map(|number| table[*number as usize].clone()).collect())
+}
+
+fn positions_of(selected: &Value) -> Vec<u32> {
+    selected["positions"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap() as u32).collect()
+}
+
+/// pk_fetch gives, in one binary reply, the servers the JSON functions give, every
+/// value of every JSON type intact at any depth.
+#[test]
+fn fetch_gives_the_servers_of_the_json_functions_in_one_binary_reply() {
+    let _core = serial();
+    let master = Master::new("fetch", "cache:\n  ttl: 1h\n", &fleet());
+    assert_eq!(ok(master.configure()), Value::Null);
+    let mut fetcher = Fetcher::new();
+    for request in [
+        json!({"op": "servers_with_role", "roles": ["/./"], "environment": "production"}),
+        json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"}),
+        json!({"op": "servers_with_role", "roles": ["haproxy"], "environment": "staging"}),
+        json!({"op": "servers_with_role", "roles": ["nobody"], "environment": "production"}),
+    ] {
+        let selected = ok(call(pk_select, &request));
+        let generation = selected["generation"].as_u64().unwrap();
+        let Fetched::Servers(servers) = fetcher.fetch(generation, &positions_of(&selected)) else {
+            panic!("{request}: not fetched")
+        };
+        assert_eq!(Value::Array(servers), ok(query(&request)), "{request}");
+    }
+    let selected =
+        ok(call(pk_select, &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"})));
+    let generation = selected["generation"].as_u64().unwrap();
+    let Fetched::Servers(none) = fetcher.fetch(generation, &[]) else { panic!("no positions: no servers") };
+    assert!(none.is_empty());
+    let web1 = positions_of(&selected)[0];
+    let Fetched::Servers(web) = Fetcher::new().fetch(generation, &[web1, web1]) else { panic!("a position twice") };
+    assert_eq!((web.len(), &web[0], &web[0]["big"]), (2, &web[1], &json!(18446744073709551615u64)));
+    assert_eq!((&web[0]["neg"], &web[0]["load"]), (&json!(-3), &json!(0.25)));
+    assert_eq!((&web[0]["unicode"], &web[0]["certname"]), (&json!("é\u{2028}\u{0}ü"), &json!("web1.example.com")));
+    assert_eq!((&web[0]["empty"], &web[0]["none"], &web[0]["nothing"]), (&json!({}), &json!([]), &Value::Null));
+
+    // A position beyond the index, or another generation: select again.
+    assert!(matches!(fetcher.fetch(generation, &[web1, u32::MAX]), Fetched::Stale));
+    assert!(matches!(fetcher.fetch(generation + 1, &[web1]), Fetched::Stale));
+    assert!(matches!(fetcher.fetch(u64::MAX, &[]), Fetched::Stale));
+    // Null positions with a count, or no session: a request error, as data.
+    let reply = unsafe { pk_fetch(fetcher.session, generation, 0, std::ptr::null(), 3) };
+    let Fetched::Failed(failure) = read_reply(reply, &mut Vec::new()) else { panic!("null positions accepted") };
+    assert_eq!(error(&failure), ("request".to_string(), "null positions with count 3".to_string()));
+    let reply = unsafe { pk_fetch(std::ptr::null(), generation, 0, [web1].as_ptr(), 1) };
+    let Fetched::Failed(failure) = read_reply(reply, &mut Vec::new()) else { panic!("no session accepted") };
+    assert_eq!(error(&failure), ("request".to_string(), "null session".to_string()));
+    unsafe { pk_free_fetch(std::ptr::null_mut()) };
+    unsafe { pk_session_free(std::ptr::null_mut()) };
+
+    // Another configuration, another index: the old generation is stale.
+    let other = Master::new("fetch-other", "", &fleet());
+    assert_eq!(ok(other.configure()), Value::Null);
+    ok(call(pk_select, &json!({"op": "servers_with_role", "roles": ["web"], "environment": "production"})));
+    assert!(matches!(fetcher.fetch(generation, &[web1]), Fetched::Stale));
+}
+
+/// Integers at the edges of i64 and u64, and floats, come back exact; a value many
+/// servers share, at any depth and in any call of one generation, is sent once; a
+/// caller whose table is not what its session sent gets everything again, from 0.
+#[test]
+fn fetch_keeps_numbers_exact_and_sends_a_shared_value_once_a_generation() {
+    let _core = serial();
+    let shared = json!({"family": "Debian", "release": {"full": "12.5", "major": "12"}});
+    let numbers = json!([0, -1, i32::MAX, i32::MIN, i64::from(i32::MAX) + 1, i64::from(i32::MIN) - 1, i64::MAX,
+                         i64::MIN, u64::MAX, 0.1, -0.0, 5e-324, 1e300, true, false, null, "", [[]], {"a": {}}]);
+    let servers = [
+        ("n1.example.com", json!({"role": "n", "numbers": numbers, "os": shared, "deep": {"os": shared}})),
+        ("n2.example.com", json!({"role": "n", "os": shared, "list": [shared, shared]})),
+        ("m1.example.com", json!({"role": "m", "os": shared, "list": [shared]})),
+    ];
+    let master = Master::new("fetch-numbers", "", &servers);
+    assert_eq!(ok(master.configure()), Value::Null);
+    let n = json!({"op": "servers_with_role", "roles": ["n"], "environment": "production"});
+    let selected = ok(call(pk_select, &n));
+    let generation = selected["generation"].as_u64().unwrap();
+    let mut fetcher = Fetcher::new();
+    let Fetched::Servers(fetched) = fetcher.fetch(generation, &positions_of(&selected)) else { panic!("not fetched") };
+    assert_eq!(fetched[0]["numbers"], numbers);
+    assert_eq!(fetched[0]["numbers"][10].as_f64().map(f64::is_sign_negative), Some(true), "-0.0 keeps its sign");
+    assert_eq!((&fetched[0]["deep"]["os"], &fetched[1]["list"][1]), (&shared, &shared));
+    assert_eq!(Value::Array(fetched), ok(query(&n)));
+    let families = fetcher.table.iter().filter(|v| *v == "Debian").count();
+    let oses = fetcher.table.iter().filter(|v| **v == shared).count();
+    assert_eq!((families, oses), (1, 1), "one string, one object, however many times they appear");
+
+    // The next call sends only what the table lacks: "m", m1's list, its certname, and m1.
+    let m = json!({"op": "servers_with_role", "roles": ["m"], "environment": "production"});
+    let held = fetcher.table.len();
+    let Fetched::Servers(m1) = fetcher.fetch(generation, &positions_of(&ok(call(pk_select, &m)))) else { panic!() };
+    assert_eq!(Value::Array(m1.clone()), ok(query(&m)));
+    assert_eq!(fetcher.table.len() - held, 4, "{:?}", &fetcher.table[held..]);
+    // A caller that lost what it held (a reply it could not read) starts over.
+    let m1_at = positions_of(&ok(call(pk_select, &m)));
+    let Fetched::Servers(again) = fetcher.fetch_having(generation, 3, &m1_at) else { panic!() };
+    // 8 names, 5 strings (certname included), `release`, `os`, the list, m1.
+    assert_eq!((again, fetcher.table.len()), (m1, 17), "from 0: all of m1");
+}

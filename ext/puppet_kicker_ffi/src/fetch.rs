@@ -1,0 +1,328 @@
+//! `pk_fetch`'s reply: servers, with every fact name and value they hold that the
+//! caller does not hold yet, in one buffer a Ruby caller turns into objects with
+//! Ruby's own (Java, under JRuby) methods and a short loop iteration per string,
+//! Hash or Array, no parsing of text: strings are slices of one UTF-8 text by
+//! length, the few other scalars (numbers, true, false, nil) one JSON array, and
+//! each container is built from objects already built (`Hash[*table.values_at(..)]`).
+//!
+//! # The caller's table and the session
+//!
+//! A caller numbers the objects it builds from replies 0, 1, 2, ... in the order the
+//! replies list them: its table. A [`Session`] remembers, for one index generation,
+//! which store value or name has which number, so a value many servers share is
+//! sent, and built, once per generation. A fetch names the number of objects the
+//! caller holds (`have`): when that is not what the session sent (a reply the caller
+//! could not read to the end) or the generation is another, the session starts over
+//! from 0 and the reply's `base` says so.
+//!
+//! # Layout (native byte order: the caller is in this process)
+//!
+//! | Bytes | What |
+//! | --- | --- |
+//! | 0..8 | u64: the buffer's whole length |
+//! | 8..44 | u32 × 9: status, base, strings, scalars, containers, servers, words, text bytes, JSON bytes |
+//! | 44.. | `words` u32s, then `text bytes` of UTF-8, then `JSON bytes` |
+//!
+//! Status: [`OK`]; [`STALE`] (the index is no longer that generation, or a position
+//! is not in it: select again); [`FAILED`] (the JSON is a reply `{"error":
+//! {"kind", "message"}}`, as the JSON functions give).
+//!
+//! When OK, the objects numbered from `base` are: `strings` strings, the text cut
+//! at the lengths the first `strings` words give; then `scalars` other scalars, the
+//! JSON array; then `containers` containers, each in the words as `tag, n,` and `n`
+//! numbers ([`ARRAY`]: its items) or `2n` numbers ([`OBJECT`]: name and value, in
+//! order), referring only to lower numbers. The last `servers` words are the
+//! numbers of the servers asked for, in order (a server is an OBJECT container:
+//! its facts, then `certname` unless a fact has that name).
+
+use puppet_kicker::seam::{self, Entry, Failure, Server, ServersAt};
+use puppet_kicker::store::{Kind, StrId, View};
+use std::sync::Mutex;
+
+pub const OK: u32 = 0;
+pub const STALE: u32 = 1;
+pub const FAILED: u32 = 2;
+
+pub const ARRAY: u32 = 1;
+pub const OBJECT: u32 = 2;
+
+/// Where the words start.
+pub const HEADER_BYTES: usize = 44;
+
+/// Numbers are below this; until a reply is whole, a new object's number is its
+/// rank among its kind's, marked with its kind in the two bits above.
+const LIMIT: u32 = 1 << 30;
+const STRING_RANK: u32 = 1 << 30;
+const SCALAR_RANK: u32 = 2 << 30;
+const CONTAINER_RANK: u32 = 3 << 30;
+
+/// What one caller holds of one index generation: objects by store value or name.
+#[derive(Default)]
+pub struct Session(Mutex<Sent>);
+
+#[derive(Default)]
+struct Sent {
+    generation: u64,
+    numbers: Numbers,
+    /// How many objects the caller holds when it read every reply.
+    count: u32,
+}
+
+/// Numbers by store id ([`NONE`] where none): a lookup per fact is an index, not a
+/// hash (4 bytes per id of the store, at most, per session).
+#[derive(Default)]
+struct Numbers {
+    values: Vec<u32>,
+    names: Vec<u32>,
+    certname_name: Option<u32>,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// A store value, a name, or the `certname` name.
+#[derive(Clone, Copy)]
+enum Held {
+    Value(u32),
+    Name(StrId),
+    CertnameName,
+}
+
+impl Numbers {
+    fn get(&self, held: Held) -> Option<u32> {
+        let number = match held {
+            Held::Value(id) => self.values.get(id as usize).copied(),
+            Held::Name(id) => self.names.get(id as usize).copied(),
+            Held::CertnameName => self.certname_name,
+        };
+        number.filter(|n| *n != NONE)
+    }
+
+    fn set(&mut self, held: Held, number: u32) {
+        let (slots, id) = match held {
+            Held::Value(id) => (&mut self.values, id as usize),
+            Held::Name(id) => (&mut self.names, id as usize),
+            Held::CertnameName => return self.certname_name = Some(number),
+        };
+        if id >= slots.len() {
+            slots.resize(id + 1, NONE);
+        }
+        slots[id] = number;
+    }
+}
+
+impl Session {
+    /// The servers at `positions` of index `generation`, encoded for a caller that
+    /// holds `have` objects of this session.
+    pub fn fetch(&self, generation: u64, have: u64, positions: &[u32]) -> Vec<u8> {
+        let at = ServersAt { generation, positions: positions.to_vec() };
+        let servers = match seam::servers_at(at) {
+            Ok(Some(servers)) => servers,
+            Ok(None) => return finish(STALE, [0; 6], &[], b"", b""),
+            Err(e) => return failed(Failure::from(e)),
+        };
+        // A panic while encoding left numbers no reply gave: start over.
+        let mut sent = self.0.lock().unwrap_or_else(|poisoned| {
+            let mut sent = poisoned.into_inner();
+            *sent = Sent::default();
+            sent
+        });
+        self.0.clear_poison();
+        if sent.generation != generation || u64::from(sent.count) != have {
+            *sent = Sent { generation, ..Sent::default() };
+        }
+        let servers: Vec<Server> = servers.iter().collect();
+        match Encoder::new(&mut sent).encode(&servers) {
+            Some(reply) => reply,
+            None => {
+                *sent = Sent { generation, ..Sent::default() };
+                failed(Failure::internal("a reply past 2^30 objects or 4 GiB"))
+            }
+        }
+    }
+}
+
+/// A [`FAILED`] reply carrying `failure` as the JSON functions give it.
+pub fn failed(failure: Failure) -> Vec<u8> {
+    let json = serde_json::to_vec(&serde_json::json!({ "error": failure }))
+        .unwrap_or_else(|_| br#"{"error":{"kind":"internal","message":"puppet-kicker internal error"}}"#.to_vec());
+    finish(FAILED, [0; 6], &[], b"", &json)
+}
+
+/// The buffer: `counts` are base, strings, scalars, containers, servers and the
+/// words' count.
+fn finish(status: u32, counts: [u32; 6], words: &[u32], text: &[u8], json: &[u8]) -> Vec<u8> {
+    let length = HEADER_BYTES + 4 * words.len() + text.len() + json.len();
+    let mut out = Vec::with_capacity(length);
+    out.extend_from_slice(&(length as u64).to_ne_bytes());
+    // The encoder keeps the text and the JSON under 4 GiB.
+    for word in [status].iter().chain(&counts).chain(&[text.len() as u32, json.len() as u32]) {
+        out.extend_from_slice(&word.to_ne_bytes());
+    }
+    for word in words {
+        out.extend_from_slice(&word.to_ne_bytes());
+    }
+    out.extend_from_slice(text);
+    out.extend_from_slice(json);
+    out
+}
+
+struct Encoder<'s> {
+    /// The session; numbers this reply gives are provisional (kind and rank) until
+    /// it is whole.
+    sent: &'s mut Sent,
+    /// What this reply numbered, to settle.
+    numbered: Vec<Held>,
+    lengths: Vec<u32>,
+    text: Vec<u8>,
+    /// The other scalars' JSON array, without its closing bracket.
+    json: Vec<u8>,
+    scalars: u32,
+    containers: u32,
+    words: Vec<u32>,
+    /// Numbers waiting for their container, innermost last.
+    stack: Vec<u32>,
+}
+
+impl<'s> Encoder<'s> {
+    fn new(sent: &'s mut Sent) -> Encoder<'s> {
+        Encoder {
+            sent,
+            numbered: Vec::new(),
+            lengths: Vec::new(),
+            text: Vec::new(),
+            json: Vec::from(*b"["),
+            scalars: 0,
+            containers: 0,
+            words: Vec::new(),
+            stack: Vec::new(),
+        }
+    }
+
+    /// The reply; the session then holds its numbers and count.
+    fn encode(mut self, servers: &[Server]) -> Option<Vec<u8>> {
+        let mut server_numbers = Vec::with_capacity(servers.len());
+        for server in servers {
+            let base = self.stack.len();
+            for entry in server.entry_ids() {
+                let pair = match entry {
+                    Entry::Value(key, value) => [self.name(key, server.name(key))?, self.value(value)?],
+                    Entry::Certname(text) => {
+                        [self.string(Some(Held::CertnameName), "certname")?, self.string(None, text)?]
+                    }
+                };
+                self.stack.extend(pair);
+            }
+            server_numbers.push(self.container(OBJECT, base)?);
+        }
+        self.json.push(b']');
+        let base = self.sent.count;
+        let strings = u32::try_from(self.lengths.len()).ok()?;
+        let first_scalar = base.checked_add(strings)?;
+        let first_container = first_scalar.checked_add(self.scalars)?;
+        let end = first_container.checked_add(self.containers)?;
+        if end >= LIMIT || u32::try_from(self.text.len()).is_err() || u32::try_from(self.json.len()).is_err() {
+            return None;
+        }
+        // Tags and counts are below LIMIT: only numbers carry a kind.
+        let settle = |n: u32| match n & CONTAINER_RANK {
+            0 => n,
+            STRING_RANK => base + (n & !CONTAINER_RANK),
+            SCALAR_RANK => first_scalar + (n & !CONTAINER_RANK),
+            _ => first_container + (n & !CONTAINER_RANK),
+        };
+        for word in &mut self.words {
+            *word = settle(*word);
+        }
+        for held in &self.numbered {
+            let number = self.sent.numbers.get(*held)?;
+            self.sent.numbers.set(*held, settle(number));
+        }
+        self.sent.count = end;
+        let mut words = self.lengths;
+        words.extend_from_slice(&self.words);
+        words.extend(server_numbers.into_iter().map(settle));
+        u32::try_from(words.len()).ok()?;
+        let counts = [base, strings, self.scalars, self.containers, servers.len() as u32, words.len() as u32];
+        Some(finish(OK, counts, &words, &self.text, &self.json))
+    }
+
+    fn held(&self, held: Held) -> Option<u32> {
+        self.sent.numbers.get(held)
+    }
+
+    /// Numbers `held` in this reply (provisionally).
+    fn number(&mut self, held: Held, number: u32) -> u32 {
+        self.sent.numbers.set(held, number);
+        self.numbered.push(held);
+        number
+    }
+
+    fn name(&mut self, id: StrId, text: &str) -> Option<u32> {
+        self.string(Some(Held::Name(id)), text)
+    }
+
+    /// A store value's number: held, or numbered now, its children first (nesting
+    /// is bounded by the store: 64 levels).
+    fn value(&mut self, value: View) -> Option<u32> {
+        let key = Held::Value(value.id());
+        if let Some(number) = self.held(key) {
+            return Some(number);
+        }
+        let base = self.stack.len();
+        let tag = match value.kind() {
+            Kind::Array(items) => {
+                for item in items.iter() {
+                    let number = self.value(item)?;
+                    self.stack.push(number);
+                }
+                ARRAY
+            }
+            Kind::Object(object) => {
+                for (name, item) in object.ids() {
+                    let pair = [self.name(name, value.store().str(name))?, self.value(item)?];
+                    self.stack.extend(pair);
+                }
+                OBJECT
+            }
+            Kind::Str(text) => return self.string(Some(key), text),
+            _ => {
+                let rank = self.scalars;
+                if rank > 0 {
+                    self.json.push(b',');
+                }
+                serde_json::to_writer(&mut self.json, &value).ok()?;
+                self.scalars = rank.checked_add(1).filter(|n| *n < LIMIT)?;
+                return Some(self.number(key, SCALAR_RANK | rank));
+            }
+        };
+        let number = self.container(tag, base)?;
+        Some(self.number(key, number))
+    }
+
+    /// A container of the numbers on the stack from `base`, which it pops.
+    fn container(&mut self, tag: u32, base: usize) -> Option<u32> {
+        let items = &self.stack[base..];
+        let n = if tag == OBJECT { items.len() / 2 } else { items.len() };
+        self.words.extend([tag, u32::try_from(n).ok().filter(|n| *n < LIMIT)?]);
+        self.words.extend_from_slice(items);
+        self.stack.truncate(base);
+        let rank = self.containers;
+        self.containers = rank.checked_add(1).filter(|c| *c < LIMIT)?;
+        Some(CONTAINER_RANK | rank)
+    }
+
+    /// The number of a string held under `key`, or numbered now (a string with no
+    /// key, a certname, is always numbered anew).
+    fn string(&mut self, key: Option<Held>, text: &str) -> Option<u32> {
+        if let Some(number) = key.and_then(|key| self.held(key)) {
+            return Some(number);
+        }
+        let rank = u32::try_from(self.lengths.len()).ok().filter(|n| *n < LIMIT)?;
+        self.lengths.push(u32::try_from(text.len()).ok()?);
+        self.text.extend_from_slice(text.as_bytes());
+        Some(match key {
+            Some(key) => self.number(key, STRING_RANK | rank),
+            None => STRING_RANK | rank,
+        })
+    }
+}
