@@ -17,6 +17,8 @@
 //! (broker down, login refused, wrong psk) fails: the service keeps serving the last
 //! index and retries with backoff.
 
+mod inventory;
+
 use super::{Harvest, Observation};
 use crate::config::McollectiveSettings;
 use crate::error::{Error, Result};
@@ -786,8 +788,25 @@ fn valid_identity(identity: &str) -> bool {
 
 /// [`RpcReply::from_reply`] then [`observation`], on the inner body's bytes in place:
 /// the same refusals, and the same facts put in the store in the same order (so the
-/// same ids), without Marshal values or copies of the strings.
+/// same ids), without Marshal values or copies of the strings. One pass checks the
+/// body and reads it ([`inventory`]); a body whose status follows its facts takes two.
 pub fn observation_from_body(
+    sender: &str,
+    msgtime: i64,
+    body: &[u8],
+    limits: mco::marshal::DecodeLimits,
+    at: i64,
+    main_collective: &str,
+    builder: &mut Builder,
+) -> std::result::Result<Observation, BodyError> {
+    match inventory::read(sender, msgtime, body, limits, at, main_collective, builder) {
+        inventory::Read::Done(got) => got,
+        inventory::Read::TwoPasses => observation_from_doc(sender, msgtime, body, limits, at, main_collective, builder),
+    }
+}
+
+/// [`observation_from_body`] in two passes: the whole body checked, then read in place.
+fn observation_from_doc(
     sender: &str,
     msgtime: i64,
     body: &[u8],
