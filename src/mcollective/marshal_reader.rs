@@ -124,9 +124,14 @@ impl<'a> Doc<'a> {
         }
     }
 
+    #[inline]
     fn int(&self, pos: Pos) -> ScanResult<(i32, Pos)> {
         let lead = self.byte(pos)? as i8;
         let pos = pos + 1;
+        // Most lengths and indexes: one byte.
+        if lead > 4 {
+            return Ok((i32::from(lead) - 5, pos));
+        }
         Ok(match lead {
             0 => (0, pos),
             1..=4 => {

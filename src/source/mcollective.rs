@@ -18,6 +18,7 @@
 //! index and retries with backoff.
 
 mod inventory;
+mod recent;
 
 use super::{Harvest, Observation};
 use crate::config::McollectiveSettings;
@@ -726,9 +727,10 @@ fn observe_share(
     builder: &mut Builder,
 ) -> Observed {
     let mut out = Observed::default();
+    let mut recent = recent::Recent::new();
     for replies in servers {
         for (candidate, (reply, at)) in replies.iter().enumerate() {
-            let got = observation_from_body(
+            let got = observation_with(
                 &reply.senderid,
                 reply.msgtime,
                 &reply.body,
@@ -736,6 +738,7 @@ fn observe_share(
                 *at,
                 main_collective,
                 builder,
+                &mut recent,
             );
             let got = match got {
                 Err(BodyError::Unsupported) => match RpcReply::from_reply(reply.clone(), limits) {
@@ -799,14 +802,34 @@ pub fn observation_from_body(
     main_collective: &str,
     builder: &mut Builder,
 ) -> std::result::Result<Observation, BodyError> {
-    match inventory::read(sender, msgtime, body, limits, at, main_collective, builder) {
+    let mut recent = recent::Recent::new();
+    observation_with(sender, msgtime, body, limits, at, main_collective, builder, &mut recent)
+}
+
+/// [`observation_from_body`] with the short strings `builder` was given already.
+#[allow(clippy::too_many_arguments)]
+fn observation_with(
+    sender: &str,
+    msgtime: i64,
+    body: &[u8],
+    limits: mco::marshal::DecodeLimits,
+    at: i64,
+    main_collective: &str,
+    builder: &mut Builder,
+    recent: &mut recent::Recent,
+) -> std::result::Result<Observation, BodyError> {
+    match inventory::read(sender, msgtime, body, limits, at, main_collective, builder, recent) {
         inventory::Read::Done(got) => got,
-        inventory::Read::TwoPasses => observation_from_doc(sender, msgtime, body, limits, at, main_collective, builder),
+        inventory::Read::TwoPasses => {
+            observation_two_passes(sender, msgtime, body, limits, at, main_collective, builder)
+        }
     }
 }
 
-/// [`observation_from_body`] in two passes: the whole body checked, then read in place.
-fn observation_from_doc(
+/// [`observation_from_body`] in two passes, the whole body checked then read in
+/// place: for a body whose status follows its facts, and the reference the one pass
+/// is measured against (benches/inventory.rs).
+pub fn observation_two_passes(
     sender: &str,
     msgtime: i64,
     body: &[u8],

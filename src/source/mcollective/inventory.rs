@@ -1,9 +1,10 @@
 //! An inventory reply's inner body read in the pass that checks it: the facts go
 //! into the store as the scan meets them ([`Events`]), the status and the lists are
 //! kept on the way. The same refusals, observation and store ids as the two passes
-//! (check, then read in place) of [`super::observation_from_doc`], which still reads
+//! (check, then read in place) of [`super::observation_two_passes`], which still reads
 //! a body whose status comes after its facts.
 
+use super::recent::{text, Recent};
 use super::{convert, finish, valid_identity, BodyError, InventoryError, Lists, MAX_DEPTH};
 use crate::mcollective::error::Error;
 use crate::mcollective::marshal::{DecodeLimits, Value as Ruby};
@@ -28,9 +29,10 @@ pub(super) fn read(
     at: i64,
     main_collective: &str,
     builder: &mut Builder,
+    recent: &mut Recent,
 ) -> Read {
     let start = builder.open();
-    let mut reader = Reader::new(valid_identity(sender), builder);
+    let mut reader = Reader::new(valid_identity(sender), builder, recent);
     let scanned = Doc::scan_with(body, limits, &mut reader);
     let Reader { statuscode, statusmsg, facts, lists, own_main, failed, .. } = reader;
     if scanned.is_err() || failed.is_some() {
@@ -144,6 +146,7 @@ struct Collected {
 struct Reader<'a, 'b> {
     identity_ok: bool,
     builder: &'b mut Builder,
+    recent: &'b mut Recent,
     stack: Vec<Frame>,
     started: bool,
     statuscode: Option<Option<i64>>,
@@ -155,10 +158,11 @@ struct Reader<'a, 'b> {
 }
 
 impl<'a, 'b> Reader<'a, 'b> {
-    fn new(identity_ok: bool, builder: &'b mut Builder) -> Self {
+    fn new(identity_ok: bool, builder: &'b mut Builder, recent: &'b mut Recent) -> Self {
         Reader {
             identity_ok,
             builder,
+            recent,
             stack: Vec::new(),
             started: false,
             statuscode: None,
@@ -254,7 +258,7 @@ impl<'a, 'b> Reader<'a, 'b> {
             Item::Int(i) => self.builder.int(i),
             Item::Float(f) if f.is_finite() => self.builder.float(f),
             Item::Float(_) => NULL,
-            Item::Str(bytes, _) | Item::Sym(bytes) => self.builder.string_value(&String::from_utf8_lossy(bytes)),
+            Item::Str(bytes, _) | Item::Sym(bytes) => self.recent.string_value(self.builder, bytes),
         }
     }
 
@@ -284,14 +288,14 @@ impl<'a> Events<'a> for Reader<'a, '_> {
             }
             Role::StatusMsg => {
                 self.statusmsg = Some(match item {
-                    Item::Str(bytes, _) => String::from_utf8_lossy(bytes).into_owned(),
+                    Item::Str(bytes, _) => text(bytes).into_owned(),
                     _ => String::new(),
                 })
             }
             Role::Facts => self.facts = Facts::NotAHash,
             Role::ListItem(list) => {
                 if let Item::Str(bytes, _) | Item::Sym(bytes) = item {
-                    self.lists.items[list as usize].push(String::from_utf8_lossy(bytes).into_owned());
+                    self.lists.items[list as usize].push(text(bytes).into_owned());
                 }
             }
             Role::OwnMain => {
@@ -310,7 +314,7 @@ impl<'a> Events<'a> for Reader<'a, '_> {
                     self.builder.push_child(id);
                 }
                 Item::Str(bytes, _) | Item::Sym(bytes) => {
-                    let id = self.builder.string(&String::from_utf8_lossy(bytes));
+                    let id = self.recent.string(self.builder, bytes);
                     self.builder.push_child(id);
                 }
                 Item::Nil | Item::Other(_) | Item::Array(_) | Item::Hash(_) => self.fact_key(&Ruby::Nil, depth),
