@@ -21,6 +21,7 @@ pub(super) enum Read {
     TwoPasses,
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn read(
     sender: &str,
     msgtime: i64,
