@@ -4,7 +4,8 @@
 //! whole stream once, within the same [`DecodeLimits`] as [`marshal::decode_with`]
 //! (links expanded, values and bytes counted the same way), and records where each
 //! object starts; callers then read what they need in place (`get_sym`,
-//! [`Doc::items`], slices of the input).
+//! [`Doc::items`], slices of the input), or, with [`Doc::scan_with`], are told each
+//! value as the check meets it ([`Events`]) and read it in that same pass.
 //!
 //! Anything outside that subset (objects, structs, regexps, `_dump` data, hashes
 //! with a default, odd ivars) is [`Scan::Unsupported`]: the caller decodes the
