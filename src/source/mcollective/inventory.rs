@@ -35,7 +35,7 @@ pub(super) fn read(
     let start = builder.open();
     let mut reader = Reader::new(valid_identity(sender), builder, recent);
     let scanned = Doc::scan_with(body, limits, &mut reader);
-    let Reader { statuscode, statusmsg, facts, lists, own_main, failed, .. } = reader;
+    let Reader { statuscode, statusmsg, facts, collected, own_main, failed, .. } = reader;
     if scanned.is_err() || failed.is_some() {
         // Facts added before the failure stay in the store, unreferenced.
         builder.discard_open(start);
@@ -50,7 +50,7 @@ pub(super) fn read(
     }
     let malformed = |key: &str, why: &str| BodyError::Malformed(Error::Marshal(format!(":{key} {why}")));
     let Some(statuscode) = statuscode else {
-        return Read::Done(Err(if lists.root_is_hash {
+        return Read::Done(Err(if collected.root_is_hash {
             malformed("statuscode", "missing")
         } else {
             malformed("(message)", "is not a Hash")
@@ -77,7 +77,7 @@ pub(super) fn read(
         items.dedup();
         items
     };
-    let [classes, agents, collectives] = lists.items;
+    let [classes, agents, collectives] = collected.items;
     let lists = Lists { classes: sorted(classes), agents: sorted(agents), collectives: sorted(collectives) };
     Read::Done(Ok(finish(sender, msgtime, at, own_main, main_collective, facts, lists, builder)))
 }
@@ -137,6 +137,7 @@ struct Frame {
     key_at: Option<Pos>,
 }
 
+/// What the root Hash and its `:data` held besides the facts.
 struct Collected {
     root_is_hash: bool,
     root_seen: [bool; 3],
@@ -154,7 +155,7 @@ struct Reader<'a, 'b> {
     statusmsg: Option<String>,
     facts: Facts,
     own_main: Option<&'a str>,
-    lists: Collected,
+    collected: Collected,
     failed: Option<Error>,
 }
 
@@ -170,7 +171,7 @@ impl<'a, 'b> Reader<'a, 'b> {
             statusmsg: None,
             facts: Facts::Unseen,
             own_main: None,
-            lists: Collected {
+            collected: Collected {
                 root_is_hash: false,
                 root_seen: [false; 3],
                 data_seen: [false; 5],
@@ -181,7 +182,7 @@ impl<'a, 'b> Reader<'a, 'b> {
     }
 
     /// The role of the value starting now, and for a Hash key, what it makes of the
-    /// value after it (`key`: the key's text when it is a Symbol).
+    /// value after it (`symbol`: the value's text when it is a Symbol).
     fn next_role(&mut self, symbol: Option<&[u8]>) -> Role {
         let Some(top) = self.stack.last_mut() else {
             if self.started {
@@ -205,13 +206,13 @@ impl<'a, 'b> Reader<'a, 'b> {
         top.value_role = match top.role {
             Role::Fact(depth) => Role::Fact(depth + 1),
             Role::Root => match symbol.and_then(|s| ROOT_KEYS.iter().position(|k| k.as_bytes() == s)) {
-                Some(i) if !std::mem::replace(&mut self.lists.root_seen[i], true) => {
+                Some(i) if !std::mem::replace(&mut self.collected.root_seen[i], true) => {
                     [Role::StatusCode, Role::StatusMsg, Role::Data][i]
                 }
                 _ => Role::Ignored,
             },
             Role::Data => match symbol.and_then(|s| DATA_KEYS.iter().position(|k| k.as_bytes() == s)) {
-                Some(i) if !std::mem::replace(&mut self.lists.data_seen[i], true) => [
+                Some(i) if !std::mem::replace(&mut self.collected.data_seen[i], true) => [
                     Role::Facts,
                     Role::List(List::Classes),
                     Role::List(List::Agents),
@@ -296,7 +297,7 @@ impl<'a> Events<'a> for Reader<'a, '_> {
             Role::Facts => self.facts = Facts::NotAHash,
             Role::ListItem(list) => {
                 if let Item::Str(bytes, _) | Item::Sym(bytes) = item {
-                    self.lists.items[list as usize].push(text(bytes).into_owned());
+                    self.collected.items[list as usize].push(text(bytes).into_owned());
                 }
             }
             Role::OwnMain => {
@@ -330,7 +331,7 @@ impl<'a> Events<'a> for Reader<'a, '_> {
         let is_hash = matches!(item, Item::Hash(_));
         let role = match self.next_role(None) {
             Role::Root => {
-                self.lists.root_is_hash = is_hash;
+                self.collected.root_is_hash = is_hash;
                 if is_hash {
                     Role::Root
                 } else {
