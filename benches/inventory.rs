@@ -17,7 +17,9 @@
 //! The new path runs beside it in the same samples, on the same frames: (2') the outer
 //! layer read in place (`ReplyRef`, the PSK checked on the body's bytes) and copied
 //! out as the client keeps it; (3'+4') the inner layer read in place straight into the
-//! store (`observe_replies`), on one thread and on two; (5') the index. Then the
+//! store (`observe_replies`), on one thread and on two, and beside them, as before
+//! the one pass, the body checked then read (`observation_two_passes`, one thread);
+//! (5') the index. Then the
 //! incremental case: 10 of the 10,000 replies with a new body, the rest as last time
 //! (`observe_since` on a builder resumed on the last index's store).
 
@@ -27,7 +29,9 @@ use puppet_kicker::mcollective::message::{Reply, ReplyRef, RpcStatus};
 use puppet_kicker::mcollective::psk;
 use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
 use puppet_kicker::mcollective::RpcReply;
-use puppet_kicker::source::mcollective::{observation, observe_replies, observe_since, ReplyMemo};
+use puppet_kicker::source::mcollective::{
+    observation, observation_two_passes, observe_replies, observe_since, ReplyMemo,
+};
 use puppet_kicker::source::Harvest;
 use puppet_kicker::store::Builder;
 use puppet_kicker::synthetic;
@@ -88,6 +92,7 @@ fn main() {
     let mut samples: Vec<[Duration; 5]> = Vec::new();
     let mut new_samples: Vec<[Duration; 5]> = Vec::new();
     let mut scan_samples: Vec<Duration> = Vec::new();
+    let mut two_pass_samples: Vec<Duration> = Vec::new();
     let bench_start = Instant::now();
     let mut warm = true;
     while warm || samples.len() < SAMPLES || bench_start.elapsed() < MIN_TIME {
@@ -127,6 +132,24 @@ fn main() {
         let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 2, &mut two.builder);
         two.observations = observed.observations;
         new_times[2] = t.elapsed();
+        // Before the one pass, on the same replies: check, then read in place (1 thread).
+        let t = Instant::now();
+        let mut before = Builder::new();
+        for s in &servers {
+            let (reply, at) = &s[0];
+            let o = observation_two_passes(
+                &reply.senderid,
+                reply.msgtime,
+                &reply.body,
+                DecodeLimits::default(),
+                *at,
+                "mcollective",
+                &mut before,
+            );
+            black_box(o.unwrap());
+        }
+        two_pass_samples.push(t.elapsed());
+        drop(before);
         // Where the time goes: the MD5 alone, and the checking scan of the inner layer alone.
         let t = Instant::now();
         for s in &servers {
@@ -168,6 +191,7 @@ fn main() {
         if warm {
             warm = false;
             scan_samples.clear();
+            two_pass_samples.clear();
         } else {
             samples.push(times);
             new_samples.push(new_times);
@@ -233,9 +257,15 @@ fn main() {
     let md5 = median(new_samples.iter().map(|s| s[4]).collect());
     let scan = median(scan_samples.clone());
     println!(
-        "of which: MD5 of the inner bodies (in 2') {}; the checking scan of the inner layers (in 3'+4', 1 thread) {}",
+        "of which: MD5 of the inner bodies (in 2') {}; the checking scan of the inner layers alone {}",
         ms(md5),
         ms(scan)
+    );
+    let two_passes = median(two_pass_samples.clone());
+    println!(
+        "3'+4' as before, in two passes (the body checked, then read into the store), 1 thread, same samples: {} ({})",
+        ms(two_passes),
+        us(two_passes)
     );
 
     incremental(&stream, built_at);

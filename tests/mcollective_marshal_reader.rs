@@ -373,3 +373,74 @@ fn unchanged_bodies_are_given_again(signed: bool) {
     assert_eq!((again.accepted, again.malformed), (fresh.accepted, fresh.malformed));
     assert!(again.observations.iter().all(|o| o.answered_at == Some(1_700_000_100)));
 }
+
+/// `observation_from_body` (one pass, or two when the status follows the facts) and
+/// the path through marshal-rs's values: the same refusal, or the same observation
+/// and the same store, id for id.
+fn same_observation(sender: &str, body: &[u8], limits: DecodeLimits, what: &str) {
+    let (mut old_store, mut new_store) = (Builder::new(), Builder::new());
+    let new = observation_from_body(sender, 1_700_000_000, body, limits, 1_700_000_005, "mcollective", &mut new_store);
+    let reply = Reply {
+        senderid: sender.into(),
+        requestid: "0123456789abcdef0123456789abcdef".into(),
+        senderagent: "rpcutil".into(),
+        msgtime: 1_700_000_000,
+        body: body.to_vec(),
+        signature: None,
+    };
+    let Ok(rpc) = RpcReply::from_reply(reply, limits) else {
+        assert!(matches!(new, Err(BodyError::Malformed(_) | BodyError::Unsupported)), "{what}: {new:?}");
+        return;
+    };
+    let old = observation(&rpc, 1_700_000_005, "mcollective", &mut old_store);
+    match (&old, &new) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "{what}"),
+        (Err(a), Err(BodyError::Inventory(b))) => assert_eq!(a, b, "{what}"),
+        (_, Err(BodyError::Unsupported)) => return,
+        (old, new) => panic!("{what}: through values {old:?}, in place {new:?}"),
+    }
+    assert!(old_store.finish() == new_store.finish(), "{what}: the same store, id for id");
+}
+
+#[test]
+fn mutated_inventories_read_in_one_pass_as_through_values() {
+    let limits = DecodeLimits::default();
+    let mut bodies: Vec<Vec<u8>> = fleet_replies(211 * 2)
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 97 == 5 || i % 211 == 7 || i % 211 == 8 || i % 10 == 0)
+        .map(|(_, o)| Reply::decode_verified(o, PSK, limits).unwrap().body)
+        .collect();
+    // The facts before the status: read in two passes, with the same result.
+    let facts = Value::Hash(vec![(Value::str("role"), Value::str("node"))]);
+    for (code, data) in [(0, facts.clone()), (1, facts.clone()), (0, Value::Array(vec![]))] {
+        let data = Value::Hash(vec![(Value::sym("facts"), data)]);
+        bodies.push(
+            marshal::encode(&Value::Hash(vec![
+                (Value::sym("data"), data),
+                (Value::sym("statuscode"), Value::Int(code)),
+                (Value::sym("statusmsg"), Value::str("OK")),
+            ]))
+            .unwrap(),
+        );
+    }
+    for (i, body) in bodies.iter().enumerate() {
+        same_observation("node1.example.com", body, limits, &format!("body {i}"));
+        same_observation("bad identity", body, limits, &format!("body {i}, bad identity"));
+    }
+    let mut rng = Lcg(0xfac7);
+    let tight = DecodeLimits { max_depth: 4, max_values: 200, max_bytes: 2000, ..DecodeLimits::default() };
+    for round in 0..4_000 {
+        let mut body = bodies[(rng.next() as usize) % bodies.len()].clone();
+        for _ in 0..1 + rng.next() % 3 {
+            let i = (rng.next() as usize) % body.len();
+            body[i] = match rng.next() % 3 {
+                0 => b"0TFi:;\"@[{Ilf"[(rng.next() % 13) as usize],
+                1 => (rng.next() % 12) as u8,
+                _ => rng.next() as u8,
+            };
+        }
+        let limits = if round % 3 == 0 { tight } else { limits };
+        same_observation("node1.example.com", &body, limits, &format!("round {round}"));
+    }
+}

@@ -8,7 +8,8 @@
 //! The borrowed reader (`marshal_reader`, `ReplyRef`, `observation_from_body`) is
 //! held to the marshal-rs path at every layer: both refuse, or both give the same
 //! value, reply, observation and store, id for id (unless the input is outside the
-//! reader's subset, which then goes to marshal-rs).
+//! reader's subset, which then goes to marshal-rs). Its one pass over the inner body
+//! is held to its two passes (`observation_two_passes`) the same way.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -16,7 +17,9 @@ use puppet_kicker::mcollective::marshal::{self, DecodeLimits};
 use puppet_kicker::mcollective::marshal_reader;
 use puppet_kicker::mcollective::message::{Reply, ReplyRef, Unread};
 use puppet_kicker::mcollective::RpcReply;
-use puppet_kicker::source::mcollective::{observation, observation_from_body, to_json, BodyError};
+use puppet_kicker::source::mcollective::{
+    observation, observation_from_body, observation_two_passes, to_json, BodyError,
+};
 use puppet_kicker::store::Builder;
 
 const PSK: &str = "fuzz";
@@ -61,6 +64,26 @@ fuzz_target!(|input: &[u8]| {
         "mcollective",
         &mut in_place,
     );
+    let mut two_passes = Builder::new();
+    let old_way = observation_two_passes(
+        &reply.senderid,
+        reply.msgtime,
+        &reply.body,
+        limits,
+        1_700_000_000,
+        "mcollective",
+        &mut two_passes,
+    );
+    match (&old_way, &new) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b),
+        (Err(BodyError::Inventory(a)), Err(BodyError::Inventory(b))) => assert_eq!(a, b),
+        (Err(BodyError::Malformed(_)), Err(BodyError::Malformed(_)))
+        | (Err(BodyError::Unsupported), Err(BodyError::Unsupported)) => {}
+        (a, b) => panic!("two passes {a:?}, one pass {b:?}"),
+    }
+    if matches!((&old_way, &new), (Ok(_), Ok(_)) | (Err(BodyError::Inventory(_)), Err(BodyError::Inventory(_)))) {
+        assert!(two_passes.store() == in_place.store(), "one pass and two, the same store, id for id");
+    }
     let Ok(rpc) = RpcReply::from_reply(reply, limits) else {
         assert!(matches!(new, Err(BodyError::Malformed(_) | BodyError::Unsupported)), "{new:?}");
         return;

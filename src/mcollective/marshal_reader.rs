@@ -4,7 +4,8 @@
 //! whole stream once, within the same [`DecodeLimits`] as [`marshal::decode_with`]
 //! (links expanded, values and bytes counted the same way), and records where each
 //! object starts; callers then read what they need in place (`get_sym`,
-//! [`Doc::items`], slices of the input).
+//! [`Doc::items`], slices of the input), or, with [`Doc::scan_with`], are told each
+//! value as the check meets it ([`Events`]) and read it in that same pass.
 //!
 //! Anything outside that subset (objects, structs, regexps, `_dump` data, hashes
 //! with a default, odd ivars) is [`Scan::Unsupported`]: the caller decodes the
@@ -49,6 +50,29 @@ pub enum Item<'a> {
     Hash(u32),
 }
 
+/// What [`Doc::scan_with`] reports as it checks the stream: each value where the
+/// scan meets it, the targets of links read again in their place, so a caller can
+/// read the document in the same pass that checks it.
+pub trait Events<'a> {
+    /// A value that holds no others (never [`Item::Array`] or [`Item::Hash`]).
+    fn leaf(&mut self, item: Item<'a>);
+    /// An Array or Hash starting at `pos`; its elements (a Hash's as key, value)
+    /// follow, then [`Events::close`].
+    fn open(&mut self, item: Item<'a>, pos: Pos);
+    /// The end of the innermost open Array or Hash; `doc` can read every value
+    /// that ended so far ([`Doc::value`]).
+    fn close(&mut self, doc: &Doc<'a>);
+}
+
+/// The plain check: nothing to report.
+struct Quiet;
+
+impl<'a> Events<'a> for Quiet {
+    fn leaf(&mut self, _: Item<'a>) {}
+    fn open(&mut self, _: Item<'a>, _: Pos) {}
+    fn close(&mut self, _: &Doc<'a>) {}
+}
+
 /// A checked Marshal stream: the symbol and object tables of its one pass.
 pub struct Doc<'a> {
     bytes: &'a [u8],
@@ -65,6 +89,12 @@ impl<'a> Doc<'a> {
     /// Checks `bytes` within `limits`: the same streams [`marshal::decode_with`] takes
     /// (when in the subset) and the same refusals.
     pub fn scan(bytes: &'a [u8], limits: DecodeLimits) -> ScanResult<Doc<'a>> {
+        Doc::scan_with(bytes, limits, &mut Quiet)
+    }
+
+    /// [`Doc::scan`], telling `events` each value as the check meets it (until it
+    /// fails: what was told before an error is the caller's to undo).
+    pub fn scan_with(bytes: &'a [u8], limits: DecodeLimits, events: &mut impl Events<'a>) -> ScanResult<Doc<'a>> {
         if bytes.len() > limits.max_input {
             return bad(format!("input of {} bytes exceeds the limit of {}", bytes.len(), limits.max_input));
         }
@@ -72,7 +102,7 @@ impl<'a> Doc<'a> {
             return bad("not a Marshal 4.8 byte stream (bad 2-byte header)");
         }
         let mut doc = Doc { bytes, symbols: Vec::new(), objects: Vec::new(), limits, values: 0, string_bytes: 0 };
-        let end = doc.walk(2, 0, true)?;
+        let end = doc.walk(2, 0, true, events)?;
         if end != bytes.len() {
             return bad(format!("unexpected data after the value, at byte {end}"));
         }
@@ -95,9 +125,14 @@ impl<'a> Doc<'a> {
         }
     }
 
+    #[inline]
     fn int(&self, pos: Pos) -> ScanResult<(i32, Pos)> {
         let lead = self.byte(pos)? as i8;
         let pos = pos + 1;
+        // Most lengths and indexes: one byte.
+        if lead > 4 {
+            return Ok((i32::from(lead) - 5, pos));
+        }
         Ok(match lead {
             0 => (0, pos),
             1..=4 => {
@@ -182,7 +217,7 @@ impl<'a> Doc<'a> {
 
     /// The one pass (`first`: registers symbols and objects) and the replays of
     /// links: every value counted against the limits as the old reader counts it.
-    fn walk(&mut self, pos: Pos, depth: usize, first: bool) -> ScanResult<Pos> {
+    fn walk<E: Events<'a>>(&mut self, pos: Pos, depth: usize, first: bool, events: &mut E) -> ScanResult<Pos> {
         if depth > self.limits.max_depth {
             return bad(format!("nesting deeper than {}", self.limits.max_depth));
         }
@@ -191,15 +226,22 @@ impl<'a> Doc<'a> {
         match tag {
             b'0' | b'T' | b'F' => {
                 self.take(0)?;
+                events.leaf(match tag {
+                    b'0' => Item::Nil,
+                    _ => Item::Bool(tag == b'T'),
+                });
                 Ok(at)
             }
             b'i' => {
                 self.take(0)?;
-                Ok(self.int(at)?.1)
+                let (i, next) = self.int(at)?;
+                events.leaf(Item::Int(i64::from(i)));
+                Ok(next)
             }
             b':' | b';' => {
                 let (s, next) = self.symbol(pos, first)?;
                 self.take(s.len())?;
+                events.leaf(Item::Sym(s));
                 Ok(next)
             }
             b'"' => {
@@ -208,23 +250,27 @@ impl<'a> Doc<'a> {
                     self.objects.push((pos as u32, true));
                 }
                 self.take(s.len())?;
+                events.leaf(Item::Str(s, None));
                 Ok(next)
             }
             b'f' => {
-                let next = self.chunk(at)?.1;
+                let (text, next) = self.chunk(at)?;
                 if first {
                     self.objects.push((pos as u32, true));
                 }
                 self.take(0)?;
+                events.leaf(float_text(text).map_or(Item::Other("Float with unreadable text"), Item::Float));
                 Ok(next)
             }
             b'l' => {
                 let (words, next) = self.len(at + 1)?;
-                self.slice(next, words * 2)?;
+                let magnitude = self.slice(next, words * 2)?;
+                let negative = self.bytes[at] != b'+';
                 if first {
                     self.objects.push((pos as u32, true));
                 }
                 self.take(0)?;
+                events.leaf(bignum(negative, magnitude).map_or(Item::Other("Bignum beyond 64 bits"), Item::Int));
                 Ok(next + words * 2)
             }
             b'@' => {
@@ -236,27 +282,21 @@ impl<'a> Doc<'a> {
                     Some(&(_, false)) => return bad(format!("object link {idx} refers to itself")),
                     Some(&(target, true)) => target as Pos,
                 };
-                self.walk(target, depth, false)?;
+                self.walk(target, depth, false, events)?;
                 Ok(next)
             }
-            b'[' => {
+            b'[' | b'{' => {
                 let (n, mut next) = self.len(at)?;
                 let slot = self.open(pos, first);
                 self.take(0)?;
-                for _ in 0..n {
-                    next = self.walk(next, depth + 1, first)?;
+                let (item, children) =
+                    if tag == b'[' { (Item::Array(n as u32), n) } else { (Item::Hash(n as u32), n * 2) };
+                events.open(item, pos);
+                for _ in 0..children {
+                    next = self.walk(next, depth + 1, first, events)?;
                 }
                 self.close(slot);
-                Ok(next)
-            }
-            b'{' => {
-                let (n, mut next) = self.len(at)?;
-                let slot = self.open(pos, first);
-                self.take(0)?;
-                for _ in 0..n * 2 {
-                    next = self.walk(next, depth + 1, first)?;
-                }
-                self.close(slot);
+                events.close(self);
                 Ok(next)
             }
             b'I' => {
@@ -265,19 +305,20 @@ impl<'a> Doc<'a> {
                     return Err(Scan::Unsupported("instance variables on a value other than a String or Symbol"));
                 }
                 let slot = if inner == b'"' { self.open(pos, first) } else { None };
-                let (len, next) = match inner {
+                let (item, len, next) = match inner {
                     b'"' => {
                         let (s, next) = self.chunk(at + 1)?;
-                        (s.len(), next)
+                        (Item::Str(s, Some(next)), s.len(), next)
                     }
                     _ => {
                         let (s, next) = self.symbol(at, first)?;
-                        (s.len(), next)
+                        (Item::Sym(s), s.len(), next)
                     }
                 };
                 let next = self.ivars(next, first)?;
                 self.close(slot);
                 self.take(len)?;
+                events.leaf(item);
                 Ok(next)
             }
             b'e' | b'C' | b'o' | b'd' | b'u' | b'U' | b'/' | b'}' | b'S' | b'M' | b'c' | b'm' => {

@@ -17,6 +17,9 @@
 //! (broker down, login refused, wrong psk) fails: the service keeps serving the last
 //! index and retries with backoff.
 
+mod inventory;
+mod recent;
+
 use super::{Harvest, Observation};
 use crate::config::McollectiveSettings;
 use crate::error::{Error, Result};
@@ -724,9 +727,10 @@ fn observe_share(
     builder: &mut Builder,
 ) -> Observed {
     let mut out = Observed::default();
+    let mut recent = recent::Recent::new();
     for replies in servers {
         for (candidate, (reply, at)) in replies.iter().enumerate() {
-            let got = observation_from_body(
+            let got = observation_with(
                 &reply.senderid,
                 reply.msgtime,
                 &reply.body,
@@ -734,6 +738,7 @@ fn observe_share(
                 *at,
                 main_collective,
                 builder,
+                &mut recent,
             );
             let got = match got {
                 Err(BodyError::Unsupported) => match RpcReply::from_reply(reply.clone(), limits) {
@@ -786,8 +791,45 @@ fn valid_identity(identity: &str) -> bool {
 
 /// [`RpcReply::from_reply`] then [`observation`], on the inner body's bytes in place:
 /// the same refusals, and the same facts put in the store in the same order (so the
-/// same ids), without Marshal values or copies of the strings.
+/// same ids), without Marshal values or copies of the strings. One pass checks the
+/// body and reads it ([`inventory`]); a body whose status follows its facts takes two.
 pub fn observation_from_body(
+    sender: &str,
+    msgtime: i64,
+    body: &[u8],
+    limits: mco::marshal::DecodeLimits,
+    at: i64,
+    main_collective: &str,
+    builder: &mut Builder,
+) -> std::result::Result<Observation, BodyError> {
+    let mut recent = recent::Recent::new();
+    observation_with(sender, msgtime, body, limits, at, main_collective, builder, &mut recent)
+}
+
+/// [`observation_from_body`] with the short strings `builder` was given already.
+#[allow(clippy::too_many_arguments)]
+fn observation_with(
+    sender: &str,
+    msgtime: i64,
+    body: &[u8],
+    limits: mco::marshal::DecodeLimits,
+    at: i64,
+    main_collective: &str,
+    builder: &mut Builder,
+    recent: &mut recent::Recent,
+) -> std::result::Result<Observation, BodyError> {
+    match inventory::read(sender, msgtime, body, limits, at, main_collective, builder, recent) {
+        inventory::Read::Done(got) => got,
+        inventory::Read::TwoPasses => {
+            observation_two_passes(sender, msgtime, body, limits, at, main_collective, builder)
+        }
+    }
+}
+
+/// [`observation_from_body`] in two passes, the whole body checked then read in
+/// place: for a body whose status follows its facts, and the reference the one pass
+/// is measured against (benches/inventory.rs).
+pub fn observation_two_passes(
     sender: &str,
     msgtime: i64,
     body: &[u8],
