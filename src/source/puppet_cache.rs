@@ -2,8 +2,9 @@
 //! agent sends its facts. puppetserver 7 writes JSON (`$server_datadir/facts`),
 //! older masters wrote Ruby-tagged YAML (`$vardir/yaml/facts`); we read both.
 
-use super::{Harvest, Observation};
+use super::{Changes, Harvest, Observation};
 use crate::error::{Error, Result};
+use crate::index::Index;
 use crate::store::json::{self, Depth, JsonError, Skip, ValueSeed};
 use crate::store::{Builder, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
@@ -65,10 +66,10 @@ pub const RACY_SECONDS: i64 = 2;
 /// refresh reads every file again, dropping what no server uses any more.
 pub const GARBAGE_FACTOR: usize = 2;
 
-/// The store an index was built from, the tables of the builder that made it, and
+/// The index a refresh built, the tables of the builder that made its store, and
 /// what that refresh read: the base of an incremental [`load_since`].
 pub struct Previous<'a> {
-    pub store: &'a Store,
+    pub index: &'a Index,
     pub tables: Tables,
     pub memo: ReadMemo,
 }
@@ -84,7 +85,8 @@ pub struct ReadMemo {
 
 #[derive(Debug)]
 struct Seen {
-    stamp: Stamp,
+    /// `None`: not trusted (see [`RACY_SECONDS`]), the file is read again.
+    stamp: Option<Stamp>,
     outcome: Outcome,
 }
 
@@ -151,30 +153,41 @@ fn load_since_with_readers(
     let listed_at = crate::time::now();
     let files = list(dirs)?;
     let mut previous = previous.filter(|p| {
-        p.tables.fit(p.store) && p.store.values() <= GARBAGE_FACTOR.saturating_mul(p.memo.values_after_full.max(1))
+        let store = p.index.store();
+        p.tables.fit(store) && store.values() <= GARBAGE_FACTOR.saturating_mul(p.memo.values_after_full.max(1))
     });
+    // Certnames whose servers may differ from the previous index's: read again, gone.
+    let mut changed = Vec::new();
     let (mut outcomes, mut to_read): (Vec<Option<Outcome>>, Vec<usize>) = (Vec::with_capacity(files.len()), Vec::new());
     for (i, file) in files.iter().enumerate() {
         // Moved out of the old memo, not cloned: it is this refresh's now.
-        let seen = previous
-            .as_mut()
-            .and_then(|p| p.memo.files.remove(file.path.as_os_str()))
-            .filter(|seen| file.stamp == Some(seen.stamp));
-        if seen.is_none() {
-            to_read.push(i);
+        let seen = previous.as_mut().and_then(|p| p.memo.files.remove(file.path.as_os_str()));
+        match seen {
+            Some(seen) if seen.stamp.is_some() && seen.stamp == file.stamp => outcomes.push(Some(seen.outcome)),
+            stale => {
+                changed.extend(stale.and_then(|seen| seen.outcome.ok()).map(|o| o.certname));
+                to_read.push(i);
+                outcomes.push(None);
+            }
         }
-        outcomes.push(seen.map(|seen| seen.outcome));
     }
     let reused = files.len() - to_read.len();
-    let (base, values_after_full) = match previous {
-        Some(p) => (Some(Builder::resume(p.store, p.tables)), Some(p.memo.values_after_full)),
-        None => (None, None),
+    let (base, values_after_full, since) = match previous {
+        Some(p) => {
+            // Files gone since: their servers too.
+            changed.extend(p.memo.files.into_values().filter_map(|seen| seen.outcome.ok()).map(|o| o.certname));
+            let base = Builder::resume(p.index.store(), p.tables);
+            (Some(base), Some(p.memo.values_after_full), Some(p.index.generation()))
+        }
+        None => (None, None, None),
     };
     let (builder, read) = read_files(&files, &to_read, readers, base)?;
     for (i, outcome) in read {
+        changed.extend(outcome.as_ref().ok().map(|o| o.certname.clone()));
         outcomes[i] = Some(outcome);
     }
-    let mut harvest = Harvest { builder, reused, ..Harvest::default() };
+    let changes = since.map(|since| Changes { since, certnames: changed });
+    let mut harvest = Harvest { builder, reused, changes, ..Harvest::default() };
     let mut memo = ReadMemo {
         files: hashbrown::HashMap::with_capacity(files.len()),
         values_after_full: values_after_full.unwrap_or(harvest.builder.store().values()),
@@ -187,10 +200,9 @@ fn load_since_with_readers(
         }
         // A file modified in the last seconds may be written again within the same
         // tick of the file system's clock, in place, at the same size: its stamp
-        // would not show it. It is read again next time.
-        if let Some(stamp) = file.stamp.filter(|s| s.modified.0 < listed_at - RACY_SECONDS) {
-            memo.files.insert(file.path.into_os_string(), Seen { stamp, outcome });
-        }
+        // would not show it. It is read again next time, and its server known.
+        let stamp = file.stamp.filter(|s| s.modified.0 < listed_at - RACY_SECONDS);
+        memo.files.insert(file.path.into_os_string(), Seen { stamp, outcome });
     }
     Ok((harvest, memo))
 }
