@@ -9,6 +9,9 @@
 //! (d) building the index, the snapshot, vs re-reading the JSON (and the legacy
 //!     YAML) fact cache.
 //!
+//! `PK_BENCH_ONLY=refresh` runs only what a refresh costs: `Harvest::into_index` of
+//! a full read and the incremental refreshes of table (d).
+//!
 //! No criterion: each case warms up, then runs batches for about a second (at least
 //! three samples for slow cases) and reports the median and mean time per operation.
 
@@ -62,6 +65,12 @@ fn main() {
     let in_memory = rss_mb() - rss_before;
     let facts_dir = root.join("var/server_data/facts");
     let cache_bytes = synthetic::write_puppet_cache(&facts_dir, &nodes).expect("write the synthetic fact cache");
+    if std::env::var("PK_BENCH_ONLY").is_ok_and(|only| only == "refresh") {
+        refresh_only(&facts_dir, &nodes, built_at);
+        let _ = fs::remove_dir_all(&root);
+        println!("load average at end: {}", load_average());
+        return;
+    }
     let per_server = nodes.iter().map(|n| n.facts.len()).sum::<usize>() as f64 / nodes.len() as f64;
     println!(
         "fleet: {servers} servers (seed {SEED}), {per_server:.0} top-level facts each on average, \
@@ -315,8 +324,35 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
         "before: each file to a serde_json tree, Node::new, Index::build (1 thread)",
         measure_each(|| (), |()| Index::build(read_trees(facts_dir), ROLE_FACT, built_at)),
     );
-    // A refresh after the last one: the files were written long enough ago (the
-    // tables above took minutes) for their stamps to be trusted. No change first:
+    refreshes(&mut table, dirs, seen, &nodes, facts_dir, built_at);
+    table.print();
+}
+
+/// `PK_BENCH_ONLY=refresh`: `Harvest::into_index` of a full read, then the refreshes.
+fn refresh_only(facts_dir: &Path, nodes: &[Node], built_at: i64) {
+    // Files modified in the last seconds are read at every refresh.
+    std::thread::sleep(Duration::from_secs(puppet_cache::RACY_SECONDS as u64 + 1));
+    let (dirs, seen) = ([facts_dir.to_path_buf()], BTreeMap::new());
+    let mut table = Table::new(format!("(d) refreshing {} servers from the JSON fact cache", fleet_size()));
+    table.info(
+        "Harvest::into_index: servers already decoded into the store (dedup, order, role maps)",
+        measure_each(|| puppet_cache::load(&dirs).unwrap(), |h| h.into_index(None, &seen, ROLE_FACT, built_at)),
+    );
+    refreshes(&mut table, &dirs, &seen, nodes, facts_dir, built_at);
+    table.print();
+}
+
+/// A refresh after the last one, with no file changed, then with 10 changed.
+fn refreshes(
+    table: &mut Table,
+    dirs: &[PathBuf],
+    seen: &BTreeMap<String, String>,
+    nodes: &[Node],
+    facts_dir: &Path,
+    built_at: i64,
+) {
+    let servers = fleet_size();
+    // The files were written long enough ago for their stamps to be trusted. No change first:
     // files rewritten for the other case are read again for two seconds after.
     for changed in [0, 10] {
         let setup = || {
@@ -330,18 +366,22 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
             synthetic::write_puppet_cache(facts_dir, &rewritten).unwrap();
             (index, tables, memo)
         };
-        let refresh = |(index, tables, memo): (Index, _, _)| {
-            let previous = puppet_cache::Previous { store: index.store(), tables, memo };
-            let (harvest, _) = puppet_cache::load_since(dirs, Some(previous)).unwrap();
-            assert_eq!(harvest.reused, servers - changed);
-            (harvest.into_index(None, seen, ROLE_FACT, built_at), index)
+        // The index built from the previous one, or (as before) whole again.
+        let refresh = |onto_previous: bool| {
+            move |(index, tables, memo): (Index, _, _)| {
+                let previous = puppet_cache::Previous { index: &index, tables, memo };
+                let (harvest, _) = puppet_cache::load_since(dirs, Some(previous)).unwrap();
+                assert_eq!(harvest.reused, servers - changed);
+                let base = onto_previous.then_some(&index);
+                (harvest.into_index(base, seen, ROLE_FACT, built_at), index)
+            }
         };
         table.ours(
             &format!("a refresh after the last one, {changed} of {servers} files changed: load_since + into_index"),
-            measure_each(setup, refresh),
+            measure_each(setup, refresh(true)),
         );
+        table.info("  the same, the index built whole again (before)", measure_each(setup, refresh(false)));
     }
-    table.print();
 }
 
 /// The fact cache read the way it was before the store: a serde_json tree per file.

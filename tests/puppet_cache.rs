@@ -148,7 +148,7 @@ fn a_refresh_reads_only_the_files_that_changed_and_gives_what_a_full_read_gives(
     let (index, tables) = first.into_index_and_tables(None, &seen, "role", now);
 
     // Nothing changed: nothing is read, the bad file is still reported.
-    let previous = Previous { store: index.store(), tables, memo };
+    let previous = Previous { index: &index, tables, memo };
     let (again, memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
     assert_eq!((again.reused, again.warnings.len()), (201, 1), "{:?}", again.warnings);
     let (same, tables) = again.into_index_and_tables(None, &seen, "role", now);
@@ -169,7 +169,7 @@ fn a_refresh_reads_only_the_files_that_changed_and_gives_what_a_full_read_gives(
     changed.push(nodes.last().unwrap().clone());
     puppet_kicker::synthetic::write_puppet_cache(&dir, &changed).unwrap();
 
-    let previous = Previous { store: same.store(), tables, memo };
+    let previous = Previous { index: &same, tables, memo };
     let (incremental, _) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
     assert_eq!(incremental.reused, 200 - 3 - 1 + 1, "only the four written files are read");
     let incremental = incremental.into_index(None, &seen, "role", now);
@@ -206,7 +206,7 @@ fn the_store_is_read_whole_again_once_changed_servers_doubled_it() {
         }
         puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
         let before = index.store().values();
-        let previous = Previous { store: index.store(), tables, memo };
+        let previous = Previous { index: &index, tables, memo };
         let (harvest, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
         assert_eq!(harvest.reused, 0);
         let after = harvest.builder.store().values();
@@ -223,59 +223,141 @@ fn the_store_is_read_whole_again_once_changed_servers_doubled_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// What an index answers: every server in order, every certname looked up, each
+/// environment's roles by name and by pattern, and queries through the role map
+/// and the path indexes.
+fn everything_answered(index: &puppet_kicker::Index) -> Vec<String> {
+    use puppet_kicker::{Freshness, Query, RoleSelector};
+    let fresh = Freshness { now: 1_764_000_000, max_age: i64::MAX as u64 };
+    let mut answers: Vec<String> = index.servers().map(|s| format!("{:?}", s.to_node())).collect();
+    let mut environments: Vec<&str> = index.servers().map(|s| s.environment()).collect();
+    let mut roles: Vec<&str> = index.servers().flat_map(|s| s.roles("role")).collect();
+    environments.sort();
+    environments.dedup();
+    roles.sort();
+    roles.dedup();
+    for server in index.servers() {
+        answers.push(format!("{:?}", index.by_certname(server.certname()).map(|s| s.position())));
+    }
+    answers.push(format!("{:?}", index.by_certname("nobody.example.com").map(|s| s.position())));
+    for environment in environments {
+        let all = RoleSelector::parse(&["/./"]).unwrap();
+        answers.push(format!("{environment} all roles {:?}", index.with_role(&all, environment, fresh)));
+        for role in &roles {
+            let one = RoleSelector::names([*role]);
+            answers.push(format!("{environment} {role} {:?}", index.with_role(&one, environment, fresh)));
+            let query = Query::parse(&[format!("role={role}")]).unwrap();
+            answers.push(format!("{environment} {role} {:?}", index.with_facts(&query, environment, fresh)));
+        }
+        let query = Query::parse(&["processors.count>=4"]).unwrap();
+        answers.push(format!("{environment} {:?}", index.with_facts(&query, environment, fresh)));
+    }
+    answers
+}
+
+/// Two indexes' answers the same, else the first that differs (a server is long).
+fn assert_same_answers(got: &[String], expected: &[String], what: &str) {
+    let first = got.iter().zip(expected).position(|(a, b)| a != b);
+    let cut = |s: Option<&String>| s.map(|s| s.chars().take(400).collect::<String>());
+    if let Some(at) = first.or((got.len() != expected.len()).then(|| got.len().min(expected.len()))) {
+        panic!("{what}: answer {at} is {:?}, expected {:?}", cut(got.get(at)), cut(expected.get(at)));
+    }
+}
+
 #[test]
-fn refreshes_sharing_the_last_store_serve_what_a_full_read_does_and_leave_the_old_index_unchanged() {
+fn refreshes_going_on_from_the_last_index_serve_what_a_full_read_does_and_leave_the_old_index_unchanged() {
     use puppet_cache::Previous;
-    use puppet_kicker::Index;
+    use puppet_kicker::facts::Node;
+    use serde_json::json;
     use std::collections::BTreeMap;
     let dir = std::env::temp_dir().join(format!("pk-shared-{}", std::process::id()));
+    let (main, other) = (dir.join("main"), dir.join("other"));
     let _ = std::fs::remove_dir_all(&dir);
     let now = 1_764_000_000;
     let mut nodes = puppet_kicker::synthetic::fleet(120, 11, now);
-    puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
+    // Servers whose facts name no environment: where the master saw them decides.
+    for node in &mut nodes[20..30] {
+        node.facts.remove("environment");
+        node.facts.remove("agent_specified_environment");
+    }
+    puppet_kicker::synthetic::write_puppet_cache(&main, &nodes).unwrap();
+    // Duplicates of certnames in a second directory: the newest facts win.
+    let mut duplicates: Vec<Node> = nodes[40..44].to_vec();
+    for (k, node) in duplicates.iter_mut().enumerate() {
+        node.timestamp += if k % 2 == 0 { 30 } else { -30 };
+        node.facts.insert("role".into(), json!(format!("duplicate{k}")));
+    }
+    puppet_kicker::synthetic::write_puppet_cache(&other, &duplicates).unwrap();
     // Dated in the past, each write later than the last: within the last seconds a
     // file's stamp is not trusted.
-    let date = |nodes: &[puppet_kicker::facts::Node], minutes: u64| {
+    let date = |dir: &std::path::Path, nodes: &[Node], minutes: u64| {
         let then = std::time::SystemTime::now() - std::time::Duration::from_secs(3600 - 60 * minutes);
         for node in nodes {
             let path = dir.join(format!("{}.json", node.certname));
             std::fs::File::options().write(true).open(path).unwrap().set_modified(then).unwrap();
         }
     };
-    date(&nodes, 0);
-    let dirs = [dir.clone()];
-    let seen = BTreeMap::new();
-    let servers = |i: &Index| i.servers().map(|s| s.to_node()).collect::<Vec<_>>();
+    date(&main, &nodes, 0);
+    date(&other, &duplicates, 0);
+    let dirs = [main.clone(), other.clone()];
+    let mut seen = BTreeMap::new();
     let (harvest, mut memo) = puppet_cache::load_since(&dirs, None).unwrap();
     let (mut index, mut tables) = harvest.into_index_and_tables(None, &seen, "role", now);
     let mut kept = Vec::new();
-    for round in 0..6 {
-        // Rewritten, removed and added servers, the older indexes kept serving.
-        nodes[round].facts.insert("uptime_seconds".into(), serde_json::json!(round * 1000));
-        nodes[round + 50].facts.insert("role".into(), serde_json::json!(format!("role{round}")));
+    for round in 0..8 {
+        // Rewritten (a new role, a new fqdn), removed and added servers.
+        nodes[round].facts.insert("uptime_seconds".into(), json!(round * 1000));
+        nodes[round + 50].facts.insert("role".into(), json!(format!("role{round}")));
+        nodes[round + 60].facts.insert("fqdn".into(), json!(format!("{round}.moved.example.com")));
         let removed = nodes.remove(100);
-        std::fs::remove_file(dir.join(format!("{}.json", removed.certname))).unwrap();
+        std::fs::remove_file(main.join(format!("{}.json", removed.certname))).unwrap();
         let mut added = nodes[7].clone();
         added.certname = format!("added{round}.example.com");
-        added.facts.insert("fqdn".into(), serde_json::json!(added.certname));
+        added.facts.insert("fqdn".into(), json!(added.certname));
         nodes.push(added);
-        let changed = [nodes[round].clone(), nodes[round + 50].clone(), nodes.last().unwrap().clone()];
-        puppet_kicker::synthetic::write_puppet_cache(&dir, &changed).unwrap();
-        date(&changed, round as u64 + 1);
+        let mut changed = vec![nodes[round].clone(), nodes[round + 50].clone(), nodes[round + 60].clone()];
+        changed.push(nodes.last().unwrap().clone());
+        // A file renamed, its content unchanged (the certname is inside).
+        let renamed = &nodes[80 + round].certname;
+        std::fs::rename(main.join(format!("{renamed}.json")), main.join(format!("renamed-{renamed}.json"))).unwrap();
+        puppet_kicker::synthetic::write_puppet_cache(&main, &changed).unwrap();
+        date(&main, &changed, round as u64 + 1);
+        // The master saw some servers compile elsewhere (their facts name none, or do).
+        seen.insert(nodes[20 + round].certname.clone(), format!("seen{round}"));
+        seen.insert(nodes[30 + round].certname.clone(), format!("seen{round}"));
+        if round % 3 == 2 {
+            seen.remove(&nodes[20 + round - 1].certname);
+        }
+        // A duplicate turns newer, then goes.
+        match round {
+            1 => {
+                duplicates[1].timestamp += 120;
+                puppet_kicker::synthetic::write_puppet_cache(&other, &duplicates[1..2]).unwrap();
+                date(&other, &duplicates[1..2], round as u64 + 1);
+            }
+            3 => std::fs::remove_file(other.join(format!("{}.json", duplicates[0].certname))).unwrap(),
+            _ => {}
+        }
 
-        let expected_before = servers(&index);
-        let previous = Previous { store: index.store(), tables, memo };
+        let expected_before = everything_answered(&index);
+        let previous = Previous { index: &index, tables, memo };
         let (harvest, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
-        assert_eq!(harvest.reused, 120 - 3 - 1 + 1, "round {round}: the refresh went on from the last one");
+        let changes = harvest.changes.as_ref().expect("the refresh goes on from the last one");
+        assert_eq!(changes.since, index.generation(), "round {round}");
         let (next, next_tables) = harvest.into_index_and_tables(Some(&index), &seen, "role", now);
         let full = puppet_cache::load(&dirs).unwrap().into_index(None, &seen, "role", now);
-        assert_eq!(servers(&next), servers(&full), "round {round}");
-        assert_eq!(servers(&index), expected_before, "round {round}: the index it went on from is unchanged");
-        kept.push((servers(&index), index));
+        assert_same_answers(&everything_answered(&next), &everything_answered(&full), &format!("round {round}"));
+        let unchanged = format!("round {round}: the index it went on from is unchanged");
+        assert_same_answers(&everything_answered(&index), &expected_before, &unchanged);
+        kept.push((expected_before, index));
         (index, tables, memo) = (next, next_tables, next_memo);
     }
+    let environments: Vec<&str> =
+        (20..28).map(|p| index.by_certname(&nodes[p].certname).unwrap().environment()).collect();
+    assert!(environments.iter().any(|e| e.starts_with("seen")), "{environments:?}");
+    assert!(index.servers().any(|s| s.role("role") == Some("duplicate1")), "the duplicate made newer won");
     for (expected, old) in &kept {
-        assert_eq!(&servers(old), expected, "every older index still serves what it did");
+        assert_same_answers(&everything_answered(old), expected, "every older index still serves what it did");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

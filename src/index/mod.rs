@@ -7,6 +7,7 @@
 //! added under a lock, and answer the same whenever they are built.
 
 mod answers;
+mod incremental;
 mod path;
 #[cfg(any(test, feature = "synthetic"))]
 pub mod reference;
@@ -131,6 +132,9 @@ pub struct Staged {
     pub timestamp: i64,
     /// [`NEVER_ANSWERED`] for a source that reads a cache.
     pub answered_at: i64,
+    /// Whether the facts alone named the environment: else where the master last
+    /// saw the server (or the source's hint) did, and may change it.
+    pub environment_from_facts: bool,
 }
 
 #[derive(Debug)]
@@ -147,6 +151,10 @@ pub struct Index {
     built_at: i64,
     /// Unique per build in this process, so bindings can cache what they converted.
     generation: u64,
+    /// Positions (ascending) whose environment did not come from their facts alone
+    /// (see [`Staged::environment_from_facts`]); `None` for stored rows, whose
+    /// index no later build goes on from.
+    unsettled: Option<Positions>,
 }
 
 #[derive(Debug, Default)]
@@ -188,6 +196,8 @@ impl Index {
                 },
                 timestamp: node.timestamp,
                 answered_at: node.answered_at.unwrap_or(NEVER_ANSWERED),
+                // Decided before: not known here.
+                environment_from_facts: false,
             })
             .collect();
         Index::from_staged(builder, staged, role_fact, built_at)
@@ -196,33 +206,14 @@ impl Index {
     /// The index over servers already in `builder`'s store (decoded straight into
     /// it by a source): duplicate certnames keep the newest facts (the first given,
     /// of equal ones), then the rows are put in the one result order.
-    pub fn from_staged(builder: Builder, mut staged: Vec<Staged>, role_fact: &str, built_at: i64) -> Index {
-        let store = builder.store();
-        staged.sort_by(|a, b| store.str(a.certname).cmp(store.str(b.certname)).then(b.timestamp.cmp(&a.timestamp)));
-        staged.dedup_by(|later, first| later.certname == first.certname);
-        let mut fqdn = KeyHint::new("fqdn");
-        let mut sort_name = |s: &Staged| {
-            let found = store.view(s.facts).as_object().and_then(|f| f.get_hinted(&mut fqdn)).and_then(View::as_str);
-            found.filter(|f| !f.is_empty()).unwrap_or(store.str(s.certname))
-        };
-        // (sort name, certname, rank by certname, server)
-        let mut keyed: Vec<(&str, &str, u32, Staged)> =
-            staged.into_iter().enumerate().map(|(k, s)| (sort_name(&s), store.str(s.certname), k as u32, s)).collect();
-        keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        let mut by_certname = vec![0u32; keyed.len()];
-        for (position, k) in keyed.iter().enumerate() {
-            by_certname[k.2 as usize] = position as u32;
-        }
-        let rows = Rows {
-            certname: keyed.iter().map(|k| k.3.certname).collect::<Vec<_>>().into(),
-            environment: keyed.iter().map(|k| k.3.environment).collect::<Vec<_>>().into(),
-            facts: keyed.iter().map(|k| k.3.facts).collect::<Vec<_>>().into(),
-            extra: keyed.iter().map(|k| k.3.extra).collect::<Vec<_>>().into(),
-            timestamp: keyed.iter().map(|k| k.3.timestamp).collect::<Vec<_>>().into(),
-            answered_at: keyed.iter().map(|k| k.3.answered_at).collect::<Vec<_>>().into(),
-        };
-        drop(keyed);
-        Index::assemble(builder.finish(), rows, role_fact, built_at, Some(by_certname))
+    pub fn from_staged(builder: Builder, staged: Vec<Staged>, role_fact: &str, built_at: i64) -> Index {
+        let (placed, by_certname) = place(builder.store(), staged);
+        let rows = rows_of(&placed);
+        let unsettled = unsettled_in(&placed);
+        drop(placed);
+        let mut index = Index::assemble(builder.finish(), rows, role_fact, built_at, Some(by_certname));
+        index.unsettled = Some(unsettled);
+        index
     }
 
     /// An index over stored rows (a snapshot's), checked first: every id in range,
@@ -260,6 +251,7 @@ impl Index {
             answers: Answers::default(),
             built_at,
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            unsettled: None,
         };
         let by_certname = by_certname.unwrap_or_else(|| {
             let mut by_certname: Vec<u32> = (0..index.len() as u32).collect();
@@ -429,4 +421,47 @@ impl Index {
             .filter(|p| fresh.admits(self.rows.timestamp[*p as usize]) && tests.iter().all(|t| t.holds(*p)))
             .collect()
     }
+}
+
+/// The servers in the one result order, duplicate certnames dropped (the newest
+/// facts kept, the first given of equal ones), and the positions in certname order.
+fn place(store: &Store, mut staged: Vec<Staged>) -> (Vec<Staged>, Vec<u32>) {
+    staged.sort_by(|a, b| store.str(a.certname).cmp(store.str(b.certname)).then(b.timestamp.cmp(&a.timestamp)));
+    staged.dedup_by(|later, first| later.certname == first.certname);
+    let mut fqdn = KeyHint::new("fqdn");
+    // (sort name, certname, rank by certname, server)
+    let mut keyed: Vec<(&str, &str, u32, Staged)> = staged
+        .into_iter()
+        .enumerate()
+        .map(|(k, s)| (sort_name(store, &s, &mut fqdn), store.str(s.certname), k as u32, s))
+        .collect();
+    keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let mut by_certname = vec![0u32; keyed.len()];
+    for (position, k) in keyed.iter().enumerate() {
+        by_certname[k.2 as usize] = position as u32;
+    }
+    (keyed.into_iter().map(|k| k.3).collect(), by_certname)
+}
+
+/// As [`ServerRef::sort_name`]: the `fqdn` fact, or the certname without one.
+fn sort_name<'s>(store: &'s Store, server: &Staged, fqdn: &mut KeyHint) -> &'s str {
+    let found = store.view(server.facts).as_object().and_then(|f| f.get_hinted(fqdn)).and_then(View::as_str);
+    found.filter(|f| !f.is_empty()).unwrap_or(store.str(server.certname))
+}
+
+/// The rows of servers already in result order.
+fn rows_of(placed: &[Staged]) -> Rows {
+    Rows {
+        certname: placed.iter().map(|s| s.certname).collect::<Vec<_>>().into(),
+        environment: placed.iter().map(|s| s.environment).collect::<Vec<_>>().into(),
+        facts: placed.iter().map(|s| s.facts).collect::<Vec<_>>().into(),
+        extra: placed.iter().map(|s| s.extra).collect::<Vec<_>>().into(),
+        timestamp: placed.iter().map(|s| s.timestamp).collect::<Vec<_>>().into(),
+        answered_at: placed.iter().map(|s| s.answered_at).collect::<Vec<_>>().into(),
+    }
+}
+
+/// The positions of servers whose environment did not come from their facts.
+fn unsettled_in(placed: &[Staged]) -> Positions {
+    (0..placed.len() as u32).filter(|p| !placed[*p as usize].environment_from_facts).collect()
 }

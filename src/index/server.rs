@@ -149,7 +149,7 @@ impl<'a> ServerRef<'a> {
 }
 
 /// The roles a role fact's value names: a string, or the strings of a list.
-fn roles_in(value: Option<View<'_>>) -> impl Iterator<Item = &str> {
+pub(super) fn roles_in(value: Option<View<'_>>) -> impl Iterator<Item = &str> {
     let (one, many) = match value.map(View::kind) {
         Some(Kind::Str(s)) => (Some(s), None),
         Some(Kind::Array(items)) => (None, Some(items.iter().filter_map(View::as_str))),

@@ -182,7 +182,7 @@ impl Shared {
             _ => {
                 let base = match (carried, previous.as_deref()) {
                     (Some(c), Some(index)) if c.generation == index.generation() => {
-                        Some(Previous { store: index.store(), tables: c.tables, memo: c.memo })
+                        Some(Previous { index, tables: c.tables, memo: c.memo })
                     }
                     _ => None,
                 };

@@ -6,7 +6,7 @@ pub mod puppet_cache;
 
 use crate::facts::{decide_environment, Facts, Node};
 use crate::index::{Index, Staged, NEVER_ANSWERED};
-use crate::store::{Builder, KeyHint, Store, Tables, ValueId, View, EMPTY_OBJECT};
+use crate::store::{Builder, KeyHint, Store, StrId, Tables, ValueId, View, EMPTY_OBJECT};
 use std::collections::{BTreeMap, HashMap};
 
 /// One server as a source saw it, its facts decoded into the [`Harvest`]'s store.
@@ -34,29 +34,45 @@ impl Observation {
     /// Its environment by [`crate::facts::Node::new`]'s rule, with the source's hint
     /// after where the master last saw it.
     pub fn environment<'s>(&'s self, store: &'s Store, last_seen_env: Option<&'s str>) -> &'s str {
-        self.environment_hinted(store, last_seen_env, &mut EnvironmentHints::default())
+        self.environment_hinted(store, last_seen_env, &mut EnvironmentHints::default()).0
     }
 
-    /// [`Self::environment`], for observation after observation of one store.
+    /// [`Self::environment`], for observation after observation of one store; and
+    /// whether its facts named it.
     fn environment_hinted<'s>(
         &'s self,
         store: &'s Store,
         last_seen_env: Option<&'s str>,
         hints: &mut EnvironmentHints,
-    ) -> &'s str {
-        let facts = store.view(self.facts).as_object();
-        let fact = |name: &str| {
-            let object = facts?;
-            let found = match name {
-                "environment" => object.get_hinted(&mut hints.environment),
-                "agent_specified_environment" => object.get_hinted(&mut hints.agent_specified),
-                other => object.get(other),
-            };
-            found.and_then(View::as_str)
-        };
+    ) -> (&'s str, bool) {
         let env = last_seen_env.filter(|e| !e.is_empty()).or(self.environment_hint.as_deref());
-        decide_environment(fact, env)
+        environment_of(store, self.facts, env, hints)
     }
+}
+
+/// The environment of a server with `facts` by [`decide_environment`], `otherwise`
+/// when its facts name none; and whether its facts named it.
+fn environment_of<'s>(
+    store: &'s Store,
+    facts: ValueId,
+    otherwise: Option<&'s str>,
+    hints: &mut EnvironmentHints,
+) -> (&'s str, bool) {
+    let facts = store.view(facts).as_object();
+    let mut named = false;
+    let fact = |name: &str| {
+        let object = facts?;
+        let found = match name {
+            "environment" => object.get_hinted(&mut hints.environment),
+            "agent_specified_environment" => object.get_hinted(&mut hints.agent_specified),
+            other => object.get(other),
+        };
+        let found = found.and_then(View::as_str);
+        named |= found.is_some_and(|f| !f.is_empty());
+        found
+    };
+    let environment = decide_environment(fact, otherwise);
+    (environment, named)
 }
 
 /// Where the environment rule's two facts were found last.
@@ -86,6 +102,18 @@ pub struct Harvest {
     pub warnings: Vec<String>,
     /// Servers given as the previous refresh read them, their source unchanged.
     pub reused: usize,
+    /// What changed since the index this harvest goes on from, when it does.
+    pub changes: Option<Changes>,
+}
+
+/// What changed since index `since` was built from the harvest before: every
+/// server whose certname is not listed is the one it holds.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// The generation of that index.
+    pub since: u64,
+    /// Certnames of the sources read again, added or gone (the old and the new).
+    pub certnames: Vec<String>,
 }
 
 impl std::fmt::Debug for Harvest {
@@ -95,6 +123,7 @@ impl std::fmt::Debug for Harvest {
             .field("kept", &self.kept)
             .field("warnings", &self.warnings)
             .field("reused", &self.reused)
+            .field("changes", &self.changes)
             .finish()
     }
 }
@@ -123,7 +152,9 @@ impl Harvest {
     }
 
     /// The new index: every observation, then the kept servers of `previous` copied
-    /// over. `seen` is where the master last saw each certname compile.
+    /// over. `seen` is where the master last saw each certname compile. A harvest
+    /// that goes on from `previous` ([`Harvest::changes`]) examines only the
+    /// servers that changed: the others keep their rows, order and role maps.
     pub fn into_index(
         self,
         previous: Option<&Index>,
@@ -143,21 +174,24 @@ impl Harvest {
         role_fact: &str,
         built_at: i64,
     ) -> (Index, Tables) {
-        let Harvest { mut builder, observations, kept, .. } = self;
+        let Harvest { mut builder, observations, kept, changes, .. } = self;
+        let base = previous.zip(changes).filter(|(previous, changes)| {
+            // Hints are not kept in the index, so an environment from one is decided again.
+            changes.since == previous.generation()
+                && previous.role_fact() == role_fact
+                && previous.unsettled_environments().is_some()
+                && kept.is_empty()
+                && observations.iter().all(|o| o.environment_hint.is_none())
+        });
+        if let Some((previous, changes)) = base {
+            let (replaced, staged) = changed_servers(previous, &mut builder, &observations, &changes, seen);
+            let tables = builder.take_tables();
+            return (Index::from_previous(previous, builder, &replaced, staged, built_at), tables);
+        }
         let mut staged = Vec::with_capacity(observations.len() + kept.len());
-        let (mut hints, mut environment) = (EnvironmentHints::default(), String::new());
+        let mut stager = Stager::default();
         for o in &observations {
-            let last_seen = seen.get(&o.certname).map(String::as_str);
-            environment.clear();
-            environment.push_str(o.environment_hinted(builder.store(), last_seen, &mut hints));
-            staged.push(Staged {
-                certname: builder.string(&o.certname),
-                environment: builder.string(&environment),
-                facts: o.facts,
-                extra: o.extra,
-                timestamp: o.timestamp,
-                answered_at: o.answered_at.unwrap_or(NEVER_ANSWERED),
-            });
+            staged.push(stager.stage(&mut builder, o, seen));
         }
         if let Some(previous) = previous.filter(|_| !kept.is_empty()) {
             let mut memo = HashMap::new();
@@ -171,10 +205,67 @@ impl Harvest {
                     extra: builder.import(previous.store(), row.extra[position as usize], &mut memo),
                     timestamp: server.timestamp(),
                     answered_at: row.answered_at[position as usize],
+                    environment_from_facts: false,
                 });
             }
         }
         let tables = builder.take_tables();
         (Index::from_staged(builder, staged, role_fact, built_at), tables)
     }
+}
+
+/// Observations as rows: each one's environment decided, its names interned.
+#[derive(Default)]
+struct Stager {
+    hints: EnvironmentHints,
+    /// The environment copied out: the store grows while interning.
+    environment: String,
+}
+
+impl Stager {
+    fn stage(&mut self, builder: &mut Builder, o: &Observation, seen: &BTreeMap<String, String>) -> Staged {
+        let last_seen = seen.get(&o.certname).map(String::as_str);
+        let (environment, environment_from_facts) = o.environment_hinted(builder.store(), last_seen, &mut self.hints);
+        self.environment.clear();
+        self.environment.push_str(environment);
+        Staged {
+            certname: builder.string(&o.certname),
+            environment: builder.string(&self.environment),
+            facts: o.facts,
+            extra: o.extra,
+            timestamp: o.timestamp,
+            answered_at: o.answered_at.unwrap_or(NEVER_ANSWERED),
+            environment_from_facts,
+        }
+    }
+}
+
+/// The certnames whose servers `previous` cannot keep as they are (their sources
+/// changed, or `seen` moved a server its facts give no environment), and every
+/// observation of those.
+fn changed_servers(
+    previous: &Index,
+    builder: &mut Builder,
+    observations: &[Observation],
+    changes: &Changes,
+    seen: &BTreeMap<String, String>,
+) -> (hashbrown::HashSet<StrId>, Vec<Staged>) {
+    let mut names: hashbrown::HashSet<&str> = changes.certnames.iter().map(String::as_str).collect();
+    let mut hints = EnvironmentHints::default();
+    for &p in previous.unsettled_environments().unwrap_or(&[]) {
+        let server = previous.server(p);
+        let last_seen = seen.get(server.certname()).map(String::as_str).filter(|e| !e.is_empty());
+        let facts = previous.rows().facts[p as usize];
+        if environment_of(previous.store(), facts, last_seen, &mut hints).0 != server.environment() {
+            names.insert(server.certname());
+        }
+    }
+    let mut stager = Stager::default();
+    let replaced = names.iter().map(|name| builder.string(name)).collect();
+    let staged = observations
+        .iter()
+        .filter(|o| names.contains(o.certname.as_str()))
+        .map(|o| stager.stage(builder, o, seen))
+        .collect();
+    (replaced, staged)
 }

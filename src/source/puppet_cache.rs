@@ -2,8 +2,9 @@
 //! agent sends its facts. puppetserver 7 writes JSON (`$server_datadir/facts`),
 //! older masters wrote Ruby-tagged YAML (`$vardir/yaml/facts`); we read both.
 
-use super::{Harvest, Observation};
+use super::{Changes, Harvest, Observation};
 use crate::error::{Error, Result};
+use crate::index::Index;
 use crate::store::json::{self, Depth, JsonError, Skip, ValueSeed};
 use crate::store::{Builder, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
@@ -65,10 +66,10 @@ pub const RACY_SECONDS: i64 = 2;
 /// refresh reads every file again, dropping what no server uses any more.
 pub const GARBAGE_FACTOR: usize = 2;
 
-/// The store an index was built from, the tables of the builder that made it, and
+/// The index a refresh built, the tables of the builder that made its store, and
 /// what that refresh read: the base of an incremental [`load_since`].
 pub struct Previous<'a> {
-    pub store: &'a Store,
+    pub index: &'a Index,
     pub tables: Tables,
     pub memo: ReadMemo,
 }
@@ -76,15 +77,19 @@ pub struct Previous<'a> {
 /// What one read of the fact cache found, per file, for the next one.
 #[derive(Debug, Default)]
 pub struct ReadMemo {
-    /// By path, as bytes: `Path` hashes component by component, ten times slower.
-    files: hashbrown::HashMap<OsString, Seen>,
+    /// Per directory, by file name: no path joined for a file not read again.
+    dirs: Vec<(PathBuf, Files)>,
     /// Values in the store after the last full read.
     values_after_full: usize,
 }
 
+/// A directory's files by name, as bytes: `Path` hashes component by component.
+type Files = hashbrown::HashMap<OsString, Seen>;
+
 #[derive(Debug)]
 struct Seen {
-    stamp: Stamp,
+    /// `None`: not trusted (see [`RACY_SECONDS`]), the file is read again.
+    stamp: Option<Stamp>,
     outcome: Outcome,
 }
 
@@ -112,7 +117,20 @@ impl Stamp {
     fn at(dir: &fs::File, name: &OsStr) -> Option<Stamp> {
         use std::os::unix::ffi::OsStrExt;
         use std::os::unix::io::AsRawFd;
-        let name = std::ffi::CString::new(name.as_bytes()).ok()?;
+        let bytes = name.as_bytes();
+        if bytes.contains(&0) {
+            return None;
+        }
+        // A file name fits (NAME_MAX is 255): no allocation per file.
+        let mut buffer = [0u8; 256];
+        let owned;
+        let name: &std::ffi::CStr = if bytes.len() < buffer.len() {
+            buffer[..bytes.len()].copy_from_slice(bytes);
+            std::ffi::CStr::from_bytes_until_nul(&buffer).ok()?
+        } else {
+            owned = std::ffi::CString::new(bytes).ok()?;
+            &owned
+        };
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
         // SAFETY: `dir` is an open descriptor, `name` a NUL-terminated string, and
         // `st` room for one `stat`, written in full when the call succeeds.
@@ -129,6 +147,13 @@ impl Stamp {
             device: st.st_dev as u64,
         })
     }
+}
+
+/// A directory's fact files in name order (one component each), and their stamps.
+struct Listing {
+    dir: PathBuf,
+    names: Vec<(OsString, Format)>,
+    stamps: Vec<Option<Stamp>>,
 }
 
 /// One file to read: where, in which format, and its stamp before the read.
@@ -149,58 +174,81 @@ fn load_since_with_readers(
     readers: usize,
 ) -> Result<(Harvest, ReadMemo)> {
     let listed_at = crate::time::now();
-    let files = list(dirs)?;
+    let listings = list(dirs)?;
     let mut previous = previous.filter(|p| {
-        p.tables.fit(p.store) && p.store.values() <= GARBAGE_FACTOR.saturating_mul(p.memo.values_after_full.max(1))
+        let store = p.index.store();
+        p.tables.fit(store) && store.values() <= GARBAGE_FACTOR.saturating_mul(p.memo.values_after_full.max(1))
     });
-    let (mut outcomes, mut to_read): (Vec<Option<Outcome>>, Vec<usize>) = (Vec::with_capacity(files.len()), Vec::new());
-    for (i, file) in files.iter().enumerate() {
+    let mut old_dirs = previous.as_mut().map(|p| std::mem::take(&mut p.memo.dirs)).unwrap_or_default();
+    // Certnames whose servers may differ from the previous index's: read again, gone.
+    let mut changed = Vec::new();
+    let gone = |files: Files| files.into_values().filter_map(|seen| seen.outcome.ok()).map(|o| o.certname);
+    let listed = listings.iter().map(|l| l.names.len()).sum();
+    // Each file's outcome in listing order; the files to read, and where each goes.
+    let (mut outcomes, mut to_read, mut read_into) = (Vec::with_capacity(listed), Vec::new(), Vec::new());
+    for listing in &listings {
+        let at = old_dirs.iter().position(|(dir, _)| *dir == listing.dir);
         // Moved out of the old memo, not cloned: it is this refresh's now.
-        let seen = previous
-            .as_mut()
-            .and_then(|p| p.memo.files.remove(file.path.as_os_str()))
-            .filter(|seen| file.stamp == Some(seen.stamp));
-        if seen.is_none() {
-            to_read.push(i);
+        let mut old = at.map(|at| old_dirs.swap_remove(at).1).unwrap_or_default();
+        for ((name, format), stamp) in listing.names.iter().zip(&listing.stamps) {
+            match old.remove(name.as_os_str()) {
+                Some(seen) if seen.stamp.is_some() && seen.stamp == *stamp => outcomes.push(Some(seen.outcome)),
+                stale => {
+                    changed.extend(stale.and_then(|seen| seen.outcome.ok()).map(|o| o.certname));
+                    read_into.push(outcomes.len());
+                    to_read.push(Listed { path: listing.dir.join(name), format: *format, stamp: *stamp });
+                    outcomes.push(None);
+                }
+            }
         }
-        outcomes.push(seen.map(|seen| seen.outcome));
+        changed.extend(gone(old));
     }
-    let reused = files.len() - to_read.len();
-    let (base, values_after_full) = match previous {
-        Some(p) => (Some(Builder::resume(p.store, p.tables)), Some(p.memo.values_after_full)),
-        None => (None, None),
+    changed.extend(old_dirs.into_iter().flat_map(|(_, files)| gone(files)));
+    let reused = listed - to_read.len();
+    let (base, values_after_full, since) = match previous {
+        Some(p) => {
+            let base = Builder::resume(p.index.store(), p.tables);
+            (Some(base), Some(p.memo.values_after_full), Some(p.index.generation()))
+        }
+        None => (None, None, None),
     };
-    let (builder, read) = read_files(&files, &to_read, readers, base)?;
+    let every: Vec<usize> = (0..to_read.len()).collect();
+    let (builder, read) = read_files(&to_read, &every, readers, base)?;
     for (i, outcome) in read {
-        outcomes[i] = Some(outcome);
+        changed.extend(outcome.as_ref().ok().map(|o| o.certname.clone()));
+        outcomes[read_into[i]] = Some(outcome);
     }
-    let mut harvest = Harvest { builder, reused, ..Harvest::default() };
+    let changes = since.map(|since| Changes { since, certnames: changed });
+    let mut harvest = Harvest { builder, reused, changes, ..Harvest::default() };
     let mut memo = ReadMemo {
-        files: hashbrown::HashMap::with_capacity(files.len()),
+        dirs: Vec::with_capacity(listings.len()),
         values_after_full: values_after_full.unwrap_or(harvest.builder.store().values()),
     };
-    for (file, outcome) in files.into_iter().zip(outcomes) {
-        let Some(outcome) = outcome else { continue };
-        match &outcome {
-            Ok(observation) => harvest.observations.push(observation.clone()),
-            Err(warning) => harvest.warnings.push(warning.clone()),
+    let mut outcomes = outcomes.into_iter();
+    for listing in listings {
+        let mut files = Files::with_capacity(listing.names.len());
+        for ((name, _), stamp) in listing.names.into_iter().zip(listing.stamps) {
+            let Some(outcome) = outcomes.next().flatten() else { continue };
+            match &outcome {
+                Ok(observation) => harvest.observations.push(observation.clone()),
+                Err(warning) => harvest.warnings.push(warning.clone()),
+            }
+            // A file modified in the last seconds may be written again within the
+            // same tick of the file system's clock, in place, at the same size: its
+            // stamp would not show it. It is read again next time, its server known.
+            let stamp = stamp.filter(|s| s.modified.0 < listed_at - RACY_SECONDS);
+            files.insert(name, Seen { stamp, outcome });
         }
-        // A file modified in the last seconds may be written again within the same
-        // tick of the file system's clock, in place, at the same size: its stamp
-        // would not show it. It is read again next time.
-        if let Some(stamp) = file.stamp.filter(|s| s.modified.0 < listed_at - RACY_SECONDS) {
-            memo.files.insert(file.path.into_os_string(), Seen { stamp, outcome });
-        }
+        memo.dirs.push((listing.dir, files));
     }
     Ok((harvest, memo))
 }
 
 /// The fact files of `dirs`, each directory's in name order, stamped (on up to
 /// [`MAX_READERS`] threads: a refresh that reads few files mostly stats).
-fn list(dirs: &[PathBuf]) -> Result<Vec<Listed>> {
+fn list(dirs: &[PathBuf]) -> Result<Vec<Listing>> {
     let mut failures = Vec::new();
-    let mut files = Vec::new();
-    let mut readable = 0;
+    let mut listings = Vec::new();
     for dir in dirs {
         let entries = match fs::read_dir(dir) {
             Ok(entries) => entries,
@@ -209,7 +257,6 @@ fn list(dirs: &[PathBuf]) -> Result<Vec<Listed>> {
                 continue;
             }
         };
-        readable += 1;
         // One component each: byte order is the order of their paths.
         let mut names: Vec<(OsString, Format)> = entries
             .filter_map(|e| {
@@ -220,16 +267,12 @@ fn list(dirs: &[PathBuf]) -> Result<Vec<Listed>> {
             .collect();
         names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let stamps = stamp_all(dir, &names);
-        files.extend(names.into_iter().zip(stamps).map(|((name, format), stamp)| Listed {
-            path: dir.join(name),
-            format,
-            stamp,
-        }));
+        listings.push(Listing { dir: dir.clone(), names, stamps });
     }
-    if readable == 0 {
+    if listings.is_empty() {
         return Err(Error::Io(format!("no fact cache directory could be read: {}", failures.join(", "))));
     }
-    Ok(files)
+    Ok(listings)
 }
 
 /// The stamp of each of `names` in `dir`.
