@@ -20,6 +20,7 @@ pub mod blob;
 mod build;
 mod column;
 pub mod json;
+pub mod pool;
 mod view;
 
 pub use build::{Builder, Remap, Tables};
