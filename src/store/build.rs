@@ -84,10 +84,11 @@ impl Builder {
         }
     }
 
-    /// Empties the builder, as new, but keeps its tables' room: a reader building
-    /// one share after another does not grow and rehash them again each time.
+    /// Empties the builder, as new, but keeps its arrays' and tables' room: a reader
+    /// building one share after another neither grows them again each time nor
+    /// leaves the allocator freed memory it keeps resident.
     pub fn clear(&mut self) {
-        self.store = Store::default();
+        self.store.clear();
         self.strings.clear();
         self.values.clear();
         self.string_values.clear();

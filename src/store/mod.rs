@@ -137,6 +137,15 @@ impl Store {
         unsafe { std::str::from_utf8_unchecked(bytes) }
     }
 
+    /// Empties the store, keeping the room of the arrays it alone holds.
+    fn clear(&mut self) {
+        for column in [&mut self.text_ends, &mut self.lo, &mut self.hi, &mut self.children] {
+            column.clear();
+        }
+        self.text.clear();
+        self.tags.clear();
+    }
+
     pub fn strings(&self) -> usize {
         self.text_ends.len()
     }
