@@ -1,6 +1,6 @@
 //! `cargo bench --bench query`: puppet-kicker's index next to the alternatives it
 //! replaces, on a synthetic fleet of 10,000 servers (`puppet_kicker::synthetic`;
-//! `PK_BENCH_SERVERS=N` for another size).
+//! `PK_BENCH_SERVERS=N` for another size; `PK_BENCH_ONLY=loading` for (d) and (e) alone).
 //!
 //! (a) `servers_with_role`: inverted index vs a scan of every server;
 //! (b) `servers_with_facts` shapes: the store-backed index vs the serde_json index
@@ -31,6 +31,11 @@ use std::time::{Duration, Instant};
 
 fn fleet_size() -> usize {
     std::env::var("PK_BENCH_SERVERS").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000)
+}
+/// Whether only the loading tables run (`PK_BENCH_ONLY=loading`): what a change to
+/// the readers needs, in a fraction of the time.
+fn loading_only() -> bool {
+    std::env::var("PK_BENCH_ONLY").is_ok_and(|only| only == "loading")
 }
 const SEED: u64 = 1;
 const ENVIRONMENT: &str = "production";
@@ -96,9 +101,11 @@ fn main() {
     );
 
     let index_bytes = index.heap_bytes();
-    role_queries(&index, &before, fresh);
-    fact_queries(&index, &before, fresh);
-    service_queries(&root, &index, &before, fresh);
+    if !loading_only() {
+        role_queries(&index, &before, fresh);
+        fact_queries(&index, &before, fresh);
+        service_queries(&root, &index, &before, fresh);
+    }
     drop((index, before));
     loading(&root, &facts_dir, nodes, built_at);
     cold_starts(&root, cache_bytes, index_bytes);

@@ -6,7 +6,7 @@ use super::{Changes, Harvest, Observation};
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::store::json::{self, Depth, JsonError, Skip, ValueSeed};
-use crate::store::{Builder, Store, Tables, ValueId, View};
+use crate::store::{self, Builder, Remap, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 #[cfg(any(test, feature = "synthetic"))]
@@ -59,6 +59,9 @@ fn default_readers() -> usize {
 pub const MAX_READERS: usize = 2;
 /// Files below which a second thread is not worth starting.
 const MIN_SHARE: usize = 64;
+/// Files per share of a read on several threads: small enough that merging the
+/// shares read keeps pace with reading the next, and that the last merge is short.
+const SHARE_FILES: usize = 512;
 /// A file modified this recently (seconds) before it was listed is read again at
 /// the next refresh whatever its stamp (see [`load_since`]).
 pub const RACY_SECONDS: i64 = 2;
@@ -296,44 +299,31 @@ fn stamp_all(dir: &Path, names: &[(OsString, Format)]) -> Vec<Option<Stamp>> {
 }
 
 /// Reads `files[i]` for each `i` of `which` into `base` (or a new store), on up to
-/// `readers` threads each with a store of its own, merged in order.
+/// `readers` threads: shares of [`SHARE_FILES`] files, each later one read into a
+/// store of its own and merged in order while the next are read (see
+/// [`store::pool`]), so the store is the one a single reader would build.
 fn read_files(files: &[Listed], which: &[usize], readers: usize, base: Option<Builder>) -> Result<Part> {
-    let share = which.len().div_ceil(readers.max(1)).max(MIN_SHARE);
-    let read_share = |share: &[usize]| {
-        let mut builder = Builder::new();
-        let outcomes: Vec<(usize, Outcome)> = share
-            .iter()
-            .map(|&i| {
-                let file = &files[i];
-                let mtime = file.stamp.map(|s| s.modified.0);
-                (i, read_file(&file.path, file.format, mtime, &mut builder).map_err(|e| format!("skipped {e}")))
-            })
-            .collect();
-        (builder, outcomes)
+    let share = if readers > 1 && which.len() >= 2 * MIN_SHARE { SHARE_FILES } else { which.len().max(1) };
+    let shares: Vec<&[usize]> = which.chunks(share).collect();
+    let read_share = |share: usize, builder: &mut Builder| -> Vec<(usize, Outcome)> {
+        let read = |&i: &usize| {
+            let file = &files[i];
+            let mtime = file.stamp.map(|s| s.modified.0);
+            (i, read_file(&file.path, file.format, mtime, builder).map_err(|e| format!("skipped {e}")))
+        };
+        shares[share].iter().map(read).collect()
     };
-    let parts: Vec<std::thread::Result<Part>> = std::thread::scope(|scope| {
-        let running: Vec<_> = which.chunks(share).map(|share| scope.spawn(move || read_share(share))).collect();
-        running.into_iter().map(|reader| reader.join()).collect()
-    });
-    let mut merged: Option<Builder> = base;
-    let mut outcomes = Vec::with_capacity(which.len());
-    for part in parts {
-        let (builder, mut part_outcomes) =
-            part.map_err(|_| Error::Io("internal error: reading the fact cache panicked".into()))?;
-        match merged.as_mut() {
-            None => merged = Some(builder),
-            Some(into) => {
-                let remap = into.absorb(builder.store());
-                for (_, outcome) in part_outcomes.iter_mut() {
-                    if let Ok(o) = outcome {
-                        (o.facts, o.extra) = (remap.values[o.facts as usize], remap.values[o.extra as usize]);
-                    }
-                }
+    let remap = |outcomes: &mut Vec<(usize, Outcome)>, remap: &Remap| {
+        for (_, outcome) in outcomes.iter_mut() {
+            if let Ok(o) = outcome {
+                (o.facts, o.extra) = (remap.values[o.facts as usize], remap.values[o.extra as usize]);
             }
         }
-        outcomes.extend(part_outcomes);
-    }
-    Ok((merged.unwrap_or_default(), outcomes))
+    };
+    let target = base.unwrap_or_default();
+    let (builder, outcomes) = store::pool::read_in_order(target, shares.len(), readers, read_share, remap)
+        .map_err(|_| Error::Io("internal error: reading the fact cache panicked".into()))?;
+    Ok((builder, outcomes.into_iter().flatten().collect()))
 }
 
 /// The two formats of Puppet's fact cache, by file extension.

@@ -68,16 +68,32 @@ impl Builder {
             string_values: Vec::new(),
             scratch: Vec::new(),
         };
+        builder.add_constants();
+        builder
+    }
+
+    fn add_constants(&mut self) {
         for (id, slot) in [
             (NULL, Slot { tag: Tag::Null, lo: 0, hi: 0 }),
             (FALSE, Slot { tag: Tag::Bool, lo: 0, hi: 0 }),
             (TRUE, Slot { tag: Tag::Bool, lo: 1, hi: 0 }),
             (EMPTY_OBJECT, Slot { tag: Tag::Object, lo: 0, hi: 0 }),
         ] {
-            let added = builder.intern_slot(slot, &[]);
+            let added = self.intern_slot(slot, &[]);
             debug_assert_eq!(added, id);
         }
-        builder
+    }
+
+    /// Empties the builder, as new, but keeps its arrays' and tables' room: a reader
+    /// building one share after another neither grows them again each time nor
+    /// leaves the allocator freed memory it keeps resident.
+    pub fn clear(&mut self) {
+        self.store.clear();
+        self.strings.clear();
+        self.values.clear();
+        self.string_values.clear();
+        self.scratch.clear();
+        self.add_constants();
     }
 
     /// Room for as much again as `like` holds.

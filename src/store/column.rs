@@ -154,6 +154,16 @@ impl<T: Word> Column<T> {
         }
     }
 
+    /// Empties the column, keeping its buffer when it is this column's alone (words
+    /// are `Copy`: nothing to drop), else leaving any shared words to their sharers.
+    pub fn clear(&mut self) {
+        match &mut self.0 {
+            Words::Heap(words) => words.clear(),
+            Words::Shared { len, buf, tail: true, .. } if Arc::strong_count(buf) == 1 => *len = 0,
+            _ => *self = Column::default(),
+        }
+    }
+
     /// Room for `additional` more words without another allocation.
     pub fn reserve(&mut self, additional: usize) {
         self.room(additional);
@@ -357,5 +367,21 @@ mod tests {
         after_drop.push(8);
         assert_eq!(*after_drop, [1, 2, 3, 4, 5, 8]);
         assert_ne!(after_drop.as_ptr(), base);
+    }
+
+    #[test]
+    fn a_cleared_column_keeps_its_own_buffer_and_leaves_a_shared_one_to_its_sharers() {
+        let mut own: Column<u32> = Column::default();
+        own.extend_from_slice(&[1, 2, 3]);
+        let buffer = own.as_ptr();
+        own.clear();
+        assert!(own.is_empty());
+        own.push(4);
+        assert_eq!((own.as_ptr(), &*own), (buffer, &[4][..]));
+        let sharer = own.clone();
+        own.clear();
+        own.push(5);
+        assert_eq!((&*sharer, &*own), (&[4][..], &[5][..]));
+        assert_ne!(own.as_ptr(), buffer);
     }
 }

@@ -20,6 +20,7 @@ pub mod blob;
 mod build;
 mod column;
 pub mod json;
+pub mod pool;
 mod view;
 
 pub use build::{Builder, Remap, Tables};
@@ -134,6 +135,15 @@ impl Store {
         // text and its ends are private to this module and never changed after.
         // Checking it again here cost a tenth of converting servers to Ruby.
         unsafe { std::str::from_utf8_unchecked(bytes) }
+    }
+
+    /// Empties the store, keeping the room of the arrays it alone holds.
+    fn clear(&mut self) {
+        for column in [&mut self.text_ends, &mut self.lo, &mut self.hi, &mut self.children] {
+            column.clear();
+        }
+        self.text.clear();
+        self.tags.clear();
     }
 
     pub fn strings(&self) -> usize {

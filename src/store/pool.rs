@@ -1,0 +1,179 @@
+//! Building one store from shares of work on a few threads, merged in share order
+//! while the rest are still being read, so the merge is off the critical path.
+//!
+//! The store is the one a single thread reading every share in order would build:
+//! share 0 is read straight into the target builder, and each later share, read into
+//! a builder of its own, is absorbed in order ([`Builder::absorb`] adds a share's
+//! strings and values in the order they first occurred in it).
+
+use super::{Builder, Remap};
+use crate::sync::lock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// What a share gave: its builder (none for share 0, read into the target) and the
+/// reader's result for it.
+struct Read<T> {
+    builder: Option<Builder>,
+    result: T,
+}
+
+/// The shares read but not merged yet, and the target while no thread merges into it.
+struct Merging<T> {
+    target: Option<Builder>,
+    /// The next share to merge.
+    next: usize,
+    waiting: BTreeMap<usize, Read<T>>,
+    results: Vec<T>,
+    /// Builders of shares merged, emptied for the next shares.
+    spare: Vec<Builder>,
+}
+
+/// Reads `shares` shares with `read` on up to `threads` threads (the caller's one of
+/// them) into `target`, remapping each later share's result with `remap` when it is
+/// merged. Gives the target and the results in share order; `Err` when a reader
+/// panicked.
+pub fn read_in_order<T: Send>(
+    target: Builder,
+    shares: usize,
+    threads: usize,
+    read: impl Fn(usize, &mut Builder) -> T + Sync,
+    remap: impl Fn(&mut T, &Remap) + Sync,
+) -> std::thread::Result<(Builder, Vec<T>)> {
+    let merging = Mutex::new(Merging {
+        target: Some(target),
+        next: 0,
+        waiting: BTreeMap::new(),
+        results: Vec::with_capacity(shares),
+        spare: Vec::new(),
+    });
+    let claimed = AtomicUsize::new(0);
+    let work = || loop {
+        let share = claimed.fetch_add(1, Ordering::Relaxed);
+        if share >= shares {
+            return;
+        }
+        let done = if share == 0 {
+            // Nothing is merged before share 0: the target is free until it is back.
+            let mut target = lock(&merging).target.take().expect("the target is free before share 0");
+            let result = read(0, &mut target);
+            lock(&merging).target = Some(target);
+            Read { builder: None, result }
+        } else {
+            let mut builder = lock(&merging).spare.pop().unwrap_or_default();
+            let result = read(share, &mut builder);
+            Read { builder: Some(builder), result }
+        };
+        lock(&merging).waiting.insert(share, done);
+        merge_ready(&merging, &remap);
+    };
+    let finished = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads.min(shares)).map(|_| scope.spawn(work)).collect();
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        helpers.into_iter().map(|helper| helper.join()).fold(mine, Result::and)
+    });
+    finished?;
+    let Merging { target, next, results, .. } = merging.into_inner().unwrap_or_else(|p| p.into_inner());
+    debug_assert_eq!(next, shares);
+    Ok((target.expect("every share merged"), results))
+}
+
+/// Merges the shares that are next in order, if no other thread is merging: the
+/// target is taken out while it absorbs, so readers only wait for the lock.
+fn merge_ready<T>(merging: &Mutex<Merging<T>>, remap: &impl Fn(&mut T, &Remap)) {
+    let mut state = lock(merging);
+    let Some(mut target) = state.target.take() else { return };
+    loop {
+        let next = state.next;
+        let Some(Read { builder, mut result }) = state.waiting.remove(&next) else { break };
+        drop(state);
+        if let Some(mut builder) = builder {
+            let remapped = target.absorb(builder.store());
+            remap(&mut result, &remapped);
+            builder.clear();
+            state = lock(merging);
+            state.spare.push(builder);
+        } else {
+            state = lock(merging);
+        }
+        state.results.push(result);
+        state.next += 1;
+    }
+    state.target = Some(target);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::json;
+    use crate::store::ValueId;
+
+    /// Documents that share values, repeat keys out of order, and fail half way.
+    fn documents() -> Vec<String> {
+        (0..40)
+            .map(|i| match i % 7 {
+                3 => format!(r#"{{"host": "h{i}", "os": {{"family": "Debian", "release": [12, {}]}}, "up": "#, i % 3),
+                5 => "[]".to_string(),
+                _ => format!(
+                    r#"{{"z": {i}, "host": "h{i}", "os": {{"release": [12, {}], "family": "Debian"}}, "tags": ["a", "t{}"], "z": 1.5}}"#,
+                    i % 3,
+                    i % 4
+                ),
+            })
+            .collect()
+    }
+
+    fn read_one(text: &str, builder: &mut Builder) -> Result<ValueId, String> {
+        let mark = builder.open();
+        json::decode(builder, text.as_bytes(), 8).map_err(|e| {
+            builder.discard_open(mark);
+            e.to_string()
+        })
+    }
+
+    #[test]
+    fn any_shares_on_any_threads_build_the_store_one_reader_builds_id_for_id() {
+        let docs = documents();
+        let mut alone = Builder::new();
+        let expected: Vec<Result<ValueId, String>> = docs.iter().map(|d| read_one(d, &mut alone)).collect();
+        for share in [1, 3, 7, 40] {
+            let chunks: Vec<&[String]> = docs.chunks(share).collect();
+            for threads in [1, 2, 3] {
+                let read = |i: usize, builder: &mut Builder| -> Vec<Result<ValueId, String>> {
+                    chunks[i].iter().map(|d| read_one(d, builder)).collect()
+                };
+                let remap = |results: &mut Vec<Result<ValueId, String>>, remap: &Remap| {
+                    for id in results.iter_mut().flatten() {
+                        *id = remap.values[*id as usize];
+                    }
+                };
+                let (built, results) = read_in_order(Builder::new(), chunks.len(), threads, read, remap).unwrap();
+                assert_eq!(built.store(), alone.store(), "{share} per share on {threads} threads");
+                assert_eq!(results.concat(), expected, "{share} per share on {threads} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn a_reader_that_panics_is_an_error_not_a_partial_store() {
+        let read = |i: usize, builder: &mut Builder| {
+            assert_ne!(i, 2, "a reader panics");
+            builder.int(i as i64)
+        };
+        assert!(read_in_order(Builder::new(), 4, 2, read, |_, _| {}).is_err());
+    }
+
+    #[test]
+    fn a_builder_cleared_is_as_new() {
+        let mut used = Builder::new();
+        read_one(&documents()[0], &mut used).unwrap();
+        used.clear();
+        assert_eq!(used.store(), Builder::new().store());
+        let (mut again, mut fresh) = (used, Builder::new());
+        let docs = documents();
+        let ids: Vec<_> = docs.iter().map(|d| read_one(d, &mut again)).collect();
+        assert_eq!(ids, docs.iter().map(|d| read_one(d, &mut fresh)).collect::<Vec<_>>());
+        assert_eq!(again.store(), fresh.store());
+    }
+}
