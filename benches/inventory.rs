@@ -30,7 +30,7 @@ use puppet_kicker::mcollective::psk;
 use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
 use puppet_kicker::mcollective::RpcReply;
 use puppet_kicker::source::mcollective::{
-    observation, observation_two_passes, observe_replies, observe_since, ReplyMemo,
+    observation, observation_two_passes, observe_replies, observe_since, InnerBody, ReplyMemo,
 };
 use puppet_kicker::source::Harvest;
 use puppet_kicker::store::Builder;
@@ -137,15 +137,15 @@ fn main() {
         let mut before = Builder::new();
         for s in &servers {
             let (reply, at) = &s[0];
-            let o = observation_two_passes(
-                &reply.senderid,
-                reply.msgtime,
-                &reply.body,
-                DecodeLimits::default(),
-                *at,
-                "mcollective",
-                &mut before,
-            );
+            let body = InnerBody {
+                sender: &reply.senderid,
+                msgtime: reply.msgtime,
+                bytes: &reply.body,
+                limits: DecodeLimits::default(),
+                at: *at,
+                main_collective: "mcollective",
+            };
+            let o = observation_two_passes(body, &mut before);
             black_box(o.unwrap());
         }
         two_pass_samples.push(t.elapsed());

@@ -10,7 +10,7 @@ use puppet_kicker::mcollective::marshal_reader::{self, Doc, Scan};
 use puppet_kicker::mcollective::message::{Reply, ReplyRef, RpcStatus, Unread};
 use puppet_kicker::mcollective::stomp::{self, Limits, Version};
 use puppet_kicker::mcollective::RpcReply;
-use puppet_kicker::source::mcollective::{observation, observation_from_body, observe_replies, BodyError};
+use puppet_kicker::source::mcollective::{observation, observation_from_body, observe_replies, BodyError, InnerBody};
 use puppet_kicker::store::Builder;
 use puppet_kicker::synthetic;
 use serde_json::Value as Json;
@@ -78,15 +78,15 @@ fn captured_replies_decode_in_place_as_through_values() {
                 let (mut a, mut b) = (Builder::new(), Builder::new());
                 let via_values = RpcReply::from_reply(old.clone(), DecodeLimits::default())
                     .map(|rpc| observation(&rpc, 1_700_000_000, "mcollective", &mut a));
-                let in_place = observation_from_body(
-                    new.senderid,
-                    new.msgtime,
-                    new.body,
-                    DecodeLimits::default(),
-                    1_700_000_000,
-                    "mcollective",
-                    &mut b,
-                );
+                let body = InnerBody {
+                    sender: new.senderid,
+                    msgtime: new.msgtime,
+                    bytes: new.body,
+                    limits: DecodeLimits::default(),
+                    at: 1_700_000_000,
+                    main_collective: "mcollective",
+                };
+                let in_place = observation_from_body(body, &mut b);
                 match (via_values, in_place) {
                     (Ok(Ok(x)), Ok(y)) => assert_eq!(x, y, "{name}"),
                     (Ok(Err(x)), Err(BodyError::Inventory(y))) => assert_eq!(x, y, "{name}"),
@@ -379,7 +379,15 @@ fn unchanged_bodies_are_given_again(signed: bool) {
 /// and the same store, id for id.
 fn same_observation(sender: &str, body: &[u8], limits: DecodeLimits, what: &str) {
     let (mut old_store, mut new_store) = (Builder::new(), Builder::new());
-    let new = observation_from_body(sender, 1_700_000_000, body, limits, 1_700_000_005, "mcollective", &mut new_store);
+    let inner = InnerBody {
+        sender,
+        msgtime: 1_700_000_000,
+        bytes: body,
+        limits,
+        at: 1_700_000_005,
+        main_collective: "mcollective",
+    };
+    let new = observation_from_body(inner, &mut new_store);
     let reply = Reply {
         senderid: sender.into(),
         requestid: "0123456789abcdef0123456789abcdef".into(),

@@ -18,7 +18,7 @@ use puppet_kicker::mcollective::marshal_reader;
 use puppet_kicker::mcollective::message::{Reply, ReplyRef, Unread};
 use puppet_kicker::mcollective::RpcReply;
 use puppet_kicker::source::mcollective::{
-    observation, observation_from_body, observation_two_passes, to_json, BodyError,
+    observation, observation_from_body, observation_two_passes, to_json, BodyError, InnerBody,
 };
 use puppet_kicker::store::Builder;
 
@@ -54,26 +54,18 @@ fuzz_target!(|input: &[u8]| {
     }
     let Ok(reply) = old else { return };
 
+    let body = InnerBody {
+        sender: &reply.senderid,
+        msgtime: reply.msgtime,
+        bytes: &reply.body,
+        limits,
+        at: 1_700_000_000,
+        main_collective: "mcollective",
+    };
     let mut in_place = Builder::new();
-    let new = observation_from_body(
-        &reply.senderid,
-        reply.msgtime,
-        &reply.body,
-        limits,
-        1_700_000_000,
-        "mcollective",
-        &mut in_place,
-    );
+    let new = observation_from_body(body, &mut in_place);
     let mut two_passes = Builder::new();
-    let old_way = observation_two_passes(
-        &reply.senderid,
-        reply.msgtime,
-        &reply.body,
-        limits,
-        1_700_000_000,
-        "mcollective",
-        &mut two_passes,
-    );
+    let old_way = observation_two_passes(body, &mut two_passes);
     match (&old_way, &new) {
         (Ok(a), Ok(b)) => assert_eq!(a, b),
         (Err(BodyError::Inventory(a)), Err(BodyError::Inventory(b))) => assert_eq!(a, b),

@@ -16,6 +16,7 @@ module PuppetKicker
     STALE = 1
     OBJECT = 2
     HEADER_BYTES = 44
+    # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = { max_nesting: false, create_additions: false }.freeze
 
     module_function

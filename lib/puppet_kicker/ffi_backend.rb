@@ -23,7 +23,7 @@ module PuppetKicker
     MAX_NOTED = 100_000
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
-    PARSE = { max_nesting: false, create_additions: false }.freeze
+    PARSE = FetchReader::PARSE
 
     class << self
       attr_reader :library

@@ -730,16 +730,15 @@ fn observe_share(
     let mut recent = recent::Recent::new();
     for replies in servers {
         for (candidate, (reply, at)) in replies.iter().enumerate() {
-            let got = observation_with(
-                &reply.senderid,
-                reply.msgtime,
-                &reply.body,
+            let body = InnerBody {
+                sender: &reply.senderid,
+                msgtime: reply.msgtime,
+                bytes: &reply.body,
                 limits,
-                *at,
+                at: *at,
                 main_collective,
-                builder,
-                &mut recent,
-            );
+            };
+            let got = observation_with(body, builder, &mut recent);
             let got = match got {
                 Err(BodyError::Unsupported) => match RpcReply::from_reply(reply.clone(), limits) {
                     Ok(rpc) => observation(&rpc, *at, main_collective, builder).map_err(BodyError::Inventory),
@@ -789,57 +788,47 @@ fn valid_identity(identity: &str) -> bool {
     !identity.is_empty() && identity.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
+/// A reply's inner body, and what reading it needs: who sent it and when (its
+/// `:senderid` and `:msgtime`), when it arrived, the limits on it, and the main
+/// collective.
+#[derive(Clone, Copy, Debug)]
+pub struct InnerBody<'a> {
+    pub sender: &'a str,
+    pub msgtime: i64,
+    pub bytes: &'a [u8],
+    pub limits: mco::marshal::DecodeLimits,
+    /// When the reply arrived.
+    pub at: i64,
+    pub main_collective: &'a str,
+}
+
 /// [`RpcReply::from_reply`] then [`observation`], on the inner body's bytes in place:
 /// the same refusals, and the same facts put in the store in the same order (so the
 /// same ids), without Marshal values or copies of the strings. One pass checks the
 /// body and reads it ([`inventory`]); a body whose status follows its facts takes two.
-pub fn observation_from_body(
-    sender: &str,
-    msgtime: i64,
-    body: &[u8],
-    limits: mco::marshal::DecodeLimits,
-    at: i64,
-    main_collective: &str,
-    builder: &mut Builder,
-) -> std::result::Result<Observation, BodyError> {
-    let mut recent = recent::Recent::new();
-    observation_with(sender, msgtime, body, limits, at, main_collective, builder, &mut recent)
+pub fn observation_from_body(body: InnerBody, builder: &mut Builder) -> std::result::Result<Observation, BodyError> {
+    observation_with(body, builder, &mut recent::Recent::new())
 }
 
 /// [`observation_from_body`] with the short strings `builder` was given already.
-#[allow(clippy::too_many_arguments)]
 fn observation_with(
-    sender: &str,
-    msgtime: i64,
-    body: &[u8],
-    limits: mco::marshal::DecodeLimits,
-    at: i64,
-    main_collective: &str,
+    body: InnerBody,
     builder: &mut Builder,
     recent: &mut recent::Recent,
 ) -> std::result::Result<Observation, BodyError> {
-    match inventory::read(sender, msgtime, body, limits, at, main_collective, builder, recent) {
+    match inventory::read(body, builder, recent) {
         inventory::Read::Done(got) => got,
-        inventory::Read::TwoPasses => {
-            observation_two_passes(sender, msgtime, body, limits, at, main_collective, builder)
-        }
+        inventory::Read::TwoPasses => observation_two_passes(body, builder),
     }
 }
 
 /// [`observation_from_body`] in two passes, the whole body checked then read in
 /// place: for a body whose status follows its facts, and the reference the one pass
 /// is measured against (benches/inventory.rs).
-pub fn observation_two_passes(
-    sender: &str,
-    msgtime: i64,
-    body: &[u8],
-    limits: mco::marshal::DecodeLimits,
-    at: i64,
-    main_collective: &str,
-    builder: &mut Builder,
-) -> std::result::Result<Observation, BodyError> {
+pub fn observation_two_passes(body: InnerBody, builder: &mut Builder) -> std::result::Result<Observation, BodyError> {
+    let InnerBody { sender, msgtime, bytes, limits, at, main_collective } = body;
     use mco::marshal_reader::{Doc, Item, Scan};
-    let doc = match Doc::scan(body, limits) {
+    let doc = match Doc::scan(bytes, limits) {
         Ok(doc) => doc,
         Err(Scan::Invalid(e)) => return Err(BodyError::Malformed(e)),
         Err(Scan::Unsupported(_)) => return Err(BodyError::Unsupported),

@@ -5,9 +5,9 @@
 //! a body whose status comes after its facts.
 
 use super::recent::{text, Recent};
-use super::{convert, finish, valid_identity, BodyError, InventoryError, Lists, MAX_DEPTH};
+use super::{convert, finish, valid_identity, BodyError, InnerBody, InventoryError, Lists, MAX_DEPTH};
 use crate::mcollective::error::Error;
-use crate::mcollective::marshal::{DecodeLimits, Value as Ruby};
+use crate::mcollective::marshal::Value as Ruby;
 use crate::mcollective::marshal_reader::{Doc, Events, Item, Pos, Scan};
 use crate::source::Observation;
 use crate::store::{Builder, ValueId, FALSE, NULL, TRUE};
@@ -21,20 +21,13 @@ pub(super) enum Read {
     TwoPasses,
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn read(
-    sender: &str,
-    msgtime: i64,
-    body: &[u8],
-    limits: DecodeLimits,
-    at: i64,
-    main_collective: &str,
-    builder: &mut Builder,
-    recent: &mut Recent,
-) -> Read {
+/// `body` checked and, when its status allows, its facts read into `builder` in one
+/// pass (`recent`: the short strings this builder was given already).
+pub(super) fn read(body: InnerBody, builder: &mut Builder, recent: &mut Recent) -> Read {
+    let InnerBody { sender, msgtime, bytes, limits, at, main_collective } = body;
     let start = builder.open();
     let mut reader = Reader::new(valid_identity(sender), builder, recent);
-    let scanned = Doc::scan_with(body, limits, &mut reader);
+    let scanned = Doc::scan_with(bytes, limits, &mut reader);
     let Reader { statuscode, statusmsg, facts, collected, own_main, failed, .. } = reader;
     if scanned.is_err() || failed.is_some() {
         // Facts added before the failure stay in the store, unreferenced.
