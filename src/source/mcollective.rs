@@ -18,7 +18,6 @@
 //! index and retries with backoff.
 
 mod inventory;
-mod recent;
 
 use super::{Harvest, Observation};
 use crate::config::McollectiveSettings;
@@ -727,7 +726,6 @@ fn observe_share(
     builder: &mut Builder,
 ) -> Observed {
     let mut out = Observed::default();
-    let mut recent = recent::Recent::new();
     for replies in servers {
         for (candidate, (reply, at)) in replies.iter().enumerate() {
             let body = InnerBody {
@@ -738,7 +736,7 @@ fn observe_share(
                 at: *at,
                 main_collective,
             };
-            let got = observation_with(body, builder, &mut recent);
+            let got = observation_from_body(body, builder);
             let got = match got {
                 Err(BodyError::Unsupported) => match RpcReply::from_reply(reply.clone(), limits) {
                     Ok(rpc) => observation(&rpc, *at, main_collective, builder).map_err(BodyError::Inventory),
@@ -807,16 +805,7 @@ pub struct InnerBody<'a> {
 /// same ids), without Marshal values or copies of the strings. One pass checks the
 /// body and reads it ([`inventory`]); a body whose status follows its facts takes two.
 pub fn observation_from_body(body: InnerBody, builder: &mut Builder) -> std::result::Result<Observation, BodyError> {
-    observation_with(body, builder, &mut recent::Recent::new())
-}
-
-/// [`observation_from_body`] with the short strings `builder` was given already.
-fn observation_with(
-    body: InnerBody,
-    builder: &mut Builder,
-    recent: &mut recent::Recent,
-) -> std::result::Result<Observation, BodyError> {
-    match inventory::read(body, builder, recent) {
+    match inventory::read(body, builder) {
         inventory::Read::Done(got) => got,
         inventory::Read::TwoPasses => observation_two_passes(body, builder),
     }

@@ -1,11 +1,13 @@
 //! Building a store: interning strings and hash-consing values.
 
+use super::recent::{Found, Recent, NONE};
 use super::{Slot, Store, StrId, Tag, ValueId, EMPTY_OBJECT, FALSE, NULL, TRUE};
 use hashbrown::hash_table::{Entry, HashTable};
 use hashbrown::DefaultHashBuilder;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hasher};
 
 /// Adds values to a store; each distinct string and value gets one id.
 ///
@@ -14,23 +16,42 @@ use std::hash::{BuildHasher, Hash, Hasher};
 pub struct Builder {
     store: Store,
     hasher: DefaultHashBuilder,
-    strings: HashTable<StrId>,
-    values: HashTable<ValueId>,
+    strings: HashTable<Kept>,
+    values: HashTable<Kept>,
     /// The value id of each string id that is also a string value.
     string_values: Vec<ValueId>,
     /// Children of the containers being built, innermost last.
     scratch: Vec<u32>,
+    /// Short strings given already, found again before the tables.
+    recent: Recent,
 }
-
-const NONE: u32 = u32::MAX;
 
 /// A builder's tables without its store: what [`Builder::resume`] needs to go on
 /// adding to the store it made.
 pub struct Tables {
     hasher: DefaultHashBuilder,
-    strings: HashTable<StrId>,
-    values: HashTable<ValueId>,
+    strings: HashTable<Kept>,
+    values: HashTable<Kept>,
     string_values: Vec<ValueId>,
+}
+
+/// An id in a builder's table, with its hash: growing the table rehashes from
+/// these, not from the strings and children (which are mostly out of the cache).
+#[derive(Clone, Copy)]
+struct Kept {
+    id: u32,
+    hash: u32,
+}
+
+/// What the tables are given for a 32-bit hash: the same bits high and low, so the
+/// bucket (low bits) and the tag hashbrown keeps per entry (top bits) both come from it.
+fn widen(hash: u32) -> u64 {
+    u64::from(hash) * 0x0000_0001_0000_0001
+}
+
+/// The 32 bits kept of a 64-bit hash.
+fn narrow(hash: u64) -> u32 {
+    (hash >> 32) as u32
 }
 
 impl Tables {
@@ -67,6 +88,7 @@ impl Builder {
             values: HashTable::new(),
             string_values: Vec::new(),
             scratch: Vec::new(),
+            recent: Recent::new(),
         };
         builder.add_constants();
         builder
@@ -93,6 +115,7 @@ impl Builder {
         self.values.clear();
         self.string_values.clear();
         self.scratch.clear();
+        self.recent.clear();
         self.add_constants();
     }
 
@@ -106,14 +129,8 @@ impl Builder {
         store.lo.reserve(values);
         store.hi.reserve(values);
         store.children.reserve(like.children.len());
-        let hasher = &self.hasher;
-        self.strings.reserve(strings, |&id| hasher.hash_one(store_str_bytes(store, id)));
-        let rehash = |&id: &ValueId| {
-            let s = store.slot(id);
-            let lo = if is_container(s.tag) { 0 } else { s.lo };
-            slot_hash(hasher, s.tag, lo, s.hi, &store.children[container_range(s)])
-        };
-        self.values.reserve(values, rehash);
+        self.strings.reserve(strings, |kept| widen(kept.hash));
+        self.values.reserve(values, |kept| widen(kept.hash));
         self.string_values.reserve(strings);
     }
 
@@ -135,7 +152,15 @@ impl Builder {
     pub fn resume(store: &Store, tables: Tables) -> Builder {
         let Tables { hasher, strings, values, string_values } = tables;
         // Shares `store`'s arrays: this builder appends past them (see `Column`).
-        Builder { store: store.clone(), hasher, strings, values, string_values, scratch: Vec::new() }
+        Builder {
+            store: store.clone(),
+            hasher,
+            strings,
+            values,
+            string_values,
+            scratch: Vec::new(),
+            recent: Recent::new(),
+        }
     }
 
     /// The store built, its arrays sealed for the next builder to resume from.
@@ -155,21 +180,61 @@ impl Builder {
     }
 
     pub fn string(&mut self, s: &str) -> StrId {
-        let hash = self.hasher.hash_one(s.as_bytes());
+        self.recent_or(s.as_bytes(), false, |_| Cow::Borrowed(s))
+    }
+
+    /// [`Builder::string`] of `bytes` as UTF-8, invalid sequences replaced.
+    pub fn string_lossy(&mut self, bytes: &[u8]) -> StrId {
+        self.recent_or(bytes, false, String::from_utf8_lossy)
+    }
+
+    /// [`Builder::string_value`] of `bytes` as UTF-8, invalid sequences replaced.
+    pub fn string_value_lossy(&mut self, bytes: &[u8]) -> ValueId {
+        self.recent_or(bytes, true, String::from_utf8_lossy)
+    }
+
+    /// The string id (or, `as_value`, the string value's id) of `text(bytes)`,
+    /// found by `bytes` among the recent strings first.
+    fn recent_or<'a>(&mut self, bytes: &'a [u8], as_value: bool, text: impl FnOnce(&'a [u8]) -> Cow<'a, str>) -> u32 {
+        match self.recent.find(bytes) {
+            Found::Hit { string, .. } if !as_value => string,
+            Found::Hit { value, .. } if value != NONE => value,
+            Found::Hit { at, string, .. } => {
+                let value = self.string_value_of(string);
+                self.recent.set_value(at, value);
+                value
+            }
+            Found::Miss { at } => {
+                let string = self.intern_string(&text(bytes));
+                let value = if as_value { self.string_value_of(string) } else { NONE };
+                if let Some(at) = at {
+                    self.recent.put(at, bytes, string, value);
+                }
+                if as_value {
+                    value
+                } else {
+                    string
+                }
+            }
+        }
+    }
+
+    fn intern_string(&mut self, s: &str) -> StrId {
+        let hash = narrow(self.hasher.hash_one(s.as_bytes()));
         let store = &mut self.store;
         let found = self.strings.entry(
-            hash,
-            |&id| store_str_bytes(store, id) == s.as_bytes(),
-            |&id| self.hasher.hash_one(store_str_bytes(store, id)),
+            widen(hash),
+            |kept| store_str_bytes(store, kept.id) == s.as_bytes(),
+            |kept| widen(kept.hash),
         );
         match found {
-            Entry::Occupied(e) => *e.get(),
+            Entry::Occupied(e) => e.get().id,
             Entry::Vacant(e) => {
                 let id = store.text_ends.len() as StrId;
                 store.text.extend_from_slice(s.as_bytes());
                 let end = store.text.len() as u32;
                 store.text_ends.push(end);
-                e.insert(id);
+                e.insert(Kept { id, hash });
                 id
             }
         }
@@ -338,8 +403,7 @@ impl Builder {
     }
 
     pub fn string_value(&mut self, s: &str) -> ValueId {
-        let sid = self.string(s);
-        self.string_value_of(sid)
+        self.recent_or(s.as_bytes(), true, |_| Cow::Borrowed(s))
     }
 
     fn string_value_of(&mut self, sid: StrId) -> ValueId {
@@ -367,19 +431,12 @@ impl Builder {
 
     /// The id of `slot` (for containers, with `children`), added when new.
     fn intern_slot(&mut self, slot: Slot, children: &[u32]) -> ValueId {
-        let hash = slot_hash(&self.hasher, slot.tag, slot.lo, slot.hi, children);
+        let hash = narrow(slot_hash(&self.hasher, slot.tag, slot.lo, slot.hi, children));
         let store = &mut self.store;
-        let found = self.values.entry(
-            hash,
-            |&id| same_value(store, id, slot, children),
-            |&id| {
-                let s = store.slot(id);
-                let lo = if is_container(s.tag) { 0 } else { s.lo };
-                slot_hash(&self.hasher, s.tag, lo, s.hi, &store.children[container_range(s)])
-            },
-        );
+        let found =
+            self.values.entry(widen(hash), |kept| same_value(store, kept.id, slot, children), |kept| widen(kept.hash));
         match found {
-            Entry::Occupied(e) => *e.get(),
+            Entry::Occupied(e) => e.get().id,
             Entry::Vacant(e) => {
                 let id = store.tags.len() as ValueId;
                 let lo = if is_container(slot.tag) {
@@ -392,7 +449,7 @@ impl Builder {
                 store.tags.push(slot.tag as u8);
                 store.lo.push(lo);
                 store.hi.push(slot.hi);
-                e.insert(id);
+                e.insert(Kept { id, hash });
                 id
             }
         }
@@ -401,14 +458,6 @@ impl Builder {
 
 fn is_container(tag: Tag) -> bool {
     matches!(tag, Tag::Array | Tag::Object)
-}
-
-fn container_range(slot: Slot) -> std::ops::Range<usize> {
-    if is_container(slot.tag) {
-        slot.children()
-    } else {
-        0..0
-    }
 }
 
 fn store_str_bytes(store: &Store, id: StrId) -> &[u8] {
@@ -430,13 +479,16 @@ fn same_value(store: &Store, id: ValueId, slot: Slot, children: &[u32]) -> bool 
 }
 
 fn slot_hash(hasher: &DefaultHashBuilder, tag: Tag, lo: u32, hi: u32, children: &[u32]) -> u64 {
+    // The tag and both words as one: a number's 64 bits fill `lo` and `hi`, and the
+    // tag only tells apart values whose bits agree (an int and a float).
+    let head = (u64::from(hi) << 32 | u64::from(lo)).rotate_left(3) ^ tag as u64;
+    if children.is_empty() {
+        return hasher.hash_one(head);
+    }
     let mut h = hasher.build_hasher();
-    (tag as u8).hash(&mut h);
-    lo.hash(&mut h);
-    hi.hash(&mut h);
+    h.write_u64(head);
     // As one byte slice: one write, not one per child.
-    let bytes: &[u8] = bytemuck_u32s(children);
-    h.write(bytes);
+    h.write(bytemuck_u32s(children));
     h.finish()
 }
 

@@ -21,6 +21,7 @@ mod build;
 mod column;
 pub mod json;
 pub mod pool;
+mod recent;
 mod view;
 
 pub use build::{Builder, Remap, Tables};

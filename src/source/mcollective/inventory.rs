@@ -4,7 +4,6 @@
 //! (check, then read in place) of [`super::observation_two_passes`], which still reads
 //! a body whose status comes after its facts.
 
-use super::recent::{text, Recent};
 use super::{convert, finish, valid_identity, BodyError, InnerBody, InventoryError, Lists, MAX_DEPTH};
 use crate::mcollective::error::Error;
 use crate::mcollective::marshal::Value as Ruby;
@@ -22,11 +21,11 @@ pub(super) enum Read {
 }
 
 /// `body` checked and, when its status allows, its facts read into `builder` in one
-/// pass (`recent`: the short strings this builder was given already).
-pub(super) fn read(body: InnerBody, builder: &mut Builder, recent: &mut Recent) -> Read {
+/// pass.
+pub(super) fn read(body: InnerBody, builder: &mut Builder) -> Read {
     let InnerBody { sender, msgtime, bytes, limits, at, main_collective } = body;
     let start = builder.open();
-    let mut reader = Reader::new(valid_identity(sender), builder, recent);
+    let mut reader = Reader::new(valid_identity(sender), builder);
     let scanned = Doc::scan_with(bytes, limits, &mut reader);
     let Reader { statuscode, statusmsg, facts, collected, own_main, failed, .. } = reader;
     if scanned.is_err() || failed.is_some() {
@@ -141,7 +140,6 @@ struct Collected {
 struct Reader<'a, 'b> {
     identity_ok: bool,
     builder: &'b mut Builder,
-    recent: &'b mut Recent,
     stack: Vec<Frame>,
     started: bool,
     statuscode: Option<Option<i64>>,
@@ -153,11 +151,10 @@ struct Reader<'a, 'b> {
 }
 
 impl<'a, 'b> Reader<'a, 'b> {
-    fn new(identity_ok: bool, builder: &'b mut Builder, recent: &'b mut Recent) -> Self {
+    fn new(identity_ok: bool, builder: &'b mut Builder) -> Self {
         Reader {
             identity_ok,
             builder,
-            recent,
             stack: Vec::new(),
             started: false,
             statuscode: None,
@@ -253,7 +250,7 @@ impl<'a, 'b> Reader<'a, 'b> {
             Item::Int(i) => self.builder.int(i),
             Item::Float(f) if f.is_finite() => self.builder.float(f),
             Item::Float(_) => NULL,
-            Item::Str(bytes, _) | Item::Sym(bytes) => self.recent.string_value(self.builder, bytes),
+            Item::Str(bytes, _) | Item::Sym(bytes) => self.builder.string_value_lossy(bytes),
         }
     }
 
@@ -283,14 +280,14 @@ impl<'a> Events<'a> for Reader<'a, '_> {
             }
             Role::StatusMsg => {
                 self.statusmsg = Some(match item {
-                    Item::Str(bytes, _) => text(bytes).into_owned(),
+                    Item::Str(bytes, _) => String::from_utf8_lossy(bytes).into_owned(),
                     _ => String::new(),
                 })
             }
             Role::Facts => self.facts = Facts::NotAHash,
             Role::ListItem(list) => {
                 if let Item::Str(bytes, _) | Item::Sym(bytes) = item {
-                    self.collected.items[list as usize].push(text(bytes).into_owned());
+                    self.collected.items[list as usize].push(String::from_utf8_lossy(bytes).into_owned());
                 }
             }
             Role::OwnMain => {
@@ -309,7 +306,7 @@ impl<'a> Events<'a> for Reader<'a, '_> {
                     self.builder.push_child(id);
                 }
                 Item::Str(bytes, _) | Item::Sym(bytes) => {
-                    let id = self.recent.string(self.builder, bytes);
+                    let id = self.builder.string_lossy(bytes);
                     self.builder.push_child(id);
                 }
                 Item::Nil | Item::Other(_) | Item::Array(_) | Item::Hash(_) => self.fact_key(&Ruby::Nil, depth),

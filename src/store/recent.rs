@@ -1,0 +1,85 @@
+//! Short strings a fleet repeats (fact names, common values), found again without
+//! the builder's tables: one small direct-mapped table per builder, whose entries
+//! stay in the CPU's cache while the tables do not. Interning is most of the
+//! cost of reading facts, and most of what is interned is a string seen before.
+
+use super::{StrId, ValueId};
+
+/// Strings up to this many bytes are kept.
+const MAX_LEN: usize = 24;
+const SLOTS_LOG2: u32 = 12;
+/// Not given yet: a slot's value id until the string is used as a value.
+pub(super) const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
+struct Slot {
+    /// The bytes, zero-padded; `len` 0 is an empty slot (the empty string is not kept).
+    bytes: [u8; MAX_LEN],
+    len: u32,
+    string: StrId,
+    value: ValueId,
+}
+
+const EMPTY: Slot = Slot { bytes: [0; MAX_LEN], len: 0, string: 0, value: NONE };
+
+/// Ids one builder gave to short strings: an id found here is the one the builder
+/// gives for the same bytes, so the store is the same with or without it. Not
+/// keyed: strings crafted to collide here only miss, and go to the builder's
+/// tables, which are.
+pub(super) struct Recent {
+    slots: Box<[Slot]>,
+}
+
+/// Where a string is, or would go, in [`Recent`].
+pub(super) enum Found {
+    /// Its string id, and its value id ([`NONE`] if not a value yet), at slot `at`.
+    Hit { at: usize, string: StrId, value: ValueId },
+    /// Not kept; [`Recent::put`] it at `at` (`None`: too long or empty, never kept).
+    Miss { at: Option<usize> },
+}
+
+impl Recent {
+    pub(super) fn new() -> Recent {
+        Recent { slots: vec![EMPTY; 1 << SLOTS_LOG2].into_boxed_slice() }
+    }
+
+    /// Forgets every string (the builder's ids are no longer valid).
+    pub(super) fn clear(&mut self) {
+        self.slots.fill(EMPTY);
+    }
+
+    pub(super) fn find(&self, bytes: &[u8]) -> Found {
+        if bytes.is_empty() || bytes.len() > MAX_LEN {
+            return Found::Miss { at: None };
+        }
+        let mut padded = [0u8; MAX_LEN];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        let at = index(&padded, bytes.len());
+        let slot = &self.slots[at];
+        if slot.len as usize == bytes.len() && slot.bytes == padded {
+            Found::Hit { at, string: slot.string, value: slot.value }
+        } else {
+            Found::Miss { at: Some(at) }
+        }
+    }
+
+    /// Keeps `bytes` at `at` (from [`Recent::find`] of the same bytes).
+    pub(super) fn put(&mut self, at: usize, bytes: &[u8], string: StrId, value: ValueId) {
+        let mut padded = [0u8; MAX_LEN];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        self.slots[at] = Slot { bytes: padded, len: bytes.len() as u32, string, value };
+    }
+
+    /// Records the value id of the string at `at`.
+    pub(super) fn set_value(&mut self, at: usize, value: ValueId) {
+        self.slots[at].value = value;
+    }
+}
+
+/// Where `padded` goes.
+fn index(padded: &[u8; MAX_LEN], len: usize) -> usize {
+    let word = |i: usize| u64::from_le_bytes(padded[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+    let mixed =
+        (word(0) ^ word(1).rotate_left(21) ^ word(2).rotate_left(42) ^ len as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (mixed >> (64 - SLOTS_LOG2)) as usize
+}
