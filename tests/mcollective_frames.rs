@@ -2,8 +2,11 @@
 //! (mcollective 2.12.5 + ruby-stomp with RabbitMQ 3.10 and ActiveMQ 5.17,
 //! PSK `feas-psk-secret`), and against hostile variations of it.
 
+mod support;
+
 use std::fs;
 use std::path::{Path, PathBuf};
+use support::Lcg;
 
 use puppet_kicker::mcollective::config::{BrokerHost, ConnectorKind};
 use puppet_kicker::mcollective::connector::{Connector, RequestRoute};
@@ -401,15 +404,6 @@ fn tampered_or_foreign_replies_are_refused() {
 }
 
 // ---- hostile input: errors, never panics ----
-
-/// A small deterministic PRNG so the mutation test needs no crate.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-}
 
 #[test]
 fn truncated_frames_and_bodies_are_errors() {

@@ -2,8 +2,11 @@
 //! built on it, held to the marshal-rs path they replace: on every captured frame,
 //! on a synthetic fleet's inventories, and on hostile input.
 
+mod support;
+
 use std::fs;
 use std::path::Path;
+use support::Lcg;
 
 use puppet_kicker::mcollective::marshal::{self, DecodeLimits, Value};
 use puppet_kicker::mcollective::marshal_reader::{self, Doc, Scan};
@@ -261,15 +264,6 @@ fn values_outside_the_subset_go_to_marshal_rs() {
     let bytes = b"\x04\x08[\x07I/\x07ab\x00\x06:\x06EFo:\x08Foo\x00";
     assert!(matches!(Doc::scan(bytes, DecodeLimits::default()), Err(Scan::Unsupported(_))));
     assert_eq!(marshal_reader::decode_with(bytes, DecodeLimits::default()).unwrap(), marshal::decode(bytes).unwrap());
-}
-
-/// A small deterministic PRNG.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! The puppet_cache source on files written by Puppet's own JSON and YAML termini.
 
+mod support;
+
 use puppet_kicker::source::puppet_cache;
 use serde_json::json;
 use std::path::PathBuf;
@@ -360,4 +362,93 @@ fn refreshes_going_on_from_the_last_index_serve_what_a_full_read_does_and_leave_
         assert_same_answers(&everything_answered(old), expected, "every older index still serves what it did");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every file read with the JSON fast path where it takes the file, and with
+/// serde_json alone: the same outcome for each file and, file after file into one
+/// builder, the same store id for id (what the fast path interns before it
+/// declines is what serde_json interns first).
+fn assert_fast_path_keeps_the_store(files: &[(PathBuf, Vec<u8>)]) -> (usize, usize) {
+    use puppet_kicker::source::puppet_cache::Format;
+    use puppet_kicker::source::puppet_cache::{json_fast_path_takes, parse_fact_file, parse_json_fact_file_with_serde};
+    use puppet_kicker::store::Builder;
+    let (mut fast, mut serde) = (Builder::new(), Builder::new());
+    let (mut taken, mut declined) = (0, 0);
+    for (path, bytes) in files {
+        let a = parse_fact_file(bytes, Format::Json, path, 5, &mut fast);
+        let b = parse_json_fact_file_with_serde(bytes, path, 5, &mut serde);
+        match (&a, &b) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", path.display()),
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", path.display()),
+            _ => panic!("{}: {a:?} but serde_json alone {b:?}", path.display()),
+        }
+        // Taken means read whole; the document may still be refused (no `values`).
+        if json_fast_path_takes(bytes) {
+            taken += 1;
+        } else {
+            declined += 1;
+        }
+    }
+    assert_eq!(fast.store(), serde.store());
+    (taken, declined)
+}
+
+#[test]
+fn the_json_fast_path_gives_the_store_serde_json_gives_id_for_id() {
+    let dir = std::env::temp_dir().join(format!("pk-fast-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    puppet_kicker::synthetic::write_puppet_cache(&dir, &puppet_kicker::synthetic::fleet(200, 11, 1_764_000_000))
+        .unwrap();
+    let mut files = Vec::new();
+    for dir in [dir.clone(), fixture("server_data/facts")] {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        paths.sort();
+        files.extend(paths.into_iter().map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        }));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    // The synthetic fleet (with Facter's escaped newlines) and Puppet's own files are taken.
+    let (taken, declined) = assert_fast_path_keeps_the_store(&files);
+    assert_eq!((taken, declined), (200 + 6, 1), "all but the broken fixture");
+
+    // Mutated: bytes and escapes that change what is taken, refused or read.
+    let mut rng = support::Lcg(0x15_0b);
+    let pieces: [&[u8]; 16] = [
+        b"\\",
+        b"\\u",
+        b"\\ud83d",
+        b"\\ude00",
+        b"\"",
+        b"-0",
+        b"1e400",
+        b"0.5",
+        b"01",
+        b"\x01",
+        b"\xff",
+        b"[",
+        b"{",
+        b",",
+        b"12345678901234567890",
+        b"\\n",
+    ];
+    let mut mutated = Vec::new();
+    for i in 0..3000 {
+        let (path, bytes) = &files[rng.below(files.len())];
+        let mut bytes = bytes.clone();
+        for _ in 0..1 + rng.below(3) {
+            let at = rng.below(bytes.len() + 1);
+            match rng.below(3) {
+                0 => bytes.splice(at..at, pieces[rng.below(pieces.len())].iter().copied()).for_each(drop),
+                1 if at < bytes.len() => {
+                    bytes.remove(at);
+                }
+                _ => bytes.truncate(at.max(bytes.len() * 9 / 10)),
+            }
+        }
+        mutated.push((path.with_file_name(format!("m{i}.json")), bytes));
+    }
+    let (taken, declined) = assert_fast_path_keeps_the_store(&mutated);
+    assert!(taken > 300 && declined > 300, "both ways exercised: {taken} taken, {declined} declined");
 }

@@ -2,10 +2,14 @@
 //! source decodes it straight into the store, held to the path it replaced (a
 //! serde_json tree first): both refuse the same files, and read the same facts from
 //! the others. A file that fails half way leaves the builder fit for the next one.
+//! The fast path (where it takes the file) and serde_json alone give the same
+//! outcome and the same store, id for id.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use puppet_kicker::source::puppet_cache::{parse_fact_file, parse_fact_file_via_tree, FactFileError, Format};
+use puppet_kicker::source::puppet_cache::{
+    parse_fact_file, parse_fact_file_via_tree, parse_json_fact_file_with_serde, FactFileError, Format,
+};
 use puppet_kicker::store::Builder;
 use std::path::Path;
 
@@ -15,6 +19,14 @@ fuzz_target!(|input: &[u8]| {
     let path = Path::new("fuzz.example.com.json");
     let mut builder = Builder::new();
     let decoded = parse_fact_file(input, Format::Json, path, 7, &mut builder);
+    let mut serde_builder = Builder::new();
+    let serde_alone = parse_json_fact_file_with_serde(input, path, 7, &mut serde_builder);
+    match (&decoded, &serde_alone) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b),
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+        _ => panic!("decoded {decoded:?} but serde_json alone {serde_alone:?}"),
+    }
+    assert!(builder.store() == serde_builder.store(), "the fast path left another store");
     let mut tree_builder = Builder::new();
     let via_tree = parse_fact_file_via_tree(input, path, 7, &mut tree_builder);
     match (&decoded, &via_tree) {

@@ -446,10 +446,7 @@ pub fn parse_fact_file(
             if decoded.is_err() {
                 builder.discard_open(mark);
             }
-            decoded.map_err(|e| match e {
-                JsonError::Syntax(source) => FactFileError::Json { path: path.to_path_buf(), source },
-                JsonError::TooDeep { limit } => FactFileError::JsonTooDeep { path: path.to_path_buf(), limit },
-            })?
+            decoded.map_err(|e| json_error(e, path))?
         }
         Format::Yaml => {
             let text = std::str::from_utf8(bytes)
@@ -517,8 +514,70 @@ impl Document {
     }
 }
 
+/// The document the fast way when it takes it, else with serde_json (the same
+/// store either way: see [`json::fast`]).
 fn decode_document(bytes: &[u8], builder: &mut Builder) -> std::result::Result<Document, JsonError> {
+    let mark = builder.open();
+    if let Some(document) = decode_document_fast(bytes, builder) {
+        return Ok(document);
+    }
+    builder.discard_open(mark);
+    decode_document_with_serde(bytes, builder)
+}
+
+/// [`DocumentSeed::read_mapping`] on the fast path; `None` where it declines.
+fn decode_document_fast(bytes: &[u8], builder: &mut Builder) -> Option<Document> {
+    let mut reader = json::fast::Reader::new(bytes);
+    reader.open_object()?;
+    // The document itself is the first of the containers the limit counts.
+    let depth = crate::yaml::MAX_DEPTH - 1;
+    let (mut name, mut timestamp, mut values) = (None, None, None);
+    let mut first = true;
+    while let Some(key) = reader.next_key(first)? {
+        reader.colon()?;
+        match std::str::from_utf8(&key).ok()? {
+            "values" => values = Some(reader.value(builder, depth)?),
+            "name" => name = reader.text_or_skip(depth)?,
+            "timestamp" => timestamp = reader.text_or_skip(depth)?,
+            _ => reader.skip(depth)?,
+        }
+        first = false;
+    }
+    reader.at_end().then_some(Document::Mapping { name, timestamp, values })
+}
+
+/// Whether the JSON fast path takes `bytes` (rather than leave them to serde_json).
+#[cfg(any(test, feature = "synthetic"))]
+pub fn json_fast_path_takes(bytes: &[u8]) -> bool {
+    decode_document_fast(bytes, &mut Builder::new()).is_some()
+}
+
+/// The document read by serde_json alone: what the fast path is held to.
+#[cfg(any(test, feature = "synthetic"))]
+pub fn parse_json_fact_file_with_serde(
+    bytes: &[u8],
+    path: &Path,
+    mtime: i64,
+    builder: &mut Builder,
+) -> std::result::Result<Observation, FactFileError> {
+    let mark = builder.open();
+    let decoded = decode_document_with_serde(bytes, builder);
+    if decoded.is_err() {
+        builder.discard_open(mark);
+    }
+    let document = decoded.map_err(|e| json_error(e, path))?;
+    document.observation(builder.store(), path, mtime)
+}
+
+fn decode_document_with_serde(bytes: &[u8], builder: &mut Builder) -> std::result::Result<Document, JsonError> {
     json::decode_with(bytes, crate::yaml::MAX_DEPTH, |input, depth| DocumentSeed { builder, depth }.deserialize(input))
+}
+
+fn json_error(e: JsonError, path: &Path) -> FactFileError {
+    match e {
+        JsonError::Syntax(source) => FactFileError::Json { path: path.to_path_buf(), source },
+        JsonError::TooDeep { limit } => FactFileError::JsonTooDeep { path: path.to_path_buf(), limit },
+    }
 }
 
 struct DocumentSeed<'b> {

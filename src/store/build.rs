@@ -7,6 +7,7 @@ use hashbrown::DefaultHashBuilder;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
 
 /// Adds values to a store; each distinct string and value gets one id.
@@ -180,23 +181,42 @@ impl Builder {
     }
 
     pub fn string(&mut self, s: &str) -> StrId {
-        self.recent_or(s.as_bytes(), false, |_| Cow::Borrowed(s))
+        let Ok(id) = self.recent_or(s.as_bytes(), false, |_| Ok::<_, Infallible>(Cow::Borrowed(s)));
+        id
     }
 
     /// [`Builder::string`] of `bytes` as UTF-8, invalid sequences replaced.
     pub fn string_lossy(&mut self, bytes: &[u8]) -> StrId {
-        self.recent_or(bytes, false, String::from_utf8_lossy)
+        let Ok(id) = self.recent_or(bytes, false, |b| Ok::<_, Infallible>(String::from_utf8_lossy(b)));
+        id
     }
 
     /// [`Builder::string_value`] of `bytes` as UTF-8, invalid sequences replaced.
     pub fn string_value_lossy(&mut self, bytes: &[u8]) -> ValueId {
-        self.recent_or(bytes, true, String::from_utf8_lossy)
+        let Ok(id) = self.recent_or(bytes, true, |b| Ok::<_, Infallible>(String::from_utf8_lossy(b)));
+        id
+    }
+
+    /// [`Builder::string`] of `bytes`, or `None` when they are not UTF-8; checked only
+    /// when they are not among the recent strings (which are).
+    pub fn string_checked(&mut self, bytes: &[u8]) -> Option<StrId> {
+        self.recent_or(bytes, false, |b| std::str::from_utf8(b).map(Cow::Borrowed)).ok()
+    }
+
+    /// [`Builder::string_value`] of `bytes`, or `None` when they are not UTF-8.
+    pub fn string_value_checked(&mut self, bytes: &[u8]) -> Option<ValueId> {
+        self.recent_or(bytes, true, |b| std::str::from_utf8(b).map(Cow::Borrowed)).ok()
     }
 
     /// The string id (or, `as_value`, the string value's id) of `text(bytes)`,
     /// found by `bytes` among the recent strings first.
-    fn recent_or<'a>(&mut self, bytes: &'a [u8], as_value: bool, text: impl FnOnce(&'a [u8]) -> Cow<'a, str>) -> u32 {
-        match self.recent.find(bytes) {
+    fn recent_or<'a, E>(
+        &mut self,
+        bytes: &'a [u8],
+        as_value: bool,
+        text: impl FnOnce(&'a [u8]) -> Result<Cow<'a, str>, E>,
+    ) -> Result<u32, E> {
+        Ok(match self.recent.find(bytes) {
             Found::Hit { string, .. } if !as_value => string,
             Found::Hit { value, .. } if value != NONE => value,
             Found::Hit { at, string, .. } => {
@@ -205,7 +225,7 @@ impl Builder {
                 value
             }
             Found::Miss { at } => {
-                let string = self.intern_string(&text(bytes));
+                let string = self.intern_string(&text(bytes)?);
                 let value = if as_value { self.string_value_of(string) } else { NONE };
                 if let Some(at) = at {
                     self.recent.put(at, bytes, string, value);
@@ -216,7 +236,7 @@ impl Builder {
                     string
                 }
             }
-        }
+        })
     }
 
     fn intern_string(&mut self, s: &str) -> StrId {
@@ -403,7 +423,8 @@ impl Builder {
     }
 
     pub fn string_value(&mut self, s: &str) -> ValueId {
-        self.recent_or(s.as_bytes(), true, |_| Cow::Borrowed(s))
+        let Ok(id) = self.recent_or(s.as_bytes(), true, |_| Ok::<_, Infallible>(Cow::Borrowed(s)));
+        id
     }
 
     fn string_value_of(&mut self, sid: StrId) -> ValueId {

@@ -38,3 +38,18 @@ impl Drop for Tmpfs {
         unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
     }
 }
+
+/// A small deterministic PRNG, so the mutation tests need no crate.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    /// A number below `n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}

@@ -5,6 +5,8 @@
 //! decode and sets [`Depth::exceeded`], so the caller can say so rather than report
 //! a syntax error. serde_json's own recursion limit (128) stays beneath it.
 
+pub mod fast;
+
 use super::{Builder, StrId, ValueId, FALSE, NULL, TRUE};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::fmt;
