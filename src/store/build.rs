@@ -17,8 +17,8 @@ use std::hash::{BuildHasher, Hasher};
 pub struct Builder {
     store: Store,
     hasher: DefaultHashBuilder,
-    strings: HashTable<Kept>,
-    values: HashTable<Kept>,
+    strings: IdTable,
+    values: IdTable,
     /// The value id of each string id that is also a string value.
     string_values: Vec<ValueId>,
     /// Children of the containers being built, innermost last.
@@ -31,17 +31,59 @@ pub struct Builder {
 /// adding to the store it made.
 pub struct Tables {
     hasher: DefaultHashBuilder,
-    strings: HashTable<Kept>,
-    values: HashTable<Kept>,
+    strings: IdTable,
+    values: IdTable,
     string_values: Vec<ValueId>,
 }
 
-/// An id in a builder's table, with its hash: growing the table rehashes from
-/// these, not from the strings and children (which are mostly out of the cache).
-#[derive(Clone, Copy)]
-struct Kept {
-    id: u32,
-    hash: u32,
+/// Ids by content: a table of ids, and each id's hash in id order, so growing the
+/// table rehashes from that array rather than from the strings and children
+/// (mostly out of the cache: that was half the cost of merging shares).
+#[derive(Default)]
+struct IdTable {
+    ids: HashTable<u32>,
+    /// The hash of id `i`, at `i`: every id of the store was added here, in order.
+    hashes: Vec<u32>,
+}
+
+impl IdTable {
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn clear(&mut self) {
+        self.ids.clear();
+        self.hashes.clear();
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        let hashes = &self.hashes;
+        self.ids.reserve(additional, |&id| widen(hashes[id as usize]));
+        self.hashes.reserve(additional);
+    }
+
+    /// The id for which `same` holds among those hashing to `hash`, or else the one
+    /// `add` gives (the next id of `store`), kept.
+    fn find_or_add(
+        &mut self,
+        hash: u32,
+        store: &mut Store,
+        mut same: impl FnMut(&Store, u32) -> bool,
+        add: impl FnOnce(&mut Store) -> u32,
+    ) -> u32 {
+        let IdTable { ids, hashes } = self;
+        let found = ids.entry(widen(hash), |&id| same(store, id), |&id| widen(hashes[id as usize]));
+        match found {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                let id = add(store);
+                debug_assert_eq!(id as usize, hashes.len());
+                e.insert(id);
+                hashes.push(hash);
+                id
+            }
+        }
+    }
 }
 
 /// What the tables are given for a 32-bit hash: the same bits high and low, so the
@@ -85,8 +127,8 @@ impl Builder {
         let mut builder = Builder {
             store: Store::default(),
             hasher: DefaultHashBuilder::default(),
-            strings: HashTable::new(),
-            values: HashTable::new(),
+            strings: IdTable::default(),
+            values: IdTable::default(),
             string_values: Vec::new(),
             scratch: Vec::new(),
             recent: Recent::new(),
@@ -130,8 +172,8 @@ impl Builder {
         store.lo.reserve(values);
         store.hi.reserve(values);
         store.children.reserve(like.children.len());
-        self.strings.reserve(strings, |kept| widen(kept.hash));
-        self.values.reserve(values, |kept| widen(kept.hash));
+        self.strings.reserve(strings);
+        self.values.reserve(values);
         self.string_values.reserve(strings);
     }
 
@@ -241,23 +283,19 @@ impl Builder {
 
     fn intern_string(&mut self, s: &str) -> StrId {
         let hash = narrow(self.hasher.hash_one(s.as_bytes()));
-        let store = &mut self.store;
-        let found = self.strings.entry(
-            widen(hash),
-            |kept| store_str_bytes(store, kept.id) == s.as_bytes(),
-            |kept| widen(kept.hash),
-        );
-        match found {
-            Entry::Occupied(e) => e.get().id,
-            Entry::Vacant(e) => {
+        let text = s.as_bytes();
+        self.strings.find_or_add(
+            hash,
+            &mut self.store,
+            |store, id| store_str_bytes(store, id) == text,
+            |store| {
                 let id = store.text_ends.len() as StrId;
-                store.text.extend_from_slice(s.as_bytes());
+                store.text.extend_from_slice(text);
                 let end = store.text.len() as u32;
                 store.text_ends.push(end);
-                e.insert(Kept { id, hash });
                 id
-            }
-        }
+            },
+        )
     }
 
     /// Adds a JSON value. Its depth is the caller's bound: every fact reader limits it
@@ -453,12 +491,11 @@ impl Builder {
     /// The id of `slot` (for containers, with `children`), added when new.
     fn intern_slot(&mut self, slot: Slot, children: &[u32]) -> ValueId {
         let hash = narrow(slot_hash(&self.hasher, slot.tag, slot.lo, slot.hi, children));
-        let store = &mut self.store;
-        let found =
-            self.values.entry(widen(hash), |kept| same_value(store, kept.id, slot, children), |kept| widen(kept.hash));
-        match found {
-            Entry::Occupied(e) => e.get().id,
-            Entry::Vacant(e) => {
+        self.values.find_or_add(
+            hash,
+            &mut self.store,
+            |store, id| same_value(store, id, slot, children),
+            |store| {
                 let id = store.tags.len() as ValueId;
                 let lo = if is_container(slot.tag) {
                     let start = store.children.len() as u32;
@@ -470,10 +507,9 @@ impl Builder {
                 store.tags.push(slot.tag as u8);
                 store.lo.push(lo);
                 store.hi.push(slot.hi);
-                e.insert(Kept { id, hash });
                 id
-            }
-        }
+            },
+        )
     }
 }
 

@@ -66,7 +66,7 @@ pub fn read_in_order<T: Send>(
             Read { builder: Some(builder), result }
         };
         lock(&merging).waiting.insert(share, done);
-        merge_ready(&merging, &remap);
+        merge_ready(&merging, &remap, || claimed.load(Ordering::Relaxed) < shares);
     };
     let finished = std::thread::scope(|scope| {
         let helpers: Vec<_> = (1..threads.min(shares)).map(|_| scope.spawn(work)).collect();
@@ -81,7 +81,9 @@ pub fn read_in_order<T: Send>(
 
 /// Merges the shares that are next in order, if no other thread is merging: the
 /// target is taken out while it absorbs, so readers only wait for the lock.
-fn merge_ready<T>(merging: &Mutex<Merging<T>>, remap: &impl Fn(&mut T, &Remap)) {
+/// A merged share's builder is kept for the next share while `more_to_read`, and
+/// freed once none is left: the target is at its largest then.
+fn merge_ready<T>(merging: &Mutex<Merging<T>>, remap: &impl Fn(&mut T, &Remap), more_to_read: impl Fn() -> bool) {
     let mut state = lock(merging);
     let Some(mut target) = state.target.take() else { return };
     loop {
@@ -91,9 +93,12 @@ fn merge_ready<T>(merging: &Mutex<Merging<T>>, remap: &impl Fn(&mut T, &Remap)) 
         if let Some(mut builder) = builder {
             let remapped = target.absorb(builder.store());
             remap(&mut result, &remapped);
-            builder.clear();
+            let spare = more_to_read().then(|| {
+                builder.clear();
+                builder
+            });
             state = lock(merging);
-            state.spare.push(builder);
+            state.spare.extend(spare);
         } else {
             state = lock(merging);
         }
