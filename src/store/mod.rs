@@ -206,10 +206,37 @@ impl Store {
         Ok(store)
     }
 
+    /// Checks a decoded store: the text, then every value. A large store's object
+    /// keys are checked on a second thread while this one checks the rest (a
+    /// snapshot's first answer waits for this); either way the error reported is
+    /// the first in value order, as one pass would find it.
     fn validate(&self) -> Result<(), Invalid> {
+        self.validate_with(self.tags.len() >= VALIDATE_IN_PARALLEL_FROM)
+    }
+
+    fn validate_with(&self, parallel: bool) -> Result<(), Invalid> {
+        let (keys, values) = if !parallel {
+            (self.check_text().map(|()| self.check_keys()), self.check_values())
+        } else {
+            std::thread::scope(|scope| {
+                let keys = scope.spawn(|| self.check_text().map(|()| self.check_keys()));
+                let values = self.check_values();
+                // A panic there is a bug, not a bad file: refuse the store all the same.
+                let keys = keys.join().unwrap_or_else(|_| Err(Invalid("checking the keys failed".into())));
+                (keys, values)
+            })
+        };
+        match (keys?, values) {
+            (Some(a), Some(b)) => Err(if a.0 <= b.0 { a.1 } else { b.1 }),
+            (Some(first), None) | (None, Some(first)) => Err(first.1),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// All the text UTF-8 and every string ending on a character boundary: then
+    /// each string is UTF-8 (one pass over the text, not one call per string).
+    fn check_text(&self) -> Result<(), Invalid> {
         let bad = |what: String| Err(Invalid(what));
-        // All the text UTF-8 and every string ending on a character boundary: then
-        // each string is UTF-8 (one pass over the text, not one call per string).
         if let Err(e) = std::str::from_utf8(&self.text) {
             return bad(format!("the text is not UTF-8 at byte {}", e.valid_up_to()));
         }
@@ -227,83 +254,117 @@ impl Store {
         if start != self.text.len() {
             return bad(format!("{} bytes of text after the last string", self.text.len() - start));
         }
+        Ok(())
+    }
+
+    /// Every value but its object keys: tags, constants, numbers, string ids,
+    /// children in range and earlier, depth. The first failure, and where.
+    fn check_values(&self) -> Option<Failure> {
+        let fail = |id: usize, step: usize, what: String| Some(((id, step), Invalid(what)));
         let n = self.tags.len();
         if self.lo.len() != n || self.hi.len() != n {
-            return bad(format!("{n} tags but {} and {} value words", self.lo.len(), self.hi.len()));
+            return fail(0, 0, format!("{n} tags but {} and {} value words", self.lo.len(), self.hi.len()));
         }
         let constants = [(Tag::Null, 0, 0), (Tag::Bool, 0, 0), (Tag::Bool, 1, 0), (Tag::Object, 0, 0)];
         if n < constants.len() {
-            return bad(format!("{n} values, fewer than the {} constants", constants.len()));
+            return fail(0, 0, format!("{n} values, fewer than the {} constants", constants.len()));
         }
         const _: () = assert!(MAX_DEPTH < u8::MAX as u32);
         let mut depth = vec![0u8; n];
-        // Servers share their key sequences: the last key found to follow each key
-        // spares comparing the same two strings again for every server.
-        let mut checked_next = vec![u32::MAX; self.text_ends.len()];
         for id in 0..n {
             let Some(tag) = Tag::from_u8(self.tags[id]) else {
-                return bad(format!("value {id} has unknown tag {}", self.tags[id]));
+                return fail(id, 0, format!("value {id} has unknown tag {}", self.tags[id]));
             };
             let slot = Slot { tag, lo: self.lo[id], hi: self.hi[id] };
+            depth[id] = 1;
             if let Some(&(t, lo, hi)) = constants.get(id) {
                 if (slot.tag, slot.lo, slot.hi) != (t, lo, hi) {
-                    return bad(format!("value {id} is not the constant {t:?}"));
+                    return fail(id, 0, format!("value {id} is not the constant {t:?}"));
                 }
-                depth[id] = 1;
                 continue;
             }
-            depth[id] = 1;
             match tag {
-                Tag::Null | Tag::Bool => return bad(format!("value {id} repeats a constant")),
+                Tag::Null | Tag::Bool => return fail(id, 0, format!("value {id} repeats a constant")),
                 Tag::Int | Tag::UInt => {}
                 Tag::Float => {
                     if !f64::from_bits(slot.bits()).is_finite() {
-                        return bad(format!("value {id} is a float that is not finite"));
+                        return fail(id, 0, format!("value {id} is a float that is not finite"));
                     }
                 }
                 Tag::Str => {
                     if slot.lo as usize >= self.text_ends.len() {
-                        return bad(format!("value {id} names string {}, past the end", slot.lo));
+                        return fail(id, 0, format!("value {id} names string {}, past the end", slot.lo));
                     }
                 }
                 Tag::Array | Tag::Object => {
-                    let range =
-                        (slot.lo as usize).checked_add(slot.hi as usize * if tag == Tag::Object { 2 } else { 1 });
-                    if range.is_none_or(|end| end > self.children.len()) {
-                        return bad(format!("value {id} has children past the end"));
-                    }
+                    let Some(children) = self.children_of(slot) else {
+                        return fail(id, 0, format!("value {id} has children past the end"));
+                    };
                     let mut deepest = 0;
-                    let mut previous_key: Option<StrId> = None;
-                    for (k, &child) in self.children[slot.children()].iter().enumerate() {
-                        if tag == Tag::Object && k % 2 == 0 {
-                            if child as usize >= self.text_ends.len() {
-                                return bad(format!("value {id} has key string {child}, past the end"));
-                            }
-                            if let Some(previous) = previous_key.filter(|&p| checked_next[p as usize] != child) {
-                                if self.str(previous) >= self.str(child) {
-                                    let key = self.str(child);
-                                    return bad(format!("value {id} has keys out of order or repeated ('{key}')"));
-                                }
-                                checked_next[previous as usize] = child;
-                            }
-                            previous_key = Some(child);
-                            continue;
-                        }
+                    let values = children.iter().enumerate().filter(|(k, _)| tag == Tag::Array || k % 2 == 1);
+                    for (k, &child) in values {
                         if child as usize >= id {
-                            return bad(format!("value {id} refers to value {child}, not an earlier one"));
+                            return fail(id, k + 1, format!("value {id} refers to value {child}, not an earlier one"));
                         }
                         deepest = deepest.max(depth[child as usize]);
                     }
                     depth[id] = deepest + 1;
                     if depth[id] as u32 > MAX_DEPTH {
-                        return bad(format!("value {id} nests deeper than {MAX_DEPTH}"));
+                        return fail(id, children.len() + 1, format!("value {id} nests deeper than {MAX_DEPTH}"));
                     }
                 }
             }
         }
-        Ok(())
+        None
+    }
+
+    /// Every object's keys: strings of the store, in strictly increasing order.
+    /// Only after [`Store::check_text`]; objects whose children are out of range
+    /// are [`Store::check_values`]'s to report.
+    fn check_keys(&self) -> Option<Failure> {
+        // Servers share their key sequences: the last key found to follow each key
+        // spares comparing the same two strings again for every server.
+        let mut checked_next = vec![u32::MAX; self.text_ends.len()];
+        let values = self.tags.len().min(self.lo.len()).min(self.hi.len());
+        for id in 0..values {
+            if self.tags[id] != Tag::Object as u8 {
+                continue;
+            }
+            let slot = Slot { tag: Tag::Object, lo: self.lo[id], hi: self.hi[id] };
+            let Some(children) = self.children_of(slot) else { continue };
+            let mut previous_key: Option<StrId> = None;
+            for (k, &key) in children.iter().enumerate().step_by(2) {
+                if key as usize >= self.text_ends.len() {
+                    return Some(((id, k + 1), Invalid(format!("value {id} has key string {key}, past the end"))));
+                }
+                if let Some(previous) = previous_key.filter(|&p| checked_next[p as usize] != key) {
+                    if self.str(previous) >= self.str(key) {
+                        let text = self.str(key);
+                        let why = format!("value {id} has keys out of order or repeated ('{text}')");
+                        return Some(((id, k + 1), Invalid(why)));
+                    }
+                    checked_next[previous as usize] = key;
+                }
+                previous_key = Some(key);
+            }
+        }
+        None
+    }
+
+    /// A container's children, if they are within the array.
+    fn children_of(&self, slot: Slot) -> Option<&[u32]> {
+        let width = if slot.tag == Tag::Object { 2 } else { 1 };
+        let end = (slot.lo as usize).checked_add(slot.hi as usize * width)?;
+        self.children.get(slot.lo as usize..end)
     }
 }
+
+/// Where a check failed (value id, then 0 for the value itself or 1 + the child's
+/// place), and why: the lowest is the first a single pass meets.
+type Failure = ((usize, usize), Invalid);
+
+/// Values from which a store is checked on two threads.
+const VALIDATE_IN_PARALLEL_FROM: usize = 1 << 16;
 
 /// A store's arrays as a snapshot holds them, borrowed from the file.
 #[derive(Deserialize)]

@@ -22,7 +22,8 @@ fn owned(store: &Store) -> Parts {
     }
 }
 
-/// What [`Store::from_blobs`] does after reading the arrays.
+/// What [`Store::from_blobs`] does after reading the arrays, checked on one thread
+/// and on two: the same error either way.
 fn from_parts(p: Parts) -> Result<Store, Invalid> {
     let store = Store {
         text: p.text.into(),
@@ -32,7 +33,9 @@ fn from_parts(p: Parts) -> Result<Store, Invalid> {
         hi: p.hi.into(),
         children: p.children.into(),
     };
-    store.validate()?;
+    let (one, two) = (store.validate_with(false), store.validate_with(true));
+    assert_eq!(one, two, "one thread and two disagree");
+    one?;
     Ok(store)
 }
 
@@ -297,4 +300,35 @@ fn many_keys_then(key: &str, count: usize) -> serde_json::Value {
         (0..count).map(|i| (format!("a{i:02}"), json!(i))).collect();
     object.insert(key.to_string(), json!(key));
     serde_json::Value::Object(object)
+}
+
+#[test]
+fn checked_on_two_threads_a_store_reports_its_first_error() {
+    let nodes = crate::synthetic::fleet(40, 9, 1_764_000_000);
+    let mut builder = Builder::new();
+    let facts: Vec<ValueId> =
+        nodes.iter().map(|n| builder.object(n.facts.iter().map(|(k, v)| (k.as_str(), v)))).collect();
+    let store = builder.finish();
+    assert_eq!(store.validate_with(true), Ok(()));
+    // Two servers' facts objects: an early one gets its first two keys swapped, a
+    // later one a value naming itself. Whichever is first in value order is reported.
+    let (early, late) = (facts[5] as usize, facts[30] as usize);
+    let swap_keys = |p: &mut Parts, id: usize| {
+        let start = p.lo[id] as usize;
+        p.children.swap(start, start + 2);
+    };
+    let name_itself = |p: &mut Parts, id: usize| {
+        let at = p.lo[id] as usize + 1;
+        p.children[at] = id as u32;
+    };
+    let mut parts = owned(&store);
+    swap_keys(&mut parts, early);
+    name_itself(&mut parts, late);
+    let error = from_parts(parts).unwrap_err();
+    assert!(error.0.contains(&format!("value {early} has keys out of order")), "{error}");
+    let mut parts = owned(&store);
+    name_itself(&mut parts, early);
+    swap_keys(&mut parts, late);
+    let error = from_parts(parts).unwrap_err();
+    assert!(error.0.contains(&format!("value {early} refers to value {early}")), "{error}");
 }
