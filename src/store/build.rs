@@ -229,13 +229,13 @@ impl Builder {
 
     /// [`Builder::string`] of `bytes` as UTF-8, invalid sequences replaced.
     pub fn string_lossy(&mut self, bytes: &[u8]) -> StrId {
-        let Ok(id) = self.recent_or(bytes, false, |b| Ok::<_, Infallible>(String::from_utf8_lossy(b)));
+        let Ok(id) = self.recent_or(bytes, false, |b| Ok::<_, Infallible>(lossy_text(b)));
         id
     }
 
     /// [`Builder::string_value`] of `bytes` as UTF-8, invalid sequences replaced.
     pub fn string_value_lossy(&mut self, bytes: &[u8]) -> ValueId {
-        let Ok(id) = self.recent_or(bytes, true, |b| Ok::<_, Infallible>(String::from_utf8_lossy(b)));
+        let Ok(id) = self.recent_or(bytes, true, |b| Ok::<_, Infallible>(lossy_text(b)));
         id
     }
 
@@ -515,6 +515,15 @@ impl Builder {
 
 fn is_container(tag: Tag) -> bool {
     matches!(tag, Tag::Array | Tag::Object)
+}
+
+/// Bytes as UTF-8 text, invalid sequences replaced: checked the fast way first
+/// (`from_utf8_lossy` walks every byte even when all are valid).
+pub fn lossy_text(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
+    }
 }
 
 fn store_str_bytes(store: &Store, id: StrId) -> &[u8] {

@@ -24,7 +24,7 @@ pub mod pool;
 mod recent;
 mod view;
 
-pub use build::{Builder, Remap, Tables};
+pub use build::{lossy_text, Builder, Remap, Tables};
 pub use column::Column;
 pub use view::{ArrayRef, KeyHint, Kind, ObjectRef, View};
 

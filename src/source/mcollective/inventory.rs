@@ -280,14 +280,14 @@ impl<'a> Events<'a> for Reader<'a, '_> {
             }
             Role::StatusMsg => {
                 self.statusmsg = Some(match item {
-                    Item::Str(bytes, _) => String::from_utf8_lossy(bytes).into_owned(),
+                    Item::Str(bytes, _) => crate::store::lossy_text(bytes).into_owned(),
                     _ => String::new(),
                 })
             }
             Role::Facts => self.facts = Facts::NotAHash,
             Role::ListItem(list) => {
                 if let Item::Str(bytes, _) | Item::Sym(bytes) = item {
-                    self.collected.items[list as usize].push(String::from_utf8_lossy(bytes).into_owned());
+                    self.collected.items[list as usize].push(crate::store::lossy_text(bytes).into_owned());
                 }
             }
             Role::OwnMain => {
