@@ -1,16 +1,17 @@
-//! A fast path for the JSON a fact cache holds: strings without escapes, scanned
-//! eight bytes at a time and checked as UTF-8 only when the builder has not seen
-//! them; integers read in place. serde_json's reader goes through a visitor per
-//! value and checks every string.
+//! A fast path for the JSON a fact cache holds: strings scanned eight bytes at a
+//! time, escapes decoded in place, checked as UTF-8 only when the builder has not
+//! seen them; integers read in place. serde_json's reader goes through a visitor
+//! per value and checks every string.
 //!
-//! It never decides anything on its own: at anything else (an escape, a control
-//! character, a number that is not a plain integer of up to 18 digits and not a
-//! float serde_json reads, a nesting at the limit, bytes that are not JSON) it
-//! declines, and the caller reads the document again with serde_json
-//! ([`super::decode_with`]). It adds values to the builder in the order serde's
-//! visitors do, so what it interned before declining is what serde_json adds
-//! first anyway: the store is the same either way (the `json_facts` fuzz target
-//! and `tests/puppet_cache.rs` hold it).
+//! It never decides anything on its own: at anything else (a control character, an
+//! escape serde_json would refuse or a lone surrogate, `-0`, an integer of more
+//! than 18 digits, a float serde_json does not read as finite, a nesting at the
+//! limit, bytes that are not JSON) it declines, and the caller reads the document
+//! again with serde_json ([`super::decode_with`]). It adds values to the builder in
+//! the order serde's visitors do (a key before its colon, a number only once
+//! serde_json would take it), so what it interned before declining is what
+//! serde_json adds first anyway: the store is the same either way (the
+//! `json_facts` fuzz target and `tests/puppet_cache.rs` hold it).
 
 use crate::store::{Builder, ValueId, FALSE, NULL, TRUE};
 use std::borrow::Cow;
