@@ -227,9 +227,10 @@ impl Index {
         }
         // As `canonical_cmp` on each neighbour pair, each server's sort name found once.
         let mut previous: Option<(&str, &str)> = None;
+        let mut fqdn = KeyHint::new("fqdn");
         for p in 0..index.len() as u32 {
             let server = index.server(p);
-            let key = (server.sort_name(), server.certname());
+            let key = (server.sort_name_hinted(&mut fqdn), server.certname());
             if previous.is_some_and(|previous| previous >= key) {
                 return Err(InvalidRows(format!("servers {} and {p} are out of order", p - 1)));
             }
