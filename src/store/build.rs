@@ -267,9 +267,13 @@ impl Builder {
                 value
             }
             Found::Miss { at } => {
-                let string = self.intern_string(&text(bytes)?);
+                let text = text(bytes)?;
+                // Only bytes that are their own text are kept: a hit then proves them
+                // UTF-8, whichever of the methods above finds them.
+                let kept = at.filter(|_| matches!(text, Cow::Borrowed(_)));
+                let string = self.intern_string(&text);
                 let value = if as_value { self.string_value_of(string) } else { NONE };
-                if let Some(at) = at {
+                if let Some(at) = kept {
                     self.recent.put(at, bytes, string, value);
                 }
                 if as_value {

@@ -23,7 +23,9 @@ struct Slot {
 const EMPTY: Slot = Slot { bytes: [0; MAX_LEN], len: 0, string: 0, value: NONE };
 
 /// Ids one builder gave to short strings: an id found here is the one the builder
-/// gives for the same bytes, so the store is the same with or without it. Not
+/// gives for the same bytes, so the store is the same with or without it. Only
+/// UTF-8 bytes are kept (the builder puts a string's own bytes, never bytes whose
+/// text was repaired), so finding bytes here proves them UTF-8. Not
 /// keyed: strings crafted to collide here only miss, and go to the builder's
 /// tables, which are.
 pub(super) struct Recent {

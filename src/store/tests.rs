@@ -332,3 +332,19 @@ fn checked_on_two_threads_a_store_reports_its_first_error() {
     let error = from_parts(parts).unwrap_err();
     assert!(error.0.contains(&format!("value {early} refers to value {early}")), "{error}");
 }
+
+#[test]
+fn bytes_repaired_as_text_are_never_taken_for_utf8_later() {
+    let mut builder = Builder::new();
+    let repaired = builder.string_lossy(b"a\xffb");
+    assert_eq!(builder.store().str(repaired), "a\u{fffd}b");
+    assert_eq!(builder.string_checked(b"a\xffb"), None);
+    assert_eq!(builder.string_value_checked(b"a\xffb"), None);
+    assert_eq!(builder.string_lossy(b"a\xffb"), repaired);
+    // Valid bytes are the same string whichever way they come.
+    let ok = builder.string_lossy(b"ok");
+    assert_eq!(builder.string_checked(b"ok"), Some(ok));
+    assert_eq!(builder.string("ok"), ok);
+    let value = builder.string_value_lossy(b"ok");
+    assert_eq!((builder.string_value_checked(b"ok"), builder.string_value("ok")), (Some(value), value));
+}
