@@ -440,14 +440,7 @@ pub fn parse_fact_file(
     builder: &mut Builder,
 ) -> std::result::Result<Observation, FactFileError> {
     let document = match format {
-        Format::Json => {
-            let mark = builder.open();
-            let decoded = decode_document(bytes, builder);
-            if decoded.is_err() {
-                builder.discard_open(mark);
-            }
-            decoded.map_err(|e| json_error(e, path))?
-        }
+        Format::Json => json_document(bytes, path, builder, decode_document)?,
         Format::Yaml => {
             let text = std::str::from_utf8(bytes)
                 .map_err(|source| FactFileError::NotUtf8 { path: path.to_path_buf(), source })?;
@@ -560,24 +553,29 @@ pub fn parse_json_fact_file_with_serde(
     mtime: i64,
     builder: &mut Builder,
 ) -> std::result::Result<Observation, FactFileError> {
-    let mark = builder.open();
-    let decoded = decode_document_with_serde(bytes, builder);
-    if decoded.is_err() {
-        builder.discard_open(mark);
-    }
-    let document = decoded.map_err(|e| json_error(e, path))?;
-    document.observation(builder.store(), path, mtime)
+    json_document(bytes, path, builder, decode_document_with_serde)?.observation(builder.store(), path, mtime)
 }
 
 fn decode_document_with_serde(bytes: &[u8], builder: &mut Builder) -> std::result::Result<Document, JsonError> {
     json::decode_with(bytes, crate::yaml::MAX_DEPTH, |input, depth| DocumentSeed { builder, depth }.deserialize(input))
 }
 
-fn json_error(e: JsonError, path: &Path) -> FactFileError {
-    match e {
-        JsonError::Syntax(source) => FactFileError::Json { path: path.to_path_buf(), source },
-        JsonError::TooDeep { limit } => FactFileError::JsonTooDeep { path: path.to_path_buf(), limit },
-    }
+/// The document `decode` reads from `bytes`; refused, nothing of it is left open
+/// in the builder, and the error names `path`.
+fn json_document(
+    bytes: &[u8],
+    path: &Path,
+    builder: &mut Builder,
+    decode: fn(&[u8], &mut Builder) -> std::result::Result<Document, JsonError>,
+) -> std::result::Result<Document, FactFileError> {
+    let mark = builder.open();
+    decode(bytes, builder).map_err(|e| {
+        builder.discard_open(mark);
+        match e {
+            JsonError::Syntax(source) => FactFileError::Json { path: path.to_path_buf(), source },
+            JsonError::TooDeep { limit } => FactFileError::JsonTooDeep { path: path.to_path_buf(), limit },
+        }
+    })
 }
 
 struct DocumentSeed<'b> {
