@@ -85,7 +85,7 @@ module PuppetKicker
     # Configures the core from Puppet's own settings; a no-op while they are unchanged.
     def configure(settings = Puppet.settings)
       key = [settings[:confdir], settings[:vardir], server_datadir(settings), ENV.fetch('PUPPET_KICKER_CONFIG', nil),
-             ssl_settings(settings)]
+             ssl_settings(settings),]
       configured = (@configured_with ||= {})
       return if key == configured[backend]
 
