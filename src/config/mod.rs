@@ -29,6 +29,12 @@ pub struct PuppetSettings {
     pub server_datadir: Option<PathBuf>,
     /// `PUPPET_KICKER_CONFIG`, read by the caller (JRuby's ENV is not the process's).
     pub config_file: Option<PathBuf>,
+    /// `Puppet[:hostcert]`, `[:hostprivkey]`, `[:localcacert]`, `[:hostcrl]`: the
+    /// master's own identity, what the PuppetDB source presents and trusts by default.
+    pub hostcert: Option<PathBuf>,
+    pub hostprivkey: Option<PathBuf>,
+    pub localcacert: Option<PathBuf>,
+    pub hostcrl: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
