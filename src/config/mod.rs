@@ -388,7 +388,10 @@ mod tests {
                 Some(Path::new("/ssl/crl.pem"))
             )
         );
-        assert_eq!((d.timeout, d.page_size, d.max_page_bytes, d.overlap, d.full_refresh), (30, 500, 256 << 20, 60, 3600));
+        assert_eq!(
+            (d.timeout, d.page_size, d.max_page_bytes, d.overlap, d.full_refresh),
+            (30, 500, 256 << 20, 60, 3600)
+        );
 
         let c = Config::parse(
             "source: puppetdb\npuppetdb:\n  server_urls: https://a:8081, https://b:8081\n  cert: c.pem\n  key: k.pem\n  ca: /ca.pem\n  crl: crl.pem\n  timeout: 5\n  page_size: 50\n  max_page_bytes: 8M\n  overlap: 2m\n  full_refresh: 30m\n  config: pdb.conf\n",

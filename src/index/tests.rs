@@ -251,6 +251,9 @@ fn a_dotted_role_fact_walks_into_structured_facts() {
     assert_eq!(certnames(&by_number, by_number.with_role(&db, "production", FRESH)), ["listed"]);
     // A plain role fact reads the top-level fact only.
     let plain = Index::build(nodes(), "role", NOW);
-    assert_eq!(certnames(&plain, plain.with_role(&RoleSelector::parse(&["other"]).unwrap(), "production", FRESH)), ["db1"]);
+    assert_eq!(
+        certnames(&plain, plain.with_role(&RoleSelector::parse(&["other"]).unwrap(), "production", FRESH)),
+        ["db1"]
+    );
     assert!(plain.with_role(&db, "production", FRESH).is_empty());
 }

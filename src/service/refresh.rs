@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::snapshot::{self, SnapshotRef};
 use crate::source::mcollective::McollectiveSource;
-use crate::source::puppetdb::PuppetdbSource;
 use crate::source::puppet_cache::{Previous, ReadMemo};
+use crate::source::puppetdb::PuppetdbSource;
 use crate::source::{puppet_cache, Harvest};
 use crate::store::Tables;
 use crate::sync::lock;
@@ -185,7 +185,8 @@ impl Shared {
         let (mut harvest, memo): (Harvest, Option<ReadMemo>) = match (self.config.source, &self.mcollective) {
             (SourceKind::Mcollective, Some(mcollective)) => (mcollective.refresh(previous.as_deref(), started)?, None),
             (SourceKind::Puppetdb, _) => {
-                let puppetdb = self.puppetdb.as_ref().ok_or_else(|| Error::Io("the puppetdb source is not open".into()))?;
+                let puppetdb =
+                    self.puppetdb.as_ref().ok_or_else(|| Error::Io("the puppetdb source is not open".into()))?;
                 let (harvest, environments) = puppetdb.refresh(previous.as_deref(), started)?;
                 recorded = Some(environments);
                 (harvest, None)

@@ -122,8 +122,25 @@ fn describe(error: ureq::Error) -> String {
                     format!("no answer within puppetdb.timeout ({detail})")
                 }
                 kind if detail.is_empty() => kind.to_string(),
-                kind => format!("{kind}: {detail}"),
+                kind => format!("{kind}: {detail}{}", tls_hint(&detail)),
             }
         }
     }
+}
+
+/// What a TLS failure means for the settings to check.
+fn tls_hint(detail: &str) -> &'static str {
+    const CLOSED: &str = " (PuppetDB closed the connection: does it accept our certificate, puppetdb.cert?)";
+    const HINTS: [(&str, &str); 8] = [
+        ("UnknownIssuer", " (PuppetDB's certificate is not signed by the CA of puppetdb.ca)"),
+        ("Revoked", " (PuppetDB's certificate is revoked by puppetdb.crl)"),
+        ("NotValidForName", " (PuppetDB's certificate does not name the host of this URL)"),
+        ("CertificateRequired", " (PuppetDB requires a client certificate: puppetdb.cert)"),
+        ("UnknownCA", " (PuppetDB does not trust our certificate, puppetdb.cert)"),
+        ("BadCertificate", " (PuppetDB refused our certificate, puppetdb.cert)"),
+        // With TLS 1.3 a refused client certificate shows only once the request is sent.
+        ("Broken pipe", CLOSED),
+        ("Connection reset", CLOSED),
+    ];
+    HINTS.iter().find(|(error, _)| detail.contains(error)).map_or("", |(_, hint)| hint)
 }

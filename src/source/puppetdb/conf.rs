@@ -20,8 +20,9 @@ pub fn is_https_url(url: &str) -> bool {
 /// The `server_urls` of the puppetdb.conf at `path`; the error names the file, and
 /// the line when one is wrong.
 pub fn server_urls(path: &Path) -> Result<Vec<String>, String> {
-    let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE)
-        .map_err(|e| format!("cannot read {} for PuppetDB's server_urls (or set puppetdb.server_urls): {e}", path.display()))?;
+    let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE).map_err(|e| {
+        format!("cannot read {} for PuppetDB's server_urls (or set puppetdb.server_urls): {e}", path.display())
+    })?;
     let text = std::str::from_utf8(&bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
     parse_server_urls(text).map_err(|why| format!("{}{why}", path.display()))
 }
@@ -83,14 +84,20 @@ mod tests {
     #[test]
     fn mistakes_name_the_line() {
         let e = parse_server_urls("[main]\nserver_urls = http://pdb:8080\n").unwrap_err();
-        assert_eq!(e, r#":2: server_urls holds "http://pdb:8080", not an https:// URL: "server_urls = http://pdb:8080""#);
+        assert_eq!(
+            e,
+            r#":2: server_urls holds "http://pdb:8080", not an https:// URL: "server_urls = http://pdb:8080""#
+        );
         let e = parse_server_urls("[main\n").unwrap_err();
         assert!(e.starts_with(":1: a section without its closing ']'"), "{e}");
         let e = parse_server_urls("[main]\njust words\n").unwrap_err();
         assert!(e.starts_with(":2: expected 'key = value'"), "{e}");
         let e = parse_server_urls("[main]\nport = lots\n").unwrap_err();
         assert!(e.starts_with(":2: port is not a port number"), "{e}");
-        assert_eq!(parse_server_urls("[other]\nserver_urls = https://a\n").unwrap_err(), ": no server_urls in its [main] section");
+        assert_eq!(
+            parse_server_urls("[other]\nserver_urls = https://a\n").unwrap_err(),
+            ": no server_urls in its [main] section"
+        );
         assert!(parse_server_urls("[main]\nserver_urls = https://a,\n").is_err(), "an empty entry");
     }
 

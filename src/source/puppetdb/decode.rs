@@ -179,7 +179,8 @@ impl<'de> Visitor<'de> for FieldsSeed<'_> {
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             match key.as_ref() {
                 "facts" => {
-                    fields.facts = Some(map.next_value_seed(ValueSeed { builder: &mut *self.builder, depth: &mut *self.depth })?)
+                    fields.facts =
+                        Some(map.next_value_seed(ValueSeed { builder: &mut *self.builder, depth: &mut *self.depth })?)
                 }
                 "trusted" => {
                     fields.trusted =
@@ -310,16 +311,43 @@ mod tests {
             ("not json", "not a JSON array of inventory entries"),
             (r#"{"certname": "a"}"#, "not a JSON array of inventory entries"),
             ("[1]", "inventory entry 0: invalid type: integer `1`, expected an inventory entry"),
-            (r#"[{"timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": {}}]"#, "inventory entry 0: no certname string"),
-            (r#"[{"certname": 7, "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": {}}]"#, "no certname string"),
+            (
+                r#"[{"timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": {}}]"#,
+                "inventory entry 0: no certname string",
+            ),
+            (
+                r#"[{"certname": 7, "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": {}}]"#,
+                "no certname string",
+            ),
             (r#"[{"certname": "a", "environment": null, "facts": {}, "trusted": {}}]"#, "no timestamp string"),
-            (r#"[{"certname": "a", "timestamp": "yesterday", "environment": null, "facts": {}, "trusted": {}}]"#, r#"timestamp "yesterday" is not a date and time"#),
-            (r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "facts": {}, "trusted": {}}]"#, "no environment"),
-            (r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "trusted": {}}]"#, "no facts"),
-            (r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": [], "trusted": {}}]"#, "facts is not an object"),
-            (r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}}]"#, "no trusted"),
-            (r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": "x"}]"#, "trusted is not an object"),
-            (r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": {}}"#, "not a JSON array"),
+            (
+                r#"[{"certname": "a", "timestamp": "yesterday", "environment": null, "facts": {}, "trusted": {}}]"#,
+                r#"timestamp "yesterday" is not a date and time"#,
+            ),
+            (
+                r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "facts": {}, "trusted": {}}]"#,
+                "no environment",
+            ),
+            (
+                r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "trusted": {}}]"#,
+                "no facts",
+            ),
+            (
+                r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": [], "trusted": {}}]"#,
+                "facts is not an object",
+            ),
+            (
+                r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}}]"#,
+                "no trusted",
+            ),
+            (
+                r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": "x"}]"#,
+                "trusted is not an object",
+            ),
+            (
+                r#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {}, "trusted": {}}"#,
+                "not a JSON array",
+            ),
         ];
         for (text, expected) in cases {
             let (builder, result, _) = decoded(text);
@@ -332,7 +360,9 @@ mod tests {
     #[test]
     fn a_server_over_a_limit_is_skipped_with_a_warning_at_the_limit_it_is_kept() {
         let entry = |certname: &str, facts: &str| {
-            format!(r#"{{"certname": "{certname}", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {facts}, "trusted": {{}}}}"#)
+            format!(
+                r#"{{"certname": "{certname}", "timestamp": "2026-11-26T02:33:00Z", "environment": null, "facts": {facts}, "trusted": {{}}}}"#
+            )
         };
         let nested = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
         // The entry and its facts are two of the 64 levels.

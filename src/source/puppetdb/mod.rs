@@ -205,7 +205,8 @@ impl PuppetdbSource {
             let before = entries.len();
             decode::inventory(&answer.bytes, builder, &mut entries, warnings)
                 .map_err(|why| malformed(&answer.url, &why))?;
-            if let Some(stranger) = entries[before..].iter().find(|e| page.binary_search(&e.certname.as_str()).is_err()) {
+            if let Some(stranger) = entries[before..].iter().find(|e| page.binary_search(&e.certname.as_str()).is_err())
+            {
                 let why = format!("an entry for {:?}, which was not asked for", stranger.certname);
                 return Err(malformed(&answer.url, &why));
             }

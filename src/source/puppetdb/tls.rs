@@ -50,12 +50,15 @@ pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, String> {
         .map_err(|e| format!("TLS setup: {e}"))?
         .with_webpki_verifier(verifier)
         .with_client_auth_cert(chain, key)
-        .map_err(|e| format!("puppetdb.key {} cannot be used with {}: {e}", files.key.display(), files.cert.display()))?;
+        .map_err(|e| {
+            format!("puppetdb.key {} cannot be used with {}: {e}", files.key.display(), files.cert.display())
+        })?;
     Ok(Arc::new(config))
 }
 
 fn read(path: &Path, setting: &str) -> Result<Vec<u8>, String> {
-    crate::bounded_read::read(path, MAX_PEM_FILE_BYTES).map_err(|e| format!("{setting}: cannot read {}: {e}", path.display()))
+    crate::bounded_read::read(path, MAX_PEM_FILE_BYTES)
+        .map_err(|e| format!("{setting}: cannot read {}: {e}", path.display()))
 }
 
 fn certificates(path: &Path, setting: &str) -> Result<Vec<CertificateDer<'static>>, String> {
