@@ -50,6 +50,36 @@ pub fn inventory(
     entries: &mut Vec<Entry>,
     warnings: &mut Vec<String>,
 ) -> Result<(), String> {
+    inventory_by(bytes, builder, entries, warnings, Path::Fast)
+}
+
+/// [`inventory`] by serde_json alone: what the fast path is held to.
+#[cfg(any(test, feature = "synthetic"))]
+pub fn inventory_with_serde(
+    bytes: &[u8],
+    builder: &mut Builder,
+    entries: &mut Vec<Entry>,
+    warnings: &mut Vec<String>,
+) -> Result<(), String> {
+    inventory_by(bytes, builder, entries, warnings, Path::Serde)
+}
+
+/// Which reader decodes an entry first.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    /// The fast path, serde_json where it declines.
+    Fast,
+    #[cfg(any(test, feature = "synthetic"))]
+    Serde,
+}
+
+fn inventory_by(
+    bytes: &[u8],
+    builder: &mut Builder,
+    entries: &mut Vec<Entry>,
+    warnings: &mut Vec<String>,
+    path: Path,
+) -> Result<(), String> {
     let raw: Vec<&RawValue> =
         serde_json::from_slice(bytes).map_err(|e| format!("not a JSON array of inventory entries: {e}"))?;
     for (i, element) in raw.into_iter().enumerate() {
@@ -61,7 +91,7 @@ pub fn inventory(
             ));
             continue;
         }
-        match entry(text, builder) {
+        match entry(text, builder, path) {
             Ok(entry) => entries.push(entry),
             Err(EntryError::Skipped(why)) => {
                 warnings.push(format!("skipped PuppetDB inventory entry {i} ({}): {why}", certname_in(text)))
@@ -105,9 +135,10 @@ struct Fields {
     trusted: Option<ValueId>,
 }
 
-fn entry(text: &[u8], builder: &mut Builder) -> Result<Entry, EntryError> {
+fn entry(text: &[u8], builder: &mut Builder, path: Path) -> Result<Entry, EntryError> {
     let mark = builder.open();
-    let fields = match fields_fast(text, builder) {
+    let fast = if path == Path::Fast { fields_fast(text, builder) } else { None };
+    let fields = match fast {
         Some(fields) => fields,
         None => {
             builder.discard_open(mark);
@@ -382,6 +413,19 @@ mod tests {
         let (_, result, warnings) = decoded(&format!("[{}]", entry("big", &filler(pad + 1))));
         assert!(result.unwrap().is_empty());
         assert!(warnings[0].contains(r#"(certname "big"): larger than 16777216 bytes"#), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_pretty_printed_page_as_puppetdb_writes_it() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/puppetdb/inventory-page.json");
+        let (builder, entries, warnings) = decoded(&std::fs::read_to_string(path).unwrap());
+        let entries = entries.unwrap();
+        assert!(warnings.is_empty());
+        let names: Vec<_> = entries.iter().map(|e| (e.certname.as_str(), e.environment.as_deref())).collect();
+        assert_eq!(names, [("db1.example.com", Some("production")), ("web1.example.com", Some("staging"))]);
+        let db1 = builder.store().view(entries[0].facts).to_json();
+        assert_eq!(db1["trusted"]["extensions"]["pp_role"], "db");
+        assert_eq!(db1["os"]["release"]["major"], "12");
     }
 
     #[test]
