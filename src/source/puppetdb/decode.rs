@@ -234,7 +234,7 @@ impl<'de> Visitor<'de> for FieldsSeed<'_> {
 /// The entry `fields` make: every field there, facts and trusted objects; the
 /// facts with `trusted` set to the trusted facts.
 fn checked(fields: Fields, builder: &mut Builder) -> Result<Entry, EntryError> {
-    let malformed = |what: &str| EntryError::Malformed(format!("{what}"));
+    let malformed = |what: &str| EntryError::Malformed(what.to_string());
     let certname = fields.certname.ok_or_else(|| malformed("no certname string"))?;
     if certname.is_empty() || certname.contains(['/', '\0']) {
         return Err(EntryError::Skipped(format!("invalid certname {certname:?}")));
