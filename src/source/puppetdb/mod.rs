@@ -42,6 +42,8 @@ const GARBAGE_FACTOR: usize = crate::source::puppet_cache::GARBAGE_FACTOR;
 const WORST_CASE_REQUESTS: u32 = 3;
 /// Decoding and building, beyond the network's share.
 const WORST_CASE_WORK: Duration = Duration::from_secs(300);
+/// Answers fetched ahead of the one being decoded.
+const PAGES_AHEAD: usize = 1;
 
 /// The PuppetDB servers, and what the last refresh left the next.
 pub struct PuppetdbSource {
@@ -191,7 +193,9 @@ impl PuppetdbSource {
     }
 
     /// The entries of `certnames`, a page at a time, decoded into `builder`. Only
-    /// entries asked for are taken.
+    /// entries asked for are taken. The next page is asked for while one is
+    /// decoded, so PuppetDB's time and ours overlap; at most [`PAGES_AHEAD`]
+    /// answers wait beside the one being fetched and the one being decoded.
     fn fetch(
         &self,
         session: &mut Session,
@@ -199,19 +203,38 @@ impl PuppetdbSource {
         builder: &mut Builder,
         warnings: &mut Vec<String>,
     ) -> Result<Vec<Entry>> {
+        let pages: Vec<&[&str]> = certnames.chunks(self.settings.page_size.max(1)).collect();
+        let pages = &pages;
         let mut entries = Vec::with_capacity(certnames.len());
-        for page in certnames.chunks(self.settings.page_size.max(1)) {
-            let answer = session.query(&query::inventory_of(page)).map_err(Error::Io)?;
-            let before = entries.len();
-            decode::inventory(&answer.bytes, builder, &mut entries, warnings)
-                .map_err(|why| malformed(&answer.url, &why))?;
-            if let Some(stranger) = entries[before..].iter().find(|e| page.binary_search(&e.certname.as_str()).is_err())
-            {
-                let why = format!("an entry for {:?}, which was not asked for", stranger.certname);
-                return Err(malformed(&answer.url, &why));
+        std::thread::scope(|scope| {
+            let (send, answers) = crossbeam_channel::bounded(PAGES_AHEAD);
+            let fetcher = move || {
+                for page in pages {
+                    let answer = session.query(&query::inventory_of(page));
+                    let failed = answer.is_err();
+                    // Stops once the decoder has stopped.
+                    if send.send(answer).is_err() || failed {
+                        break;
+                    }
+                }
+            };
+            std::thread::Builder::new()
+                .name("puppet-kicker-puppetdb".into())
+                .spawn_scoped(scope, fetcher)
+                .map_err(|e| Error::system("cannot start the PuppetDB fetch thread", e))?;
+            for (page, answer) in pages.iter().zip(answers.iter()) {
+                let answer = answer.map_err(Error::Io)?;
+                let before = entries.len();
+                decode::inventory(&answer.bytes, builder, &mut entries, warnings)
+                    .map_err(|why| malformed(&answer.url, &why))?;
+                let asked = |e: &Entry| page.binary_search(&e.certname.as_str()).is_ok();
+                if let Some(stranger) = entries[before..].iter().find(|e| !asked(e)) {
+                    let why = format!("an entry for {:?}, which was not asked for", stranger.certname);
+                    return Err(malformed(&answer.url, &why));
+                }
             }
-        }
-        Ok(entries)
+            Ok(entries)
+        })
     }
 }
 
