@@ -7,7 +7,7 @@
 //! (1) A full read: the listing, pages of `puppetdb.page_size` (500) entries over
 //! TLS, each decoded into the store as it arrives, then the index built. (2) An
 //! incremental refresh after 10 nodes' facts changed: the listing since the newest
-//! timestamp less the overlap, the nodes gone since, the 10 entries, the index from
+//! timestamp less the overlap, the inactive nodes, the 10 entries, the index from
 //! the previous one. The fake server's own share (making answers from the rendered
 //! entries) is measured apart; a real PuppetDB's share is not here (the stack's
 //! benchmarks measure it). One warm-up, then at least five samples; medians.

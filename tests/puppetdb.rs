@@ -405,3 +405,32 @@ fn the_service_serves_the_last_snapshot_while_puppetdb_is_down_and_a_cold_start_
     assert!(error.contains("no fact data") && error.contains(&closed), "{error}");
     assert!(error.to_lowercase().contains("refused"), "{error}");
 }
+
+/// Against a real PuppetDB (`script/puppetdb start`, then `eval "$(script/puppetdb
+/// env)"`): its answers to the source's PQL read as a full read, and an incremental
+/// refresh gives what a full read gives. Skipped unless `PK_PUPPETDB_URL`,
+/// `PK_PUPPETDB_CA`, `PK_PUPPETDB_CERT` and `PK_PUPPETDB_KEY` name a running one.
+#[test]
+fn a_real_puppetdb_answers_the_sources_queries() {
+    let var = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
+    let (Some(url), Some(ca), Some(cert), Some(key)) =
+        (var("PK_PUPPETDB_URL"), var("PK_PUPPETDB_CA"), var("PK_PUPPETDB_CERT"), var("PK_PUPPETDB_KEY"))
+    else {
+        eprintln!("skipped: PK_PUPPETDB_URL, PK_PUPPETDB_CA, PK_PUPPETDB_CERT, PK_PUPPETDB_KEY not set");
+        return;
+    };
+    let puppet =
+        PuppetSettings { hostcert: Some(cert), hostprivkey: Some(key), localcacert: Some(ca), ..Default::default() };
+    let mut s = settings(&puppet, &[url.to_str().unwrap()]);
+    s.page_size = 7;
+    let source = PuppetdbSource::open(&s).unwrap();
+    let full = refresh(&source, None, "trusted.extensions.pp_role").unwrap();
+    assert!(!full.is_empty(), "the stack holds facts");
+    for server in servers(&full) {
+        assert!(server.facts.get("trusted").is_some_and(Value::is_object), "{}", server.certname);
+    }
+    let next = refresh(&source, Some(&full), "trusted.extensions.pp_role").unwrap();
+    let again = refresh(&PuppetdbSource::open(&s).unwrap(), None, "trusted.extensions.pp_role").unwrap();
+    assert_eq!(servers(&next), servers(&again));
+    eprintln!("{} servers from {}", full.len(), url.display());
+}

@@ -267,11 +267,8 @@ fn answer(fleet: &mut Fleet, pql: &str) -> String {
         out.push(']');
         return out;
     }
-    if pql.starts_with("nodes[certname, deactivated, expired] { node_state = \"inactive\"") {
-        let since = seconds(&quoted_strings(pql)[1]);
-        let gone = nodes
-            .iter()
-            .filter(|(_, n)| n.deactivated.is_some_and(|d| d >= since) || n.expired.is_some_and(|e| e >= since));
+    if pql == query::gone() {
+        let gone = nodes.iter().filter(|(_, n)| n.deactivated.is_some() || n.expired.is_some());
         let gone = gone.map(
             |(c, n)| json!({"certname": c, "deactivated": n.deactivated.map(stamp), "expired": n.expired.map(stamp)}),
         );

@@ -5,8 +5,9 @@
 //! facts of `puppetdb.page_size` certnames at a time, each answer decoded into the
 //! store as it arrives. An incremental refresh asks which nodes' facts were stored
 //! since the newest it saw (less `puppetdb.overlap`), fetches those whose timestamp
-//! differs from the one held, and drops the nodes deactivated or expired since; the
-//! other servers keep their rows. A full read again every `puppetdb.full_refresh`.
+//! differs from the one held, and drops the held nodes PuppetDB lists as deactivated
+//! or expired; the other servers keep their rows. A full read again every
+//! `puppetdb.full_refresh`.
 //!
 //! - [`conf`]: puppetdb.conf's `server_urls`;
 //! - [`tls`]: the rustls configuration from Puppet's certificate, key, CA and CRL;
@@ -142,12 +143,12 @@ impl PuppetdbSource {
     }
 
     /// The nodes changed since the newest seen (less the overlap) fetched again, the
-    /// nodes gone since dropped; the others as they are.
+    /// nodes held that PuppetDB lists as inactive dropped; the others as they are.
     fn incremental(&self, session: &mut Session, index: &Index, carried: Carried) -> Result<(Harvest, State)> {
         let Carried { tables, mut state, .. } = carried;
         let since = query::timestamp(state.newest.saturating_sub(self.settings.overlap as i64));
         let listed = self.list(session, Some(&since))?;
-        let answer = session.query(&query::gone_since(&since)).map_err(Error::Io)?;
+        let answer = session.query(&query::gone()).map_err(Error::Io)?;
         let gone = decode::gone(&answer.bytes).map_err(|why| malformed(&answer.url, &why))?;
         let mut changed: Vec<String> = Vec::new();
         for node in gone {
