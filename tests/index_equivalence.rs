@@ -135,3 +135,40 @@ fn servers_read_back_as_the_nodes_they_were_built_from() {
         assert_eq!(index.by_certname(&node.certname).map(|s| s.position()), Some(p as u32));
     }
 }
+
+/// A dotted role fact (a trusted extension): role lookups, and clauses on that path
+/// (answered from the role map), select what the reference selects.
+#[test]
+fn a_dotted_role_fact_selects_what_the_reference_selects() {
+    const ROLE_FACT: &str = "trusted.extensions.pp_role";
+    let mut nodes = fleet();
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let role = node.facts.remove("role").unwrap_or(Value::Null);
+        // Some servers keep theirs in the fact only, or in neither.
+        match i % 7 {
+            0 => {
+                node.facts.insert("role".into(), role);
+            }
+            1 => {}
+            _ => {
+                node.facts.insert("trusted".into(), serde_json::json!({"extensions": {"pp_role": role}}));
+            }
+        }
+    }
+    let index = Index::build(nodes.clone(), ROLE_FACT, NOW);
+    let before = reference::Index::build(nodes, ROLE_FACT, NOW);
+    let mut selected = 0;
+    for (role, _) in synthetic::ROLES {
+        let selector = RoleSelector::parse(&[*role]).unwrap();
+        let clause = Query::parse(&[format!("{ROLE_FACT}={role}")]).unwrap();
+        for environment in ["production", "staging", "dev"] {
+            let expected = before.with_role(&selector, environment, FRESH);
+            assert_eq!(index.with_role(&selector, environment, FRESH), expected, "{role} in {environment}");
+            let by_clause = before.with_facts(&clause, environment, ROLE_FACT, FRESH);
+            assert_eq!(index.with_facts(&clause, environment, FRESH), by_clause, "{role} in {environment}");
+            assert_eq!(by_clause, expected, "the clause and the role map agree");
+            selected += expected.len();
+        }
+    }
+    assert!(selected > 500, "the roles select servers ({selected})");
+}

@@ -35,7 +35,7 @@ pub fn fleet_settings(config: &str) -> PuppetSettings {
     );
     let config_file = dir.join("puppet_kicker.yaml");
     std::fs::write(&config_file, text).expect("fleet config");
-    PuppetSettings { confdir: dir.clone(), vardir: dir, server_datadir: None, config_file: Some(config_file) }
+    PuppetSettings { confdir: dir.clone(), vardir: dir, config_file: Some(config_file), ..Default::default() }
 }
 
 /// The fixture fleet, indexed once per process.
