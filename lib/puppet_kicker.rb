@@ -36,6 +36,9 @@ module PuppetKicker
     'report' => ReportError,
   }.freeze
 
+  # The certificate settings the core is given (the PuppetDB source's defaults).
+  SSL_SETTINGS = %w[hostcert hostprivkey localcacert hostcrl].freeze
+
   LIBRARIES = { 'magnus' => NATIVE_LIBRARY, 'ffi' => FFI_LIBRARY }.freeze
   BACKENDS = LIBRARIES.keys.freeze
   WHERE_LIBRARIES_ARE = "puppet-kicker looks for its libraries only in #{LIBRARY_DIR}/ (native/ beside the " \
@@ -81,7 +84,8 @@ module PuppetKicker
 
     # Configures the core from Puppet's own settings; a no-op while they are unchanged.
     def configure(settings = Puppet.settings)
-      key = [settings[:confdir], settings[:vardir], server_datadir(settings), ENV.fetch('PUPPET_KICKER_CONFIG', nil)]
+      key = [settings[:confdir], settings[:vardir], server_datadir(settings), ENV.fetch('PUPPET_KICKER_CONFIG', nil),
+             ssl_settings(settings),]
       configured = (@configured_with ||= {})
       return if key == configured[backend]
 
@@ -180,7 +184,19 @@ module PuppetKicker
     # puppetserver's fact cache lives in $server_datadir/facts; the setting comes from
     # Puppet (its default is $vardir/server_data), never from a hard-coded path.
     def server_datadir(settings)
-      settings[:server_datadir]
+      optional_setting(settings, :server_datadir)
+    end
+
+    # Puppet's own certificate, key, CA and CRL: what the PuppetDB source presents and
+    # trusts unless puppet_kicker.yaml says otherwise.
+    def ssl_settings(settings)
+      SSL_SETTINGS.to_h { |name| [name, optional_setting(settings, name.to_sym)] }
+    end
+
+    # A setting this Puppet may not have, or cannot interpolate here: nil.
+    def optional_setting(settings, name)
+      value = settings[name]
+      value.nil? || value.to_s.empty? ? nil : value.to_s
     rescue ArgumentError, Puppet::Settings::InterpolationError
       nil
     end

@@ -27,8 +27,8 @@ use std::sync::OnceLock;
 pub use crate::error::Kind;
 
 /// Puppet's settings as strings, as both bindings receive them; an empty
-/// `server_datadir` or `config_file` means not given.
-#[derive(Debug, Deserialize)]
+/// `server_datadir`, `config_file` or certificate path means not given.
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub confdir: String,
@@ -37,6 +37,33 @@ pub struct Settings {
     pub server_datadir: Option<String>,
     #[serde(default)]
     pub config_file: Option<String>,
+    /// Puppet's own certificate, key, CA and CRL: the PuppetDB source's defaults.
+    #[serde(default)]
+    pub hostcert: Option<String>,
+    #[serde(default)]
+    pub hostprivkey: Option<String>,
+    #[serde(default)]
+    pub localcacert: Option<String>,
+    #[serde(default)]
+    pub hostcrl: Option<String>,
+}
+
+impl Settings {
+    /// The names of the certificate settings, as Puppet and both bindings spell them.
+    pub const SSL: [&'static str; 4] = ["hostcert", "hostprivkey", "localcacert", "hostcrl"];
+
+    /// Sets the certificate setting `name` (one of [`Settings::SSL`]); false for any other name.
+    pub fn set_ssl(&mut self, name: &str, path: Option<String>) -> bool {
+        let slot = match name {
+            "hostcert" => &mut self.hostcert,
+            "hostprivkey" => &mut self.hostprivkey,
+            "localcacert" => &mut self.localcacert,
+            "hostcrl" => &mut self.hostcrl,
+            _ => return false,
+        };
+        *slot = path;
+        true
+    }
 }
 
 impl From<Settings> for PuppetSettings {
@@ -47,6 +74,10 @@ impl From<Settings> for PuppetSettings {
             vardir: PathBuf::from(s.vardir),
             server_datadir: given(s.server_datadir),
             config_file: given(s.config_file),
+            hostcert: given(s.hostcert),
+            hostprivkey: given(s.hostprivkey),
+            localcacert: given(s.localcacert),
+            hostcrl: given(s.hostcrl),
         }
     }
 }

@@ -14,7 +14,7 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 6
+    ABI_VERSION = 7
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
@@ -58,10 +58,10 @@ module PuppetKicker
 
       # A configure may replace the core, and what it was told with it: the notes
       # remembered are forgotten, whatever the outcome.
-      def configure(confdir, vardir, server_datadir, config_file)
+      def configure(confdir, vardir, server_datadir, config_file, ssl)
         @noted_lock.synchronize do
-          request(:pk_configure, 'confdir' => confdir, 'vardir' => vardir,
-                                 'server_datadir' => server_datadir, 'config_file' => config_file)
+          request(:pk_configure, (ssl || {}).merge('confdir' => confdir, 'vardir' => vardir,
+                                                   'server_datadir' => server_datadir, 'config_file' => config_file))
         ensure
           @noted = {}
         end

@@ -40,11 +40,18 @@ module PuppetKicker
     def spawn(settings, cache_dir)
       log = File.join(cache_dir, LOG)
       rotate(log)
-      pid = Process.spawn(RbConfig.ruby, SCRIPT, *settings.map(&:to_s),
+      pid = Process.spawn(RbConfig.ruby, SCRIPT, *argv(settings),
                           in: File::NULL, out: [log, File::WRONLY | File::APPEND | File::CREAT, 0o600],
                           err: %i[child out], pgroup: true, chdir: '/', close_others: true)
       Process.detach(pid)
       pid
+    end
+
+    # The helper's command line: Puppet's four paths, then `name=path` for each
+    # certificate setting Puppet gave.
+    def argv(settings)
+      paths = settings.first(4).map(&:to_s)
+      paths + (settings[4] || {}).filter_map { |name, path| "#{name}=#{path}" if path }
     end
 
     def rotate(log)
@@ -55,10 +62,11 @@ module PuppetKicker
 
     # The helper process itself.
     def main(argv)
-      confdir, vardir, server_datadir, config_file = argv
+      confdir, vardir, server_datadir, config_file, *ssl = argv
+      ssl = ssl.to_h { |pair| pair.split('=', 2) }
       # The library alone (it defines PuppetKicker's errors): not Puppet, not the facade.
       require PuppetKicker::NATIVE_LIBRARY
-      ending = PuppetKicker::Native.run_helper(confdir.to_s, vardir.to_s, server_datadir, config_file)
+      ending = PuppetKicker::Native.run_helper(confdir.to_s, vardir.to_s, server_datadir, config_file, ssl)
       $stdout.puts "#{Time.now.utc.strftime('%FT%TZ')} helper[#{Process.pid}]: #{ending}" if ending == 'AlreadyRunning'
       0
     rescue StandardError, LoadError => e

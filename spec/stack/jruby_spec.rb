@@ -28,7 +28,7 @@ describe 'the ffi backend under JRuby' do
       expect(jruby['backend']).to eq('ffi')
       expect(jruby['engine']).to start_with('jruby 9.')
       mri = PuppetKicker.with_backend('magnus') do
-        PuppetKicker.native.configure(master, File.join(master, 'var'), nil, nil)
+        PuppetKicker.native.configure(master, File.join(master, 'var'), nil, nil, nil)
         calls = [
           -> { PuppetKicker.native.servers_with_role(%w[node haproxy], 'production') },
           -> { PuppetKicker.native.servers_with_role(['/^no/'], 'staging') },

@@ -41,7 +41,7 @@ describe 'the two backends' do
     File.write(File.join(@dir, 'etc', 'puppet_kicker.yaml'), "cache:\n  dir: cache\n")
     PuppetKicker::BACKENDS.each do |name|
       PuppetKicker.with_backend(name) do
-        PuppetKicker.native.configure(File.join(@dir, 'etc'), File.join(@dir, 'var'), nil, nil)
+        PuppetKicker.native.configure(File.join(@dir, 'etc'), File.join(@dir, 'var'), nil, nil, nil)
       end
     end
   end
@@ -155,9 +155,25 @@ describe 'the two backends' do
     expect(magnus.last).to start_with('kick report: ')
     bad = File.join(@dir, 'bad.yaml')
     File.write(bad, "cache:\n  ttl: soon\n")
-    magnus = expect_identical { |n| n.configure(File.join(@dir, 'etc'), File.join(@dir, 'var'), nil, bad) }
+    magnus = expect_identical { |n| n.configure(File.join(@dir, 'etc'), File.join(@dir, 'var'), nil, bad, nil) }
     expect(magnus.first(2)).to eq([:raised, PuppetKicker::ConfigError])
     expect(magnus.last).to include("bad.yaml: 'cache.ttl' must be a duration")
+  end
+
+  it "takes Puppet's certificate settings, and refuses a name that is not one of them, naming it" do
+    etc = File.join(@dir, 'etc')
+    var = File.join(@dir, 'var')
+    ssl = PuppetKicker.send(:ssl_settings, Puppet.settings)
+    expect(ssl.keys).to eq(%w[hostcert hostprivkey localcacert hostcrl])
+    expect(ssl['hostcert']).to eq(Puppet[:hostcert])
+    expect(ssl['localcacert']).to eq(Puppet[:localcacert])
+    expect(through_each { |n| n.configure(etc, var, nil, nil, ssl) }).to eq([nil, nil])
+    magnus = PuppetKicker.with_backend('magnus') { PuppetKicker.native }
+    expect { magnus.configure(etc, var, nil, nil, 'hostcrt' => '/x.pem') }
+      .to raise_error(ArgumentError, /unknown certificate setting "hostcrt": use hostcert, hostprivkey/)
+    ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
+    expect { ffi.configure(etc, var, nil, nil, 'hostcrt' => '/x.pem') }
+      .to raise_error(PuppetKicker::Error, /malformed request: unknown field `hostcrt`/)
   end
 
   it 'gives the same status, warnings and version' do
@@ -186,7 +202,7 @@ describe 'the two backends' do
     end
     etc = File.join(@dir, 'etc')
     var = File.join(@dir, 'var')
-    ffi.configure(etc, var, nil, nil)
+    ffi.configure(etc, var, nil, nil, nil)
     3.times { expect(ffi.note_environment('memo1.example.com', 'production')).to be_nil }
     ffi.note_environment('memo2.example.com', 'production')
     ffi.note_environment('memo1.example.com', 'staging')
@@ -194,7 +210,7 @@ describe 'the two backends' do
     expect(sent).to eq([%w[memo1.example.com production], %w[memo2.example.com production],
                         %w[memo1.example.com staging], %w[memo1.example.com production],])
     # A configure may be a new core: every note is sent again.
-    ffi.configure(etc, var, nil, nil)
+    ffi.configure(etc, var, nil, nil, nil)
     ffi.note_environment('memo1.example.com', 'production')
     expect(sent.size).to eq(5)
     # A note the core refuses is refused each time, never remembered.

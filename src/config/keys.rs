@@ -119,10 +119,11 @@ fn shown_puppet_inputs(c: &Config) -> Option<(bool, bool, Option<u32>)> {
 const PUPPET_AGENT: Agent = Agent::Puppet { force: true, splay: false, splaylimit: None };
 
 keys! {
-    /// Where facts come from: `puppet_cache` (the master's own fact cache) or `mcollective`
-    /// (`rpcutil#inventory` of your mcollectived daemons; see [The mcollective source](#the-mcollective-source)).
+    /// Where facts come from: `puppet_cache` (the master's own fact cache), `mcollective`
+    /// (`rpcutil#inventory` of your mcollectived daemons; see [The mcollective source](#the-mcollective-source))
+    /// or `puppetdb` (PuppetDB's inventory; see [The PuppetDB source](#the-puppetdb-source)).
     Plain "source" = Value("puppet_cache"),
-        set |c, v, _| c.source = choice(v, &[("puppet_cache", SourceKind::PuppetCache), ("mcollective", SourceKind::Mcollective)], "one of: puppet_cache, mcollective")?,
+        set |c, v, _| c.source = choice(v, &[("puppet_cache", SourceKind::PuppetCache), ("mcollective", SourceKind::Mcollective), ("puppetdb", SourceKind::Puppetdb)], "one of: puppet_cache, mcollective, puppetdb")?,
         show |c| &c.source;
     /// Directories of cached facts: JSON (puppetserver 7, `facts_terminus = json`) and Ruby-tagged YAML
     /// (older masters). Read on up to two threads (never more than the cores). A file that does not
@@ -157,7 +158,8 @@ keys! {
     Plain "max_age" = Value("7d"),
         set |c, v, _| c.max_age = seconds(v, "a duration (604800, 7d)")?,
         show |c| &c.max_age;
-    /// The fact that holds a server's role.
+    /// The fact that holds a server's role: a name, or a dotted path into a structured fact
+    /// (`trusted.extensions.pp_role`); a top-level fact named exactly so wins, as in queries.
     Plain "role_fact" = Value("role"),
         set |c, v, _| c.role_fact = text(v, "a fact name")?,
         show |c| &c.role_fact;
@@ -248,6 +250,52 @@ keys! {
     Plain "mcollective.max_reply_bytes" = Described("`1G`"),
         set |c, v, _| c.mcollective.overrides.reply_limits.get_or_insert_with(Default::default).max_bytes = byte_size(v)?,
         show |c| c.mcollective.overrides.reply_limits.map(|l| l.max_bytes);
+
+    /// The puppetdb.conf to read `server_urls` from (`[main]`, `server_urls = https://a:8081,https://b:8081`).
+    Plain "puppetdb.config" = Described("`$confdir/puppetdb.conf`"),
+        set |c, v, base| c.puppetdb.config_file = base.join(text(v, "a file")?),
+        show |c| &c.puppetdb.config_file;
+    /// PuppetDB's URLs, tried in order (a list, or one string with commas); each must be `https://`.
+    Plain "puppetdb.server_urls" = Described("from puppetdb.config"),
+        set |c, v, _| c.puppetdb.server_urls = Some(https_urls(v)?),
+        show |c| &c.puppetdb.server_urls;
+    /// The client certificate and key presented to PuppetDB, the CA its certificate must chain
+    /// to, and the CRL checked when the file exists (relative to this file). TLS verification is
+    /// always on.
+    Plain "puppetdb.cert" = Described("Puppet's `hostcert`"),
+        set |c, v, base| c.puppetdb.cert = Some(base.join(text(v, "a file")?)),
+        show |c| &c.puppetdb.cert;
+    Plain "puppetdb.key" = Described("Puppet's `hostprivkey`"),
+        set |c, v, base| c.puppetdb.key = Some(base.join(text(v, "a file")?)),
+        show |c| &c.puppetdb.key;
+    Plain "puppetdb.ca" = Described("Puppet's `localcacert`"),
+        set |c, v, base| c.puppetdb.ca = Some(base.join(text(v, "a file")?)),
+        show |c| &c.puppetdb.ca;
+    Plain "puppetdb.crl" = Described("Puppet's `hostcrl`"),
+        set |c, v, base| c.puppetdb.crl = Some(base.join(text(v, "a file")?)),
+        show |c| &c.puppetdb.crl;
+    /// One request to one URL (connect, TLS, answer read) fails past this; the next URL is tried.
+    Plain "puppetdb.timeout" = Value("30"),
+        set |c, v, _| c.puppetdb.timeout = positive_seconds(v, "a duration (30)")?,
+        show |c| &c.puppetdb.timeout;
+    /// Servers whose facts one request fetches; each answer is decoded into the index as it arrives.
+    Plain "puppetdb.page_size" = Value("500"),
+        set |c, v, _| c.puppetdb.page_size = usize_count(v)?,
+        show |c| &c.puppetdb.page_size;
+    /// Most bytes of one answer; a larger one fails the refresh. One server's entry is bounded
+    /// as one fact cache file is (16 MiB, 64 levels).
+    Plain "puppetdb.max_page_bytes" = Value("256M"),
+        set |c, v, _| c.puppetdb.max_page_bytes = byte_size(v)?,
+        show |c| &c.puppetdb.max_page_bytes;
+    /// An incremental refresh asks for the nodes changed since the newest change it saw, less
+    /// this (commands commit out of order).
+    Plain "puppetdb.overlap" = Value("60"),
+        set |c, v, _| c.puppetdb.overlap = seconds(v, "a duration (60)")?,
+        show |c| &c.puppetdb.overlap;
+    /// A full read at least this often, whatever the incremental refreshes found.
+    Plain "puppetdb.full_refresh" = Value("1h"),
+        set |c, v, _| c.puppetdb.full_refresh = seconds(v, "a duration (3600, 1h)")?,
+        show |c| &c.puppetdb.full_refresh;
 
     /// mcollective agent: `puppet` (mcollective-puppet-agent) or the legacy `puppetd` (`runonce` with
     /// `forcerun` as the String `"true"`, as `mco puppetd runonce` sends it: the DDLs in the field

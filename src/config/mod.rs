@@ -29,6 +29,12 @@ pub struct PuppetSettings {
     pub server_datadir: Option<PathBuf>,
     /// `PUPPET_KICKER_CONFIG`, read by the caller (JRuby's ENV is not the process's).
     pub config_file: Option<PathBuf>,
+    /// `Puppet[:hostcert]`, `[:hostprivkey]`, `[:localcacert]`, `[:hostcrl]`: the
+    /// master's own identity, what the PuppetDB source presents and trusts by default.
+    pub hostcert: Option<PathBuf>,
+    pub hostprivkey: Option<PathBuf>,
+    pub localcacert: Option<PathBuf>,
+    pub hostcrl: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +43,8 @@ pub enum SourceKind {
     PuppetCache,
     /// `rpcutil#inventory` of the mcollective daemons, through the operator's client.cfg.
     Mcollective,
+    /// PuppetDB's `inventory`, through the master's puppetdb.conf and certificate.
+    Puppetdb,
 }
 
 /// What the functions do when the index holds no server at all.
@@ -71,6 +79,31 @@ pub struct Config {
     /// ... up to this many.
     pub retry_max: u64,
     pub mcollective: McollectiveSettings,
+    pub puppetdb: PuppetdbSettings,
+}
+
+/// `puppetdb.*`: where PuppetDB is, how to prove who we are, and how to page and
+/// refresh. `None` means "from Puppet": puppetdb.conf, Puppet's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PuppetdbSettings {
+    /// `puppetdb.config`: the puppetdb.conf giving `server_urls` when not set here.
+    pub config_file: PathBuf,
+    pub server_urls: Option<Vec<String>>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+    /// Read only when the file exists.
+    pub crl: Option<PathBuf>,
+    /// Seconds one request (connect, send, answer read) may take.
+    pub timeout: u64,
+    /// Servers asked for per request.
+    pub page_size: usize,
+    /// Most bytes of one answer.
+    pub max_page_bytes: usize,
+    /// Seconds before the newest change seen that an incremental refresh asks again.
+    pub overlap: u64,
+    /// Seconds between full reads.
+    pub full_refresh: u64,
 }
 
 /// `mcollective.*`: which client.cfg to read, the values that override it, and the
@@ -156,6 +189,19 @@ impl Config {
                 password: None,
                 timeout: 0,
                 grace: 0,
+            },
+            puppetdb: PuppetdbSettings {
+                config_file: settings.confdir.join("puppetdb.conf"),
+                server_urls: None,
+                cert: settings.hostcert.clone(),
+                key: settings.hostprivkey.clone(),
+                ca: settings.localcacert.clone(),
+                crl: settings.hostcrl.clone(),
+                timeout: 0,
+                page_size: 0,
+                max_page_bytes: 0,
+                overlap: 0,
+                full_refresh: 0,
             },
         };
         for key in KEYS {
@@ -319,6 +365,51 @@ mod tests {
         let d = Config::defaults(&settings());
         assert_eq!((d.mcollective.timeout, d.mcollective.grace, d.retry_min, d.retry_max), (10, 600, 5, 300));
         assert_eq!(d.mcollective.overrides.config_path, None);
+    }
+
+    #[test]
+    fn puppetdb_keys_default_to_puppets_own_settings() {
+        let puppet = PuppetSettings {
+            hostcert: Some("/ssl/certs/m.pem".into()),
+            hostprivkey: Some("/ssl/private_keys/m.pem".into()),
+            localcacert: Some("/ssl/certs/ca.pem".into()),
+            hostcrl: Some("/ssl/crl.pem".into()),
+            ..settings()
+        };
+        let d = Config::defaults(&puppet).puppetdb;
+        assert_eq!(d.config_file, PathBuf::from("/etc/puppet/puppetdb.conf"));
+        assert_eq!(d.server_urls, None);
+        assert_eq!(
+            (d.cert.as_deref(), d.key.as_deref(), d.ca.as_deref(), d.crl.as_deref()),
+            (
+                Some(Path::new("/ssl/certs/m.pem")),
+                Some(Path::new("/ssl/private_keys/m.pem")),
+                Some(Path::new("/ssl/certs/ca.pem")),
+                Some(Path::new("/ssl/crl.pem"))
+            )
+        );
+        assert_eq!(
+            (d.timeout, d.page_size, d.max_page_bytes, d.overlap, d.full_refresh),
+            (30, 500, 256 << 20, 60, 3600)
+        );
+
+        let c = Config::parse(
+            "source: puppetdb\npuppetdb:\n  server_urls: https://a:8081, https://b:8081\n  cert: c.pem\n  key: k.pem\n  ca: /ca.pem\n  crl: crl.pem\n  timeout: 5\n  page_size: 50\n  max_page_bytes: 8M\n  overlap: 2m\n  full_refresh: 30m\n  config: pdb.conf\n",
+            Path::new("/etc/puppet/puppet_kicker.yaml"),
+            &puppet,
+        )
+        .unwrap();
+        assert_eq!(c.source, SourceKind::Puppetdb);
+        let p = &c.puppetdb;
+        assert_eq!(p.server_urls.as_deref(), Some(&["https://a:8081".to_string(), "https://b:8081".to_string()][..]));
+        assert_eq!(p.cert.as_deref(), Some(Path::new("/etc/puppet/c.pem")));
+        assert_eq!(p.ca.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(p.config_file, PathBuf::from("/etc/puppet/pdb.conf"));
+        assert_eq!((p.timeout, p.page_size, p.max_page_bytes, p.overlap, p.full_refresh), (5, 50, 8 << 20, 120, 1800));
+        let e = parse("puppetdb:\n  server_urls: [http://a:8080]\n").unwrap_err().to_string();
+        assert!(e.contains("'puppetdb.server_urls' must be a list of https:// URLs"), "{e}");
+        let e = parse("puppetdb:\n  page_size: 0\n").unwrap_err().to_string();
+        assert!(e.contains("'puppetdb.page_size'"), "{e}");
     }
 
     #[test]

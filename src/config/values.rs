@@ -223,3 +223,21 @@ fn broker_tls(map: &serde_json::Map<String, Value>, base: &Path) -> Result<Optio
     }
     Ok(Some(TlsSettings { ca, cert, key }))
 }
+
+/// `https://a:8081,https://b:8081` or a list of them: at least one, each `https://`.
+pub(crate) fn https_urls(value: &Value) -> Result<Vec<String>, Problem> {
+    const WHAT: &str = "a list of https:// URLs";
+    let urls: Vec<String> = match value {
+        Value::String(s) => s.split(',').map(|u| u.trim().to_string()).collect(),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map(|u| u.trim().to_string()))
+            .collect::<Option<_>>()
+            .ok_or(expected(WHAT))?,
+        _ => return Err(expected(WHAT)),
+    };
+    if urls.is_empty() || urls.iter().any(|u| !crate::source::puppetdb::conf::is_https_url(u)) {
+        return Err(expected(WHAT));
+    }
+    Ok(urls)
+}

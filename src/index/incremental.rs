@@ -91,8 +91,9 @@ impl Index {
             let server = &placed[position as usize];
             let entry = by_environment.entry_ref(store.str(server.environment)).or_default();
             insert_sorted(&mut entry.all, position);
-            let facts = store.view(server.facts).as_object().and_then(|f| f.get_hinted(&mut role_hint));
-            for role in super::server::roles_in(facts) {
+            let facts = store.view(server.facts).as_object();
+            let role = facts.and_then(|f| super::server::role_value(f, &previous.role_fact, &mut role_hint));
+            for role in super::server::roles_in(role) {
                 insert_sorted(entry.by_role.entry_ref(role).or_default(), position);
             }
         }

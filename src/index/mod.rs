@@ -269,7 +269,7 @@ impl Index {
             }
             let entry = by_environment.get_mut(environment).expect("inserted above");
             entry.all.push(position);
-            for role in server.roles_hinted(&mut role_hint) {
+            for role in server.roles_hinted(role_fact, &mut role_hint) {
                 if !entry.by_role.contains_key(role) {
                     entry.by_role.insert(role.to_string(), Positions::new());
                 }

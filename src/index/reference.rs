@@ -44,7 +44,7 @@ impl Index {
             by_certname.insert(node.certname.clone(), position);
             let entry = by_environment.entry(node.environment.clone()).or_default();
             entry.all.push(position);
-            for role in role_names(node.facts.get(role_fact)) {
+            for role in role_names(crate::facts::lookup(&node.facts, &crate::facts::FactPath::new(role_fact))) {
                 let positions = entry.by_role.entry(role.to_string()).or_default();
                 if positions.last() != Some(&position) {
                     positions.push(position);

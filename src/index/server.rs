@@ -109,18 +109,18 @@ impl<'a> ServerRef<'a> {
 
     /// The roles its role fact names: a string, or the strings of a list.
     pub fn roles(self, role_fact: &str) -> impl Iterator<Item = &'a str> + 'a {
-        roles_in(self.facts().get(role_fact))
+        roles_in(role_value(self.facts(), role_fact, &mut KeyHint::new(role_fact)))
     }
 
     /// [`Self::roles`], for server after server of one index: `hint` is made for
     /// the role fact.
-    pub fn roles_hinted(self, hint: &mut KeyHint) -> impl Iterator<Item = &'a str> + 'a {
-        roles_in(self.facts().get_hinted(hint))
+    pub fn roles_hinted(self, role_fact: &str, hint: &mut KeyHint) -> impl Iterator<Item = &'a str> + 'a {
+        roles_in(role_value(self.facts(), role_fact, hint))
     }
 
     /// The role fact when it is a string (what the kick planner records).
     pub fn role(self, role_fact: &str) -> Option<&'a str> {
-        self.facts().get(role_fact).and_then(View::as_str)
+        role_value(self.facts(), role_fact, &mut KeyHint::new(role_fact)).and_then(View::as_str)
     }
 
     /// As [`Node::sort_name`]: the `fqdn` fact, or the certname without one.
@@ -152,6 +152,25 @@ impl<'a> ServerRef<'a> {
             answered_at: self.answered_at(),
         }
     }
+}
+
+/// The role fact of a server with `facts`, as a query reads a path: a top-level fact
+/// named exactly `role_fact` (found through `hint`, made for it) wins, else a dotted
+/// walk into hashes and, by number, arrays (`trusted.extensions.pp_role`).
+pub(super) fn role_value<'a>(facts: ObjectRef<'a>, role_fact: &str, hint: &mut KeyHint) -> Option<View<'a>> {
+    if let Some(value) = facts.get_hinted(hint) {
+        return Some(value);
+    }
+    let (first, rest) = role_fact.split_once('.')?;
+    let mut current = facts.get(first);
+    for segment in rest.split('.') {
+        current = match current?.kind() {
+            Kind::Object(map) => map.get(segment),
+            Kind::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+            _ => None,
+        };
+    }
+    current
 }
 
 /// The roles a role fact's value names: a string, or the strings of a list.

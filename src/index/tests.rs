@@ -223,3 +223,37 @@ fn kept_answers_are_bounded() {
     assert!(!idx.answer_holds(first, FRESH), "dropped, and so no longer held");
     assert_ne!(ask(0), first, "the least recently asked of {} + 1 questions was dropped", ANSWERS);
 }
+
+/// A dotted role fact reaches into a structured fact (a trusted extension); a
+/// top-level fact named exactly so wins, as in queries; a plain name is unchanged.
+#[test]
+fn a_dotted_role_fact_walks_into_structured_facts() {
+    let nodes = || {
+        vec![
+            node("db1", json!({"trusted": {"extensions": {"pp_role": "db"}}, "role": "other"}), 0),
+            node("db2", json!({"trusted": {"extensions": {"pp_role": ["db", "backup"]}}}), 0),
+            node("flat", json!({"trusted.extensions.pp_role": "db", "trusted": {"extensions": {"pp_role": "no"}}}), 0),
+            node("listed", json!({"roles": ["first", "db"], "trusted": "not a hash"}), 0),
+            node("none", json!({"trusted": {"extensions": {}}}), 0),
+        ]
+    };
+    let db = RoleSelector::parse(&["db"]).unwrap();
+    let idx = Index::build(nodes(), "trusted.extensions.pp_role", NOW);
+    assert_eq!(certnames(&idx, idx.with_role(&db, "production", FRESH)), ["db1", "db2", "flat"]);
+    assert_eq!(idx.by_certname("db1").and_then(|s| s.role("trusted.extensions.pp_role")), Some("db"));
+    assert_eq!(idx.by_certname("flat").and_then(|s| s.role("trusted.extensions.pp_role")), Some("db"));
+    let backup = RoleSelector::parse(&["backup"]).unwrap();
+    assert_eq!(certnames(&idx, idx.with_role(&backup, "production", FRESH)), ["db2"]);
+    let reference = reference::Index::build(nodes(), "trusted.extensions.pp_role", NOW);
+    assert_eq!(reference.with_role(&db, "production", FRESH).len(), 3);
+    // A list is walked into by number.
+    let by_number = Index::build(nodes(), "roles.1", NOW);
+    assert_eq!(certnames(&by_number, by_number.with_role(&db, "production", FRESH)), ["listed"]);
+    // A plain role fact reads the top-level fact only.
+    let plain = Index::build(nodes(), "role", NOW);
+    assert_eq!(
+        certnames(&plain, plain.with_role(&RoleSelector::parse(&["other"]).unwrap(), "production", FRESH)),
+        ["db1"]
+    );
+    assert!(plain.with_role(&db, "production", FRESH).is_empty());
+}

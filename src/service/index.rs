@@ -12,6 +12,7 @@ use crate::index::{Answer, Freshness, Index, Question, RoleSelector, ServerRef};
 use crate::query::ClauseCache;
 use crate::snapshot;
 use crate::source::mcollective::McollectiveSource;
+use crate::source::puppetdb::PuppetdbSource;
 use crate::sync::lock;
 use crate::time::now;
 use arc_swap::ArcSwapOption;
@@ -110,11 +111,19 @@ impl IndexService {
         let config = Config::load(&settings)?;
         let mcollective = match config.source {
             SourceKind::Mcollective => Some(McollectiveSource::open(&config.mcollective)?),
-            SourceKind::PuppetCache => None,
+            SourceKind::PuppetCache | SourceKind::Puppetdb => None,
+        };
+        let puppetdb = match config.source {
+            SourceKind::Puppetdb => Some(PuppetdbSource::open(&config.puppetdb)?),
+            SourceKind::PuppetCache | SourceKind::Mcollective => None,
         };
         // Every network wait of a refresh is bounded; twice the worst case and a
         // minute more means something below us (resolver, file system) hangs.
-        let worst_case = mcollective.as_ref().map_or(PUPPET_CACHE_WORST_CASE, McollectiveSource::worst_case);
+        let worst_case = match (&mcollective, &puppetdb) {
+            (Some(mcollective), _) => mcollective.worst_case(),
+            (_, Some(puppetdb)) => puppetdb.worst_case(),
+            _ => PUPPET_CACHE_WORST_CASE,
+        };
         let stuck_after = worst_case.saturating_mul(2).saturating_add(Duration::from_secs(60));
         let (refresh, requests) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
@@ -134,6 +143,7 @@ impl IndexService {
             failures: AtomicU32::new(0),
             retry_at: AtomicI64::new(0),
             mcollective,
+            puppetdb,
             requests,
             config,
             worst_case,
@@ -329,6 +339,7 @@ impl IndexService {
                 config.puppet_cache_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
             SourceKind::Mcollective => self.shared.mcollective.as_ref().map_or_else(String::new, |m| m.describe()),
+            SourceKind::Puppetdb => self.shared.puppetdb.as_ref().map_or_else(String::new, |p| p.describe()),
         };
         let why = match lock(&self.shared.last_error).as_deref() {
             Some(error) => format!("the last refresh failed: {error}"),

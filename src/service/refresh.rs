@@ -9,6 +9,7 @@ use crate::index::Index;
 use crate::snapshot::{self, SnapshotRef};
 use crate::source::mcollective::McollectiveSource;
 use crate::source::puppet_cache::{Previous, ReadMemo};
+use crate::source::puppetdb::PuppetdbSource;
 use crate::source::{puppet_cache, Harvest};
 use crate::store::Tables;
 use crate::sync::lock;
@@ -40,6 +41,8 @@ pub(super) struct Shared {
     pub(super) retry_at: AtomicI64,
     /// `source: mcollective`: the client, from the operator's client.cfg.
     pub(super) mcollective: Option<McollectiveSource>,
+    /// `source: puppetdb`: the client, from puppetdb.conf and Puppet's certificate.
+    pub(super) puppetdb: Option<PuppetdbSource>,
     /// Where refresh threads take their work (a new thread replaces a hung one).
     pub(super) requests: Receiver<Refresh>,
     /// A refresh's worst case, network deadlines included.
@@ -177,8 +180,17 @@ impl Shared {
         // Taken: a refresh that fails or loses its ticket leaves none, and the next
         // one reads every file.
         let carried = lock(&self.carried).take();
+        // PuppetDB's recorded environments stand in for where the master saw servers.
+        let mut recorded = None;
         let (mut harvest, memo): (Harvest, Option<ReadMemo>) = match (self.config.source, &self.mcollective) {
             (SourceKind::Mcollective, Some(mcollective)) => (mcollective.refresh(previous.as_deref(), started)?, None),
+            (SourceKind::Puppetdb, _) => {
+                let puppetdb =
+                    self.puppetdb.as_ref().ok_or_else(|| Error::Io("the puppetdb source is not open".into()))?;
+                let (harvest, environments) = puppetdb.refresh(previous.as_deref(), started)?;
+                recorded = Some(environments);
+                (harvest, None)
+            }
             _ => {
                 let base = match (carried, previous.as_deref()) {
                     (Some(c), Some(index)) if c.generation == index.generation() => {
@@ -195,7 +207,7 @@ impl Shared {
         }
         #[cfg(test)]
         let reused = harvest.reused;
-        let seen = lock(&self.seen_environments).clone();
+        let seen = recorded.unwrap_or_else(|| lock(&self.seen_environments).clone());
         let (index, tables) =
             harvest.into_index_and_tables(previous.as_deref(), &seen, &self.config.role_fact, started);
         drop(previous);
@@ -217,6 +229,8 @@ impl Shared {
                     });
                 } else if let Some(mcollective) = &self.mcollective {
                     mcollective.carry(index.generation(), tables);
+                } else if let Some(puppetdb) = &self.puppetdb {
+                    puppetdb.carry(index.generation(), tables);
                 }
             }
         }

@@ -3,6 +3,7 @@
 
 pub mod mcollective;
 pub mod puppet_cache;
+pub mod puppetdb;
 
 use crate::facts::{decide_environment, Facts, Node};
 use crate::index::{Index, Staged, NEVER_ANSWERED};

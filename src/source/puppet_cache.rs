@@ -652,8 +652,8 @@ impl DocumentSeed<'_> {
 }
 
 /// A string kept, anything else read past (within the depth bound).
-struct TextOrSkip<'b> {
-    depth: &'b mut Depth,
+pub(crate) struct TextOrSkip<'b> {
+    pub(crate) depth: &'b mut Depth,
 }
 
 impl<'de> DeserializeSeed<'de> for TextOrSkip<'_> {

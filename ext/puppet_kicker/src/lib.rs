@@ -10,6 +10,7 @@ mod gvl;
 
 use convert::Converter;
 
+use magnus::r_hash::ForEach;
 use magnus::value::ReprValue;
 use magnus::RString;
 use magnus::{function, prelude::*, Error, ExceptionClass, RHash, RModule, Ruby, Value};
@@ -75,8 +76,26 @@ fn call<T: Send>(
     entry(ruby, || convert(ruby, core(ruby, body)?))
 }
 
-fn settings(confdir: String, vardir: String, server_datadir: Option<String>, config_file: Option<String>) -> Settings {
-    Settings { confdir, vardir, server_datadir, config_file }
+/// Puppet's settings; `ssl` maps the names of [`Settings::SSL`] to paths (or nil).
+fn settings(
+    ruby: &Ruby,
+    confdir: String,
+    vardir: String,
+    server_datadir: Option<String>,
+    config_file: Option<String>,
+    ssl: Option<RHash>,
+) -> Result<Settings, Error> {
+    let mut settings = Settings { confdir, vardir, server_datadir, config_file, ..Settings::default() };
+    if let Some(ssl) = ssl {
+        ssl.foreach(|name: String, path: Option<String>| {
+            if settings.set_ssl(&name, path) {
+                return Ok(ForEach::Continue);
+            }
+            let known = Settings::SSL.join(", ");
+            Err(Error::new(ruby.exception_arg_error(), format!("unknown certificate setting {name:?}: use {known}")))
+        })?;
+    }
+    Ok(settings)
 }
 
 fn servers(ruby: &Ruby, query: Query) -> Result<Value, Error> {
@@ -187,7 +206,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
 #[rustfmt::skip]
 fn define(ruby: &Ruby) -> Result<(), Error> {
     let native = ruby.define_module("PuppetKicker")?.define_module("Native")?;
-    native.define_module_function("configure", function!(|r: &Ruby, c, v, d, f| call(r, || seam::configure(settings(c, v, d, f)), nil), 4))?;
+    native.define_module_function("configure", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || seam::configure(s), nil) }, 5))?;
     native.define_module_function("servers_with_role", function!(|r: &Ruby, roles, environment| servers(r, Query::ServersWithRole { roles, environment }), 2))?;
     native.define_module_function("server_with_role", function!(|r: &Ruby, roles, environment| first(r, Query::ServerWithRole { roles, environment }), 2))?;
     native.define_module_function("servers_with_facts", function!(|r: &Ruby, clauses, environment| servers(r, Query::ServersWithFacts { clauses, environment }), 2))?;
@@ -199,7 +218,7 @@ fn define(ruby: &Ruby) -> Result<(), Error> {
     native.define_module_function("kick_report", function!(|r: &Ruby, report: RString| { let report = bytes(report); call(r, move || seam::kick_report(&report), log_lines) }, 1))?;
     native.define_module_function("kick_flush", function!(|r: &Ruby| call(r, seam::kick_flush, log_lines), 0))?;
     native.define_module_function("kick_status", function!(|r: &Ruby| call(r, seam::kick_status, string), 0))?;
-    native.define_module_function("run_helper", function!(|r: &Ruby, c, v, d, f| call(r, || seam::run_helper(settings(c, v, d, f)), string), 4))?;
+    native.define_module_function("run_helper", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || seam::run_helper(s), string) }, 5))?;
     Ok(())
 }
 
@@ -269,7 +288,8 @@ mod tests {
             "timestamp":"2099-01-01T00:00:00.000000000+00:00","expiration":"2099-01-01T00:00:00.000000000+00:00"}"#;
         fs::write(facts.join("web1.example.com.json"), document).unwrap();
         let path = |p: PathBuf| p.display().to_string();
-        seam::configure(settings(path(dir.join("etc")), path(dir.join("var")), None, None)).unwrap();
+        seam::configure(settings(ruby, path(dir.join("etc")), path(dir.join("var")), None, None, None).unwrap())
+            .unwrap();
         let query = Query::ServersWithRole { roles: vec!["web".into()], environment: "production".into() };
         let selected = seam::select(query).unwrap();
         assert_eq!(selected.positions().len(), 1, "the fixture server is found");

@@ -10,7 +10,7 @@
 //! | --- | --- | --- |
 //! | `uint32_t pk_abi_version(void)` | | (returns the number itself) |
 //! | `char *pk_version(void)` | | `"0.1.0 (index format 2)"` |
-//! | `char *pk_configure(req, len)` | `{"confdir","vardir","server_datadir"?,"config_file"?}` | `null` |
+//! | `char *pk_configure(req, len)` | `{"confdir","vardir","server_datadir"?,"config_file"?,"hostcert"?,"hostprivkey"?,"localcacert"?,"hostcrl"?}` | `null` |
 //! | `char *pk_select(req, len)` | `{"op":"servers_with_role"\|"server_with_role","roles":[..],"environment"}` or `{"op":"servers_with_facts","clauses":[..],"environment"}`, each with an optional `"known": A` | `{"generation": G, "answer": A, "positions": [P, ..]}`: the selection, by index generation and position (one position at most for `server_with_role`); the same `A` (non-zero) is the same answer to an identical call, and when it is the `known` one, `positions` is left out |
 //! | `uint32_t pk_answer_holds(uint64_t A)` | | (returns 1 when answer `A` of `pk_select` is still the answer to that call, queuing a refresh of a stale index as the call would; else 0; no JSON) |
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[[[K, ..], [V, ..], certname], ..]`: each server at those positions as its fact names' ids, their values' ids, and the certname to add (or `null`); `null` when the index is no longer generation G |
@@ -60,7 +60,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`,
 /// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds; 6:
 /// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free).
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]

@@ -1,0 +1,125 @@
+//! `$confdir/puppetdb.conf`, the file the master's PuppetDB terminus reads: only
+//! `[main] server_urls` is taken (and the older `server` + `port`). An INI subset:
+//! `[section]`, `key = value`, comments after `#` or `;` at the start of a line.
+
+use std::path::Path;
+
+/// A puppetdb.conf is a few lines.
+const MAX_FILE_SIZE: u64 = 1 << 20;
+/// The port of the older `server` setting when `port` is not given.
+const DEFAULT_PORT: u16 = 8081;
+
+/// Whether `url` is an `https://` URL with a host.
+pub fn is_https_url(url: &str) -> bool {
+    url.strip_prefix("https://")
+        .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default())
+        .is_some_and(|authority| !authority.is_empty() && !authority.starts_with(':'))
+        && !url.contains(|c: char| c.is_whitespace() || c.is_control())
+}
+
+/// The `server_urls` of the puppetdb.conf at `path`; the error names the file, and
+/// the line when one is wrong.
+pub fn server_urls(path: &Path) -> Result<Vec<String>, String> {
+    let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE).map_err(|e| {
+        format!("cannot read {} for PuppetDB's server_urls (or set puppetdb.server_urls): {e}", path.display())
+    })?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
+    parse_server_urls(text).map_err(|why| format!("{}{why}", path.display()))
+}
+
+/// [`server_urls`] of a file's text; the error starts with `:line: ` when about a line.
+pub fn parse_server_urls(text: &str) -> Result<Vec<String>, String> {
+    let mut section = String::new();
+    let (mut urls, mut server, mut port) = (None, None, None);
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        let wrong = |why: &str| format!(":{}: {why}: {line:?}", n + 1);
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[') {
+            section = name.strip_suffix(']').ok_or_else(|| wrong("a section without its closing ']'"))?.trim().into();
+            continue;
+        }
+        let (key, value) = line.split_once('=').ok_or_else(|| wrong("expected 'key = value'"))?;
+        if section != "main" {
+            continue;
+        }
+        let (key, value) = (key.trim(), value.trim());
+        match key {
+            "server_urls" => {
+                let list: Vec<String> = value.split(',').map(|u| u.trim().to_string()).collect();
+                if let Some(bad) = list.iter().find(|u| !is_https_url(u)) {
+                    return Err(wrong(&format!("server_urls holds {bad:?}, not an https:// URL")));
+                }
+                urls = Some(list);
+            }
+            "server" if !value.is_empty() => server = Some(value.to_string()),
+            "port" => port = Some(value.parse::<u16>().map_err(|_| wrong("port is not a port number"))?),
+            _ => {}
+        }
+    }
+    match (urls, server) {
+        (Some(urls), _) => Ok(urls),
+        (None, Some(server)) => Ok(vec![format!("https://{server}:{}", port.unwrap_or(DEFAULT_PORT))]),
+        (None, None) => Err(": no server_urls in its [main] section".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_urls_come_from_main_in_order() {
+        let text = "# managed by Puppet\n[main]\nserver_urls = https://pdb1.example.com:8081, https://pdb2.example.com:8081/\nsoft_write_failure = false\n\n[other]\nserver_urls = https://elsewhere:8081\n";
+        assert_eq!(
+            parse_server_urls(text).unwrap(),
+            ["https://pdb1.example.com:8081", "https://pdb2.example.com:8081/"]
+        );
+        assert_eq!(parse_server_urls("[main]\nserver = pdb\nport = 8443\n").unwrap(), ["https://pdb:8443"]);
+        assert_eq!(parse_server_urls("; comment\n[main]\nserver=pdb\n").unwrap(), ["https://pdb:8081"]);
+    }
+
+    #[test]
+    fn mistakes_name_the_line() {
+        let e = parse_server_urls("[main]\nserver_urls = http://pdb:8080\n").unwrap_err();
+        assert_eq!(
+            e,
+            r#":2: server_urls holds "http://pdb:8080", not an https:// URL: "server_urls = http://pdb:8080""#
+        );
+        let e = parse_server_urls("[main\n").unwrap_err();
+        assert!(e.starts_with(":1: a section without its closing ']'"), "{e}");
+        let e = parse_server_urls("[main]\njust words\n").unwrap_err();
+        assert!(e.starts_with(":2: expected 'key = value'"), "{e}");
+        let e = parse_server_urls("[main]\nport = lots\n").unwrap_err();
+        assert!(e.starts_with(":2: port is not a port number"), "{e}");
+        assert_eq!(
+            parse_server_urls("[other]\nserver_urls = https://a\n").unwrap_err(),
+            ": no server_urls in its [main] section"
+        );
+        assert!(parse_server_urls("[main]\nserver_urls = https://a,\n").is_err(), "an empty entry");
+    }
+
+    #[test]
+    fn the_error_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("pk-pdbconf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("puppetdb.conf");
+        std::fs::write(&path, "[main]\nserver_urls = pdb:8081\n").unwrap();
+        let e = server_urls(&path).unwrap_err();
+        assert!(e.starts_with(&format!("{}:2: ", path.display())), "{e}");
+        let e = server_urls(&dir.join("missing.conf")).unwrap_err();
+        assert!(e.contains("missing.conf") && e.contains("puppetdb.server_urls"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_https_urls_with_a_host() {
+        assert!(is_https_url("https://pdb:8081"));
+        assert!(is_https_url("https://10.0.0.1:8081/"));
+        for bad in ["http://pdb", "https://", "https://:8081", "https://a b", "pdb:8081", ""] {
+            assert!(!is_https_url(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! `source: puppetdb`: PuppetDB's `inventory` (certname, timestamp, environment,
+//! facts, trusted), read through `/pdb/query/v4` with PQL over HTTPS.
+//!
+//! A full read lists every node's certname and facts timestamp, then asks for the
+//! facts of `puppetdb.page_size` certnames at a time, each answer decoded into the
+//! store as it arrives. An incremental refresh asks which nodes' facts were stored
+//! since the newest it saw (less `puppetdb.overlap`), fetches those whose timestamp
+//! differs from the one held, and drops the nodes deactivated or expired since; the
+//! other servers keep their rows. A full read again every `puppetdb.full_refresh`.
+//!
+//! - [`conf`]: puppetdb.conf's `server_urls`;
+//! - [`tls`]: the rustls configuration from Puppet's certificate, key, CA and CRL;
+//! - [`client`]: the URLs in order, each request bounded in time and size;
+//! - [`query`]: the PQL;
+//! - [`decode`]: the answers, facts into the store;
+//! - [`state`]: what one refresh leaves the next.
+
+pub mod client;
+pub mod conf;
+pub mod decode;
+pub mod query;
+mod state;
+pub mod tls;
+
+use super::{Changes, Harvest};
+use crate::config::PuppetdbSettings;
+use crate::error::{Error, Result};
+use crate::index::Index;
+use crate::store::{Builder, Tables};
+use crate::sync::lock;
+use client::{Client, Session};
+use decode::Entry;
+use state::{Carried, Held, State};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A store may grow to this many times its values after the last full read
+/// before a refresh reads everything again (what changed servers leave behind).
+const GARBAGE_FACTOR: usize = crate::source::puppet_cache::GARBAGE_FACTOR;
+/// Requests a refresh's worst case allows for at each URL, beyond decoding.
+const WORST_CASE_REQUESTS: u32 = 3;
+/// Decoding and building, beyond the network's share.
+const WORST_CASE_WORK: Duration = Duration::from_secs(300);
+
+/// The PuppetDB servers, and what the last refresh left the next.
+pub struct PuppetdbSource {
+    client: Client,
+    settings: PuppetdbSettings,
+    carried: Mutex<Option<Carried>>,
+    pending: Mutex<Option<State>>,
+}
+
+impl PuppetdbSource {
+    /// The source the settings describe: `server_urls` from puppetdb.conf unless set,
+    /// the TLS files read. An unusable setting or file is a configuration error.
+    pub fn open(settings: &PuppetdbSettings) -> Result<PuppetdbSource> {
+        let urls = match &settings.server_urls {
+            Some(urls) => urls.clone(),
+            None => conf::server_urls(&settings.config_file).map_err(Error::Config)?,
+        };
+        let file = |file: &Option<std::path::PathBuf>, key: &str, puppet: &str| {
+            file.clone().ok_or_else(|| {
+                Error::Config(format!("source: puppetdb needs {key}: Puppet gave no {puppet} setting, so set {key}"))
+            })
+        };
+        let files = tls::TlsFiles {
+            ca: file(&settings.ca, "puppetdb.ca", "localcacert")?,
+            cert: file(&settings.cert, "puppetdb.cert", "hostcert")?,
+            key: file(&settings.key, "puppetdb.key", "hostprivkey")?,
+            crl: settings.crl.clone(),
+        };
+        let tls = tls::client_config(&files).map_err(|e| Error::Config(format!("source: puppetdb: {e}")))?;
+        let timeout = Duration::from_secs(settings.timeout);
+        Ok(PuppetdbSource {
+            client: Client::new(&urls, tls, timeout, settings.max_page_bytes),
+            settings: settings.clone(),
+            carried: Mutex::new(None),
+            pending: Mutex::new(None),
+        })
+    }
+
+    /// For messages: the URLs.
+    pub fn describe(&self) -> String {
+        format!("the puppetdb source ({})", self.client.urls().join(", "))
+    }
+
+    /// The longest a refresh should take: a few requests at every URL, each within
+    /// the timeout, and the decoding.
+    pub fn worst_case(&self) -> Duration {
+        let urls = u32::try_from(self.client.urls().len()).unwrap_or(u32::MAX);
+        self.client.timeout().saturating_mul(urls.saturating_mul(WORST_CASE_REQUESTS)).saturating_add(WORST_CASE_WORK)
+    }
+
+    /// Keeps what the last refresh read for the next, now that index `generation`
+    /// was built from it with `tables`.
+    pub fn carry(&self, generation: u64, tables: Tables) {
+        if let Some(state) = lock(&self.pending).take() {
+            *lock(&self.carried) = Some(Carried { generation, tables, state });
+        }
+    }
+
+    /// Reads PuppetDB: incrementally from `previous` when the last refresh built it,
+    /// else in full. Also gives where PuppetDB recorded each server's environment.
+    /// The error names the URLs and what failed.
+    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<(Harvest, BTreeMap<String, String>)> {
+        // Taken: a refresh that fails leaves none, and the next one reads in full.
+        let carried = lock(&self.carried).take();
+        let base = carried.zip(previous).filter(|(c, index)| {
+            let store = index.store();
+            c.generation == index.generation()
+                && c.tables.fit(store)
+                && started.saturating_sub(c.state.full_at) < self.settings.full_refresh as i64
+                && store.values() <= GARBAGE_FACTOR.saturating_mul(c.state.values_after_full.max(1))
+        });
+        let mut session = self.client.session();
+        let (harvest, state) = match base {
+            Some((carried, index)) => self.incremental(&mut session, index, carried)?,
+            None => self.full(&mut session, started)?,
+        };
+        let environments = state.environments();
+        *lock(&self.pending) = Some(state);
+        Ok((harvest, environments))
+    }
+
+    /// Every node: the listing, then the facts a page at a time.
+    fn full(&self, session: &mut Session, started: i64) -> Result<(Harvest, State)> {
+        let mut listed = self.list(session, None)?;
+        listed.sort_by(|a, b| a.certname.cmp(&b.certname));
+        listed.dedup_by(|a, b| a.certname == b.certname);
+        let names: Vec<&str> = listed.iter().map(|l| l.certname.as_str()).collect();
+        let mut builder = Builder::new();
+        let mut warnings = Vec::new();
+        let entries = self.fetch(session, &names, &mut builder, &mut warnings)?;
+        let newest = listed.iter().filter_map(|l| crate::time::parse_timestamp(&l.timestamp)).max().unwrap_or(0);
+        let servers: BTreeMap<String, Held> = entries.into_iter().map(Held::of).collect();
+        let state = State { servers, newest, full_at: started, values_after_full: builder.store().values() };
+        let harvest = Harvest { observations: state.observations(), builder, warnings, ..Harvest::default() };
+        Ok((harvest, state))
+    }
+
+    /// The nodes changed since the newest seen (less the overlap) fetched again, the
+    /// nodes gone since dropped; the others as they are.
+    fn incremental(&self, session: &mut Session, index: &Index, carried: Carried) -> Result<(Harvest, State)> {
+        let Carried { tables, mut state, .. } = carried;
+        let since = query::timestamp(state.newest.saturating_sub(self.settings.overlap as i64));
+        let listed = self.list(session, Some(&since))?;
+        let answer = session.query(&query::gone_since(&since)).map_err(Error::Io)?;
+        let gone = decode::gone(&answer.bytes).map_err(|why| malformed(&answer.url, &why))?;
+        let mut changed: Vec<String> = Vec::new();
+        for node in gone {
+            if state.servers.remove(&node.certname).is_some() {
+                changed.push(node.certname);
+            }
+        }
+        let mut to_fetch: Vec<&str> = listed
+            .iter()
+            .filter(|l| state.servers.get(&l.certname).is_none_or(|held| held.timestamp != l.timestamp))
+            .map(|l| l.certname.as_str())
+            .collect();
+        to_fetch.sort_unstable();
+        to_fetch.dedup();
+        let mut builder = Builder::resume(index.store(), tables);
+        let mut warnings = Vec::new();
+        let entries = self.fetch(session, &to_fetch, &mut builder, &mut warnings)?;
+        // Every server asked for changed: given again, or not (deactivated since the
+        // listing, or skipped) and so dropped.
+        let given: hashbrown::HashSet<&str> = entries.iter().map(|e| e.certname.as_str()).collect();
+        for name in &to_fetch {
+            if state.servers.remove(*name).is_some() || given.contains(name) {
+                changed.push(name.to_string());
+            }
+        }
+        drop(given);
+        for (certname, held) in entries.into_iter().map(Held::of) {
+            state.servers.insert(certname, held);
+        }
+        let newest = listed.iter().filter_map(|l| crate::time::parse_timestamp(&l.timestamp)).max();
+        state.newest = state.newest.max(newest.unwrap_or(i64::MIN));
+        changed.sort_unstable();
+        changed.dedup();
+        let changes = Some(Changes { since: index.generation(), certnames: changed });
+        let harvest = Harvest { observations: state.observations(), builder, warnings, changes, ..Harvest::default() };
+        Ok((harvest, state))
+    }
+
+    /// The listing since `since` (every node without it).
+    fn list(&self, session: &mut Session, since: Option<&str>) -> Result<Vec<decode::Listed>> {
+        let answer = session.query(&query::listing(since)).map_err(Error::Io)?;
+        decode::listing(&answer.bytes).map_err(|why| malformed(&answer.url, &why))
+    }
+
+    /// The entries of `certnames`, a page at a time, decoded into `builder`. Only
+    /// entries asked for are taken.
+    fn fetch(
+        &self,
+        session: &mut Session,
+        certnames: &[&str],
+        builder: &mut Builder,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<Entry>> {
+        let mut entries = Vec::with_capacity(certnames.len());
+        for page in certnames.chunks(self.settings.page_size.max(1)) {
+            let answer = session.query(&query::inventory_of(page)).map_err(Error::Io)?;
+            let before = entries.len();
+            decode::inventory(&answer.bytes, builder, &mut entries, warnings)
+                .map_err(|why| malformed(&answer.url, &why))?;
+            if let Some(stranger) = entries[before..].iter().find(|e| page.binary_search(&e.certname.as_str()).is_err())
+            {
+                let why = format!("an entry for {:?}, which was not asked for", stranger.certname);
+                return Err(malformed(&answer.url, &why));
+            }
+        }
+        Ok(entries)
+    }
+}
+
+/// A refresh error for an answer of the wrong shape.
+fn malformed(url: &str, why: &str) -> Error {
+    Error::Io(format!("PuppetDB {url} gave a malformed answer: {why}"))
+}
