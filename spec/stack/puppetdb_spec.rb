@@ -5,8 +5,10 @@ require 'open3'
 require 'fileutils'
 require 'net/http'
 require 'openssl'
+require 'time'
 require 'tmpdir'
 require 'uri'
+require 'yaml'
 
 # puppet-kicker answering from a real PuppetDB 7.12 (on its own PostgreSQL 15), fed
 # by a real puppetserver 7.9 through puppet-terminus-puppetdb: agents' runs store
