@@ -22,7 +22,8 @@ Puppet::Functions.create_function(:servers_with_facts) do
   # @return [Array[Hash]] Each server's facts (plus `certname`), in `fqdn` order.
   dispatch :servers_with_facts do
     required_repeated_param 'String[1]', :clauses
-    return_type 'Array[Hash]'
+    # No return_type: Puppet checks one by walking every fact of every server on each
+    # call (52 ms for 3,842 servers); the core always returns a frozen Array of Hashes.
   end
 
   def servers_with_facts(*clauses)
