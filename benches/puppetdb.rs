@@ -4,7 +4,7 @@
 //! in-test PuppetDB of `tests/support/fake_puppetdb.rs` over HTTPS on 127.0.0.1,
 //! a client certificate required, each node's entry rendered once beforehand.
 //!
-//! (1) A full read: the listing, pages of `puppetdb.page_size` (250) entries over
+//! (1) A full read: the listing, pages of `puppetdb.page_size` (500) entries over
 //! TLS, each decoded into the store as it arrives, then the index built. (2) An
 //! incremental refresh after 10 nodes' facts changed: the listing since the newest
 //! timestamp less the overlap, the inactive nodes, the 10 entries, the index from

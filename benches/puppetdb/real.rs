@@ -80,7 +80,7 @@ impl Real {
             crl: None,
         };
         let tls = tls::client_config(&files).unwrap();
-        Client::new(&[self.url.clone()], tls, Duration::from_secs(self.settings.timeout), max_answer_bytes)
+        Client::new(std::slice::from_ref(&self.url), tls, Duration::from_secs(self.settings.timeout), max_answer_bytes)
     }
 
     /// One warm-up, then SAMPLES full refreshes at each page size of
