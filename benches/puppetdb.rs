@@ -11,9 +11,14 @@
 //! the previous one. The fake server's own share (making answers from the rendered
 //! entries) is measured apart; a real PuppetDB's share is not here (the stack's
 //! benchmarks measure it). One warm-up, then at least five samples; medians.
+//!
+//! With `PK_BENCH_PUPPETDB_URL` set, against that real PuppetDB instead: see
+//! `benches/puppetdb/real.rs` and bench/puppetdb.
 
 #[path = "../tests/support/fake_puppetdb.rs"]
 mod fake_puppetdb;
+#[path = "puppetdb/real.rs"]
+mod real;
 
 use fake_puppetdb::{server_config, Ca, Dir, FakePuppetdb, PdbNode};
 use puppet_kicker::config::{Config, PuppetSettings};
@@ -30,6 +35,9 @@ const ROLE_FACT: &str = "trusted.extensions.pp_role";
 
 fn main() {
     print_machine();
+    if let Some((url, files)) = real::from_env() {
+        return real::run(url, files);
+    }
     let dir = Dir::new("bench");
     let ca = Ca::new("Puppet CA: bench");
     let pdb = FakePuppetdb::start(server_config(&ca));
@@ -110,7 +118,8 @@ fn main() {
         }
         index = next;
     }
-    report("full read (listing, 20 pages over TLS, decode, index)", &full, &full_server);
+    let pages = SERVERS.div_ceil(settings.page_size);
+    report(&format!("full read (listing, {pages} pages over TLS, decode, index)"), &full, &full_server);
     report("incremental refresh, 10 changed", &incremental, &incremental_server);
 }
 
