@@ -124,6 +124,17 @@ fn a_full_read_over_verified_tls_pages_and_adds_trusted_facts() {
     assert_eq!(index.by_certname("dev1.example.com").unwrap().environment(), "dev");
     assert_eq!(index.by_certname("stage1.example.com").unwrap().environment(), "staging");
     assert_eq!(with_role(&index, "web").len(), 4);
+
+    // Pages asked one at a time or several at once: decoded in page order, the same
+    // servers and the same store, id for id.
+    let ids = |index: &Index| (0..index.len()).map(|i| index.rows().facts[i]).collect::<Vec<_>>();
+    for requests_in_flight in [1, 3, 8] {
+        let source = PuppetdbSource::open(&PuppetdbSettings { requests_in_flight, ..s.clone() }).unwrap();
+        let again = refresh(&source, None, "trusted.extensions.pp_role").unwrap();
+        assert_eq!(servers(&again), servers(&index), "{requests_in_flight} in flight");
+        assert_eq!(ids(&again), ids(&index), "{requests_in_flight} in flight: the same ids");
+        assert_eq!(again.store().values(), index.store().values(), "{requests_in_flight} in flight");
+    }
 }
 
 #[test]
@@ -184,7 +195,14 @@ fn a_revoked_server_certificate_is_refused_when_the_crl_exists() {
     // Without the CRL file the certificate is trusted.
     let source = PuppetdbSource::open(&settings(&puppet, &[&pdb.url])).unwrap();
     assert_eq!(refresh(&source, None, "role").unwrap().len(), 1);
-    puppet.hostcrl = Some(dir.write("crl.pem", &crl.pem().unwrap()));
+    // A CRL written while the source runs (Puppet's hostcrl, renewed) is used from the
+    // next refresh on.
+    puppet.hostcrl = Some(dir.0.join("crl.pem"));
+    let source = PuppetdbSource::open(&settings(&puppet, &[&pdb.url])).unwrap();
+    assert_eq!(refresh(&source, None, "role").unwrap().len(), 1, "no CRL file yet");
+    dir.write("crl.pem", &crl.pem().unwrap());
+    let error = refresh(&source, None, "role").unwrap_err().to_string();
+    assert!(error.contains(&pdb.url) && error.contains("revoked by puppetdb.crl"), "{error}");
     let source = PuppetdbSource::open(&settings(&puppet, &[&pdb.url])).unwrap();
     let error = refresh(&source, None, "role").unwrap_err().to_string();
     assert!(error.contains(&pdb.url) && error.contains("revoked by puppetdb.crl"), "{error}");

@@ -282,6 +282,11 @@ keys! {
     Plain "puppetdb.page_size" = Value("500"),
         set |c, v, _| c.puppetdb.page_size = usize_count(v)?,
         show |c| &c.puppetdb.page_size;
+    /// Pages a full read asks of PuppetDB at once (1 to 8): PuppetDB answers one request on one
+    /// core, so two take about half the time on a PuppetDB with two cores or more.
+    Plain "puppetdb.requests_in_flight" = Value("2"),
+        set |c, v, _| c.puppetdb.requests_in_flight = at_most(usize_count(v)?, 8)?,
+        show |c| &c.puppetdb.requests_in_flight;
     /// Most bytes of one answer; a larger one fails the refresh. One server's entry is bounded
     /// as one fact cache file is (16 MiB, 64 levels).
     Plain "puppetdb.max_page_bytes" = Value("256M"),

@@ -98,6 +98,8 @@ pub struct PuppetdbSettings {
     pub timeout: u64,
     /// Servers asked for per request.
     pub page_size: usize,
+    /// Requests a full read has PuppetDB answer at once.
+    pub requests_in_flight: usize,
     /// Most bytes of one answer.
     pub max_page_bytes: usize,
     /// Seconds before the newest change seen that an incremental refresh asks again.
@@ -199,6 +201,7 @@ impl Config {
                 crl: settings.hostcrl.clone(),
                 timeout: 0,
                 page_size: 0,
+                requests_in_flight: 0,
                 max_page_bytes: 0,
                 overlap: 0,
                 full_refresh: 0,
@@ -410,6 +413,11 @@ mod tests {
         assert!(e.contains("'puppetdb.server_urls' must be a list of https:// URLs"), "{e}");
         let e = parse("puppetdb:\n  page_size: 0\n").unwrap_err().to_string();
         assert!(e.contains("'puppetdb.page_size'"), "{e}");
+        assert_eq!(parse("puppetdb:\n  requests_in_flight: 8\n").unwrap().puppetdb.requests_in_flight, 8);
+        let e = parse("puppetdb:\n  requests_in_flight: 9\n").unwrap_err().to_string();
+        assert!(e.contains("'puppetdb.requests_in_flight'") && e.contains("at most 8, not 9"), "{e}");
+        let e = parse("puppetdb:\n  requests_in_flight: 0\n").unwrap_err().to_string();
+        assert!(e.contains("'puppetdb.requests_in_flight'"), "{e}");
     }
 
     #[test]

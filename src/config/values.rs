@@ -54,6 +54,14 @@ pub(crate) fn usize_count(value: &Value) -> Result<usize, Problem> {
     Ok(usize::try_from(count(value)?).unwrap_or(usize::MAX))
 }
 
+/// `n`, if it is at most `max`.
+pub(crate) fn at_most(n: usize, max: usize) -> Result<usize, Problem> {
+    if n > max {
+        return Err(Problem::Invalid(format!("must be at most {max}, not {n}")));
+    }
+    Ok(n)
+}
+
 pub(crate) fn flag(value: &Value) -> Result<bool, Problem> {
     value.as_bool().ok_or(expected("true or false"))
 }

@@ -14,7 +14,8 @@ const QUOTED_BODY_BYTES: u64 = 300;
 /// The PuppetDB servers and how to reach them.
 pub struct Client {
     urls: Vec<String>,
-    agent: ureq::Agent,
+    /// Replaced whole when the TLS files change; a session keeps the one it began with.
+    agent: std::sync::RwLock<ureq::Agent>,
     timeout: Duration,
     max_answer_bytes: usize,
 }
@@ -30,8 +31,13 @@ impl Client {
     /// TLS included, ends within `timeout`.
     pub fn new(urls: &[String], tls: Arc<ClientConfig>, timeout: Duration, max_answer_bytes: usize) -> Client {
         let urls = urls.iter().map(|u| u.trim_end_matches('/').to_string()).collect();
-        let agent = ureq::AgentBuilder::new().tls_config(tls).timeout(timeout).redirects(0).build();
+        let agent = std::sync::RwLock::new(agent(tls, timeout));
         Client { urls, agent, timeout, max_answer_bytes }
+    }
+
+    /// From now on, TLS as `tls` says.
+    pub fn set_tls(&self, tls: Arc<ClientConfig>) {
+        *self.agent.write().unwrap_or_else(std::sync::PoisonError::into_inner) = agent(tls, self.timeout);
     }
 
     pub fn urls(&self) -> &[String] {
@@ -45,14 +51,14 @@ impl Client {
     /// A series of queries (one refresh): each starts with the URL that answered
     /// the one before, then the others in order.
     pub fn session(&self) -> Session<'_> {
-        Session { client: self, first: 0 }
+        let agent = self.agent.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Session { client: self, agent, first: 0 }
     }
 
-    /// The answer of `url` to `pql`.
-    fn ask(&self, url: &str, pql: &str) -> Result<Vec<u8>, String> {
+    /// The answer of `url` to `pql`, through `agent`.
+    fn ask(&self, agent: &ureq::Agent, url: &str, pql: &str) -> Result<Vec<u8>, String> {
         let body = serde_json::json!({ "query": pql }).to_string();
-        let response = self
-            .agent
+        let response = agent
             .post(&format!("{url}/pdb/query/v4"))
             .set("Content-Type", "application/json")
             .set("Accept", "application/json")
@@ -75,8 +81,10 @@ impl Client {
 }
 
 /// Queries of one refresh, sticking to the URL that answers.
+#[derive(Clone)]
 pub struct Session<'c> {
     client: &'c Client,
+    agent: ureq::Agent,
     first: usize,
 }
 
@@ -86,7 +94,7 @@ impl Session<'_> {
         let urls = &self.client.urls;
         let mut failures = Vec::new();
         for i in (0..urls.len()).map(|k| (self.first + k) % urls.len()) {
-            match self.client.ask(&urls[i], pql) {
+            match self.client.ask(&self.agent, &urls[i], pql) {
                 Ok(bytes) => {
                     self.first = i;
                     return Ok(Answer { url: urls[i].clone(), bytes });
@@ -96,6 +104,10 @@ impl Session<'_> {
         }
         Err(format!("PuppetDB did not answer: {}", failures.join("; ")))
     }
+}
+
+fn agent(tls: Arc<ClientConfig>, timeout: Duration) -> ureq::Agent {
+    ureq::AgentBuilder::new().tls_config(tls).timeout(timeout).redirects(0).build()
 }
 
 /// A failed request in words: the HTTP status with the start of PuppetDB's

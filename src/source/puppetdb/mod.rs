@@ -49,6 +49,9 @@ const PAGES_AHEAD: usize = 1;
 /// The PuppetDB servers, and what the last refresh left the next.
 pub struct PuppetdbSource {
     client: Client,
+    /// The TLS files, and how they stood when `client` was made from them: a renewed
+    /// certificate or a new CRL is used from the next refresh on.
+    tls: Mutex<(tls::TlsFiles, tls::Stamp)>,
     settings: PuppetdbSettings,
     carried: Mutex<Option<Carried>>,
     pending: Mutex<Option<State>>,
@@ -73,10 +76,12 @@ impl PuppetdbSource {
             key: file(&settings.key, "puppetdb.key", "hostprivkey")?,
             crl: settings.crl.clone(),
         };
-        let tls = tls::client_config(&files).map_err(|e| Error::Config(format!("source: puppetdb: {e}")))?;
+        let stamp = tls::Stamp::of(&files);
+        let config = tls::client_config(&files).map_err(|e| Error::Config(format!("source: puppetdb: {e}")))?;
         let timeout = Duration::from_secs(settings.timeout);
         Ok(PuppetdbSource {
-            client: Client::new(&urls, tls, timeout, settings.max_page_bytes),
+            client: Client::new(&urls, config, timeout, settings.max_page_bytes),
+            tls: Mutex::new((files, stamp)),
             settings: settings.clone(),
             carried: Mutex::new(None),
             pending: Mutex::new(None),
@@ -116,6 +121,7 @@ impl PuppetdbSource {
                 && started.saturating_sub(c.state.full_at) < self.settings.full_refresh as i64
                 && store.values() <= GARBAGE_FACTOR.saturating_mul(c.state.values_after_full.max(1))
         });
+        self.reload_tls_if_changed()?;
         let mut session = self.client.session();
         let (harvest, state) = match base {
             Some((carried, index)) => self.incremental(&mut session, index, carried)?,
@@ -124,6 +130,20 @@ impl PuppetdbSource {
         let environments = state.environments();
         *lock(&self.pending) = Some(state);
         Ok((harvest, environments))
+    }
+
+    /// Makes the TLS configuration again when a file changed since it was made; an
+    /// unusable file fails this refresh (and is read again by the next).
+    fn reload_tls_if_changed(&self) -> Result<()> {
+        let mut tls = lock(&self.tls);
+        let (files, stamp) = &mut *tls;
+        let now = tls::Stamp::of(files);
+        if now != *stamp {
+            let config = tls::client_config(files).map_err(|e| Error::Config(format!("source: puppetdb: {e}")))?;
+            self.client.set_tls(config);
+            *stamp = now;
+        }
+        Ok(())
     }
 
     /// Every node: the listing, then the facts a page at a time.
@@ -193,10 +213,10 @@ impl PuppetdbSource {
         decode::listing(&answer.bytes).map_err(|why| malformed(&answer.url, &why))
     }
 
-    /// The entries of `certnames`, a page at a time, decoded into `builder`. Only
-    /// entries asked for are taken. The next page is asked for while one is
-    /// decoded, so PuppetDB's time and ours overlap; at most [`PAGES_AHEAD`]
-    /// answers wait beside the one being fetched and the one being decoded.
+    /// The entries of `certnames`, a page at a time, decoded into `builder` in page
+    /// order. Only entries asked for are taken. `puppetdb.requests_in_flight` pages
+    /// are asked for at once while one is decoded, so PuppetDB's cores and ours work
+    /// together; per request in flight, at most [`PAGES_AHEAD`] answers wait.
     fn fetch(
         &self,
         session: &mut Session,
@@ -206,24 +226,35 @@ impl PuppetdbSource {
     ) -> Result<Vec<Entry>> {
         let pages: Vec<&[&str]> = certnames.chunks(self.settings.page_size.max(1)).collect();
         let pages = &pages;
+        let lanes = self.settings.requests_in_flight.clamp(1, pages.len().max(1));
         let mut entries = Vec::with_capacity(certnames.len());
         std::thread::scope(|scope| {
-            let (send, answers) = crossbeam_channel::bounded(PAGES_AHEAD);
-            let fetcher = move || {
-                for page in pages {
-                    let answer = session.query(&query::inventory_of(page));
-                    let failed = answer.is_err();
-                    // Stops once the decoder has stopped.
-                    if send.send(answer).is_err() || failed {
-                        break;
+            // Lane k fetches pages k, k + lanes, ...: read lane by lane in turn, the
+            // answers are decoded in page order, so the store is the same whatever `lanes`.
+            let mut lane_answers = Vec::with_capacity(lanes);
+            for lane in 0..lanes {
+                let (send, answers) = crossbeam_channel::bounded(PAGES_AHEAD);
+                let mut session = session.clone();
+                let fetcher = move || {
+                    for page in pages.iter().skip(lane).step_by(lanes) {
+                        let answer = session.query(&query::inventory_of(page));
+                        let failed = answer.is_err();
+                        // Stops once the decoder has stopped.
+                        if send.send(answer).is_err() || failed {
+                            break;
+                        }
                     }
-                }
-            };
-            std::thread::Builder::new()
-                .name("puppet-kicker-puppetdb".into())
-                .spawn_scoped(scope, fetcher)
-                .map_err(|e| Error::system("cannot start the PuppetDB fetch thread", e))?;
-            for (page, answer) in pages.iter().zip(answers.iter()) {
+                };
+                std::thread::Builder::new()
+                    .name("puppet-kicker-puppetdb".into())
+                    .spawn_scoped(scope, fetcher)
+                    .map_err(|e| Error::system("cannot start a PuppetDB fetch thread", e))?;
+                lane_answers.push(answers);
+            }
+            for (k, page) in pages.iter().enumerate() {
+                let answer = lane_answers[k % lanes]
+                    .recv()
+                    .map_err(|_| Error::Io("a PuppetDB fetch thread stopped before its page".into()))?;
                 let answer = answer.map_err(Error::Io)?;
                 let before = entries.len();
                 decode::inventory(&answer.bytes, builder, &mut entries, warnings)

@@ -23,6 +23,21 @@ pub struct TlsFiles {
     pub crl: Option<PathBuf>,
 }
 
+/// How the files stood: each one's length, modification time and inode, or absent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stamp([Option<(u64, std::time::SystemTime, u64)>; 4]);
+
+impl Stamp {
+    pub fn of(files: &TlsFiles) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        let stamp = |path: Option<&Path>| {
+            let meta = std::fs::metadata(path?).ok()?;
+            Some((meta.len(), meta.modified().ok()?, meta.ino()))
+        };
+        Stamp([stamp(Some(&files.ca)), stamp(Some(&files.cert)), stamp(Some(&files.key)), stamp(files.crl.as_deref())])
+    }
+}
+
 /// The rustls configuration of `files`; the error names the file and the setting.
 pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
