@@ -34,11 +34,11 @@ File.write(File.join(confdir, 'puppet_kicker.yaml'), { 'source' => 'puppetdb', '
 Puppet.initialize_settings(['--confdir', confdir, '--vardir', File.join(dir, 'var'), '--codedir', File.join(dir, 'code'),
                             '--certname', pdb.fetch('PK_PUPPETDB_CERTNAME'), '--hostcert', pdb.fetch('PK_PUPPETDB_CERT'),
                             '--hostprivkey', pdb.fetch('PK_PUPPETDB_KEY'), '--localcacert', pdb.fetch('PK_PUPPETDB_CA'),
-                            '--certificate_revocation', 'false'])
+                            '--certificate_revocation', 'false',])
 
 def median(samples)
   s = samples.sort
-  s.size.odd? ? s[s.size / 2] : (s[s.size / 2 - 1] + s[s.size / 2]) / 2
+  s.size.odd? ? s[s.size / 2] : (s[(s.size / 2) - 1] + s[s.size / 2]) / 2
 end
 
 # One warm-up call, then CALLS calls, each timed: the answer and the median seconds.
