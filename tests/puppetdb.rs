@@ -9,19 +9,19 @@
 #[path = "support/fake_puppetdb.rs"]
 mod fake_puppetdb;
 
-use fake_puppetdb::{quoted_strings, server_config, server_config_trusting, Behaviour, Ca, Dir, FakePuppetdb, PdbNode};
+use fake_puppetdb::{
+    quoted_strings, server_config, server_config_presenting, server_config_trusting, Behaviour, Ca, Dir, FakePuppetdb,
+    PdbNode,
+};
 use puppet_kicker::config::{Config, PuppetSettings, PuppetdbSettings};
 use puppet_kicker::index::RoleSelector;
 use puppet_kicker::service::IndexService;
 use puppet_kicker::source::puppetdb::{query, PuppetdbSource};
 use puppet_kicker::{Freshness, Index, Node};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::pki_types::CertificateDer;
 use serde_json::{json, Value};
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A master's certificate, key and CA as Puppet would give them, in `dir`.
@@ -176,20 +176,7 @@ fn a_revoked_server_certificate_is_refused_when_the_crl_exists() {
     }
     .signed_by(&ca.cert, &ca.key)
     .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.cert.der().clone()).unwrap();
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().unwrap();
-    let config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
-            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-        )
-        .unwrap();
-    let pdb = FakePuppetdb::start(Arc::new(config));
+    let pdb = FakePuppetdb::start(server_config_presenting(&cert, &key, &ca));
     pdb.set("a.example.com", node("web", puppet_kicker::time::now()));
     let mut puppet = puppet_settings(&dir, &ca);
     // Without the CRL file the certificate is trusted.

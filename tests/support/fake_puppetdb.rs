@@ -285,6 +285,11 @@ pub fn server_config(ca: &Ca) -> Arc<ServerConfig> {
 /// The server's TLS: its certificate from `ca`, client certificates from `clients` required.
 pub fn server_config_trusting(ca: &Ca, clients: &Ca) -> Arc<ServerConfig> {
     let (cert, key) = ca.issue(&["127.0.0.1", "localhost"]);
+    server_config_presenting(&cert, &key, clients)
+}
+
+/// The server's TLS: the PEM certificate `cert` with `key`, client certificates from `clients` required.
+pub fn server_config_presenting(cert: &str, key: &str, clients: &Ca) -> Arc<ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     roots.add(clients.cert.der().clone()).unwrap();
