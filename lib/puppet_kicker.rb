@@ -159,6 +159,11 @@ module PuppetKicker
       JSON.parse(native.kick_status)
     end
 
+    # A `puppet kicker` subcommand's core part (src/command/): its answer, parsed.
+    def command(name, args = {})
+      call { JSON.parse(native.command(JSON.generate('name' => name.to_s, 'args' => args))) }
+    end
+
     private
 
     def call

@@ -8,6 +8,7 @@
 pub mod atomic_file;
 pub mod bounded_read;
 pub mod cache_dir;
+pub mod command;
 pub mod config;
 pub mod error;
 pub mod facts;

@@ -299,6 +299,12 @@ pub fn run_helper(settings: Settings) -> Result<String> {
     crate::helper::run(settings.into()).map(|ending| format!("{ending:?}"))
 }
 
+/// A `puppet kicker` subcommand ([`crate::command`]): `{"name", "args"}` in, its
+/// answer as JSON text out.
+pub fn command(request: &[u8]) -> Result<String> {
+    crate::command::run(request)
+}
+
 /// `<crate version> (index format N)`, for bindings that want the core they loaded.
 pub fn version() -> Result<&'static str> {
     static VERSION: OnceLock<String> = OnceLock::new();
@@ -430,6 +436,26 @@ impl Serialize for Values {
 /// name.
 #[derive(Clone, Copy)]
 pub struct Server<'a>(ServerRef<'a>);
+
+impl<'a> From<ServerRef<'a>> for Server<'a> {
+    fn from(server: ServerRef<'a>) -> Server<'a> {
+        Server(server)
+    }
+}
+
+/// The Hash itself, name by name, as JSON (`puppet kicker query --render-as json`).
+impl Serialize for Server<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        for (name, entry) in self.entries() {
+            match entry {
+                Entry::Value(_, value) => map.serialize_entry(name, &value)?,
+                Entry::Certname(certname) => map.serialize_entry(name, certname)?,
+            }
+        }
+        map.end()
+    }
+}
 
 /// One value of a [`Server`].
 pub enum Entry<'a> {

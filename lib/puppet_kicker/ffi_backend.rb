@@ -14,7 +14,7 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 7
+    ABI_VERSION = 8
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
@@ -111,6 +111,11 @@ module PuppetKicker
         decode(@lib.pk_kick_status)
       end
 
+      # A `puppet kicker` subcommand: the request's JSON text in, the answer's out.
+      def command(request)
+        decode(@lib.pk_command(request, request.bytesize))
+      end
+
       # Refresh warnings and kick lines: [[level, message], ...] to log.
       def take_log
         decode(@lib.pk_take_log)
@@ -147,7 +152,7 @@ module PuppetKicker
         lib.attach_function :pk_take_log, [], :strptr
         lib.attach_function :pk_kick_flush, [], :strptr
         lib.attach_function :pk_kick_status, [], :strptr
-        %i[pk_configure pk_select pk_note_environment pk_kick].each do |name|
+        %i[pk_configure pk_select pk_note_environment pk_kick pk_command].each do |name|
           lib.attach_function name, %i[string size_t], :strptr
         end
         lib.attach_function :pk_free, [:pointer], :void

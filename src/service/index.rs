@@ -81,6 +81,13 @@ impl Selection {
         self.index.as_deref().filter(|i| (position as usize) < i.len()).map(|i| i.server(position))
     }
 
+    /// The servers of this selection at the positions `keep` accepts, in the same
+    /// order: not a kept answer (id 0).
+    pub fn retain(self, keep: impl Fn(u32) -> bool) -> Selection {
+        let positions = self.positions_slice().iter().copied().filter(|p| keep(*p)).collect();
+        Selection { index: self.index, answer: None, positions }
+    }
+
     /// The selected servers, in result order.
     pub fn servers(&self) -> impl Iterator<Item = ServerRef<'_>> + '_ {
         // A selection with positions always has its index; an empty one has neither.

@@ -218,6 +218,7 @@ fn define(ruby: &Ruby) -> Result<(), Error> {
     native.define_module_function("kick_report", function!(|r: &Ruby, report: RString| { let report = bytes(report); call(r, move || seam::kick_report(&report), log_lines) }, 1))?;
     native.define_module_function("kick_flush", function!(|r: &Ruby| call(r, seam::kick_flush, log_lines), 0))?;
     native.define_module_function("kick_status", function!(|r: &Ruby| call(r, seam::kick_status, string), 0))?;
+    native.define_module_function("command", function!(|r: &Ruby, request: RString| { let request = bytes(request); call(r, move || seam::command(&request), string) }, 1))?;
     native.define_module_function("run_helper", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || seam::run_helper(s), string) }, 5))?;
     Ok(())
 }

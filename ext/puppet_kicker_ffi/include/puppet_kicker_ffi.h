@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 7. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 8. See ext/puppet_kicker_ffi/src/lib.rs.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (7); check it before any other call. */
+/* The ABI version this library implements (8); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 2)", the core's version. */
@@ -115,6 +115,10 @@ char *pk_status(void);
  * ok: [[level, message], ...] to log (level: "info", "notice", "warning", "err");
  * the core dispatches the kicks in the background. */
 char *pk_kick(const uint8_t *req, size_t len);
+
+/* req: {"name": SUBCOMMAND, "args": {...}}, a `puppet kicker` subcommand (see
+ * src/command/ in the core). ok: its answer, as a JSON text in a string. */
+char *pk_command(const uint8_t *req, size_t len);
 
 /* Waits, bounded by kick.exit_wait, for due kicks to be sent (a process about to
  * exit). ok: [[level, message], ...]. */

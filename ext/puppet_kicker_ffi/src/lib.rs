@@ -24,6 +24,7 @@
 //! | `char *pk_kick(req, len)` | a report's kicks, as `lib/puppet_kicker/kick.rb` sends them | `[[level, message], ..]` to log |
 //! | `char *pk_kick_flush(void)` | | `[[level, message], ..]` (waits, bounded, for due kicks) |
 //! | `char *pk_kick_status(void)` | | the kick status document, as a JSON text in a string |
+//! | `char *pk_command(req, len)` | `{"name": SUBCOMMAND, "args": {..}}`, a `puppet kicker` subcommand | its answer, as a JSON text in a string |
 //! | `void pk_free(char *)` | | |
 //! | `void pk_free_fetch(uint8_t *)` | | |
 //! | `void pk_session_free(void *)` | | |
@@ -59,8 +60,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// and the `unsupported` kind dropped, pk_take_log replaces pk_take_warnings and
 /// pk_take_kick_log, the `report` kind added; 4: pk_select's `answer` and `known`,
 /// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds; 6:
-/// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free).
-pub const ABI_VERSION: u32 = 7;
+/// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free; 7: pk_configure's
+/// certificate settings; 8: pk_command).
+pub const ABI_VERSION: u32 = 8;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -164,6 +166,17 @@ without_request!(
 pub unsafe extern "C" fn pk_kick(req: *const u8, len: usize) -> *mut c_char {
     let bytes = request_bytes(req, len);
     reply(|| Ok(seam::kick_report(bytes?)?))
+}
+
+/// A `puppet kicker` subcommand (`{"name", "args"}`, see `puppet_kicker::command`).
+/// `ok`: its answer, as a JSON text in a string.
+///
+/// # Safety
+/// `req` must point to `len` readable bytes (or be null with `len == 0`).
+#[no_mangle]
+pub unsafe extern "C" fn pk_command(req: *const u8, len: usize) -> *mut c_char {
+    let bytes = request_bytes(req, len);
+    reply(|| Ok(seam::command(bytes?)?))
 }
 
 /// A new fetch session ([`fetch::Session`]): what one caller holds of an index
