@@ -25,7 +25,9 @@ describe 'packaging' do
                                  'puppetkicker-kicker-0.1.0/CHANGELOG.md',
                                  'puppetkicker-kicker-0.1.0/native/puppet_kicker.so',
                                  'puppetkicker-kicker-0.1.0/native/libpuppet_kicker_ffi.so',
-                                 'puppetkicker-kicker-0.1.0/lib/puppet/functions/servers_with_role.rb')
+                                 'puppetkicker-kicker-0.1.0/lib/puppet/functions/servers_with_role.rb',
+                                 'puppetkicker-kicker-0.1.0/lib/puppet/face/kicker/query.rb',
+                                 'puppetkicker-kicker-0.1.0/lib/puppet/application/kicker.rb')
       # lib/ is what pluginsync copies to every agent: no native code there.
       expect(listing.grep(%r{\Apuppetkicker-kicker-0.1.0/lib/.*\.so\z})).to be_empty
       run('puppet', 'module', 'install', '--target-dir', File.join(@tmp, 'modules'), '--ignore-dependencies', tarball)
@@ -45,6 +47,15 @@ describe 'packaging' do
     it 'renders the haproxy example from the installed module' do
       out = run({ 'KICKER_MODULEPATH' => File.join(@tmp, 'modules') }, File.join(ROOT, 'script', 'example'), File.join(@tmp, 'work'))
       expect(out).to include("      server node1 10.0.0.11:8080 check inter 2000\n      server node2 10.0.0.12:8080")
+    end
+
+    it 'gives `puppet kicker` from the installed module, found on the modulepath' do
+      dir = ScratchMaster.create
+      out = run({ 'PUPPET_KICKER_CONFIG' => File.join(dir, 'puppet_kicker.yaml'), 'RUBYLIB' => nil },
+                'puppet', 'kicker', 'query', '--role', 'node', '--modulepath', File.join(@tmp, 'modules'),
+                '--confdir', File.join(dir, 'puppet'), '--vardir', File.join(dir, 'var'))
+      expect(out.lines.map { |line| line.split.first }).to eq(%w[CERTNAME node1.example.com node2.example.com
+                                                                 node3.example.com 3])
     end
   end
 

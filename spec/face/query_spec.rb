@@ -26,7 +26,7 @@ describe 'puppet kicker query', type: :face do
         template = '<%= require "json"; JSON.generate(scope.call_function("servers_with_facts", ["processors.count>2"])) %>'
         manifest = "file { '#{out}': content => inline_template('#{template}') }"
         applied = Open3.capture3({ 'PUPPET_KICKER_CONFIG' => File.join(@dir, 'puppet_kicker.yaml'),
-                                   'PUPPET_KICKER_BACKEND' => backend },
+                                   'PUPPET_KICKER_BACKEND' => backend, },
                                  'puppet', 'apply', '--modulepath', File.join(ROOT, 'spec', 'fixtures', 'modules'),
                                  '--confdir', File.join(@dir, 'puppet', 'confdir'),
                                  '--vardir', File.join(@dir, 'puppet', 'vardir'), '-e', manifest)
@@ -55,7 +55,7 @@ describe 'puppet kicker query', type: :face do
     run = kicker(@dir, 'query', 'uptime')
     expect(run.exitstatus).to eq(1)
     expect(run.stderr).to include("clause 'uptime': no operator").and include('(at column 7)')
-    expect(run.stderr).not_to match(%r{\.rb:\d+:in})
+    expect(run.stderr).not_to match(/\.rb:\d+:in/)
   end
 
   it 'asks for a clause or a role when given neither' do
