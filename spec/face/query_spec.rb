@@ -63,4 +63,12 @@ describe 'puppet kicker query', type: :face do
     expect(run.exitstatus).to eq(1)
     expect(run.stderr).to include('give a CLAUSE or --role ROLE')
   end
+
+  it 'refuses to answer from no data at all, saying why, rather than print an empty list' do
+    dir = ScratchMaster.create('puppet_cache' => { 'dirs' => ['nowhere/facts'] })
+    run = kicker(dir, 'query', '--role', 'node')
+    expect(run.exitstatus).to eq(1)
+    expect(run.stdout).to be_empty
+    expect(run.stderr).to include('puppet-kicker has no fact data').and include("#{dir}/nowhere/facts (not found)")
+  end
 end
