@@ -137,6 +137,16 @@ describe 'the two backends' do
     end
   end
 
+  it 'answers `puppet kicker query` identically, each server the Hash the functions return' do
+    request = JSON.generate('name' => 'query', 'args' => { 'roles' => %w[odd web], 'environment' => 'production' })
+    answer = JSON.parse(expect_identical { |n| n.command(request) })
+    functions = PuppetKicker.native.servers_with_role(%w[odd web], 'production')
+    expect(answer['servers'].map { |s| s['hash'] }).to eq(functions)
+    expect(answer['servers'].map { |s| s['hash'].keys }).to eq(functions.map(&:keys))
+    expect(expect_identical { |n| n.command('{"name":"nope"}') }).to eq([:raised, PuppetKicker::QueryError,
+                                                                         'puppet kicker: no subcommand "nope"',])
+  end
+
   it 'raises the same exceptions with the same messages' do
     errors = [
       ->(n) { n.servers_with_facts(['role=web', 'uptime'], 'production') },

@@ -38,15 +38,18 @@ pub fn run(request: &[u8]) -> Result<String> {
     let args = request.args.unwrap_or_else(|| Value::Object(Default::default()));
     let name = request.name.as_str();
     let run = handler(name).ok_or_else(|| Error::Query(format!("puppet kicker: no subcommand {name:?}")))?;
-    Ok(run(&*Service::global()?, args)?.to_string())
+    run(&*Service::global()?, args)
 }
 
-type Handler = fn(&Service, Value) -> Result<Value>;
+/// A subcommand's core part: its arguments in, its answer's JSON text out (text, not
+/// a `Value`: a server's Hash keeps its key order, which a `Value` would sort).
+type Handler = fn(&Service, Value) -> Result<String>;
 
 /// The core's part of each subcommand, by name.
 fn handler(name: &str) -> Option<Handler> {
     Some(match name {
         "query" => |service, args| query::run(service, arguments("query", args)?),
+        // Subcommands whose answer is a Value: `|service, args| Ok(x::run(..)?.to_string())`.
         _ => return None,
     })
 }

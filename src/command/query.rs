@@ -5,8 +5,8 @@ use crate::error::{Error, Result};
 use crate::facts::FactPath;
 use crate::seam::Server;
 use crate::service::{Selection, Service};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use crate::store::View;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
 #[derive(Deserialize)]
@@ -30,25 +30,37 @@ pub struct Args {
 const ATTEMPTS: usize = 3;
 
 /// `{"generation": G, "facts": [path, ..], "servers": [{"certname", "environment",
-/// "columns": [..], "hash": {...}}]}`: `hash` is the Hash the functions return,
-/// `columns` the value at each of `facts` (null where missing).
-pub fn run(service: &Service, args: Args) -> Result<Value> {
+/// "columns": [..], "hash": {...}}]}`: `hash` is the Hash the functions return, key
+/// for key in their order, `columns` the value at each of `facts` (null where missing).
+pub fn run(service: &Service, args: Args) -> Result<String> {
     let selection = select(service, &args)?;
     let paths: Vec<FactPath> = args.facts.iter().map(|p| FactPath::new(p)).collect();
-    let servers: Vec<Value> = selection
+    let servers = selection
         .servers()
-        .map(|server| {
-            let columns: Vec<Value> =
-                paths.iter().map(|path| server.fact(path).map_or(Value::Null, |v| v.to_json())).collect();
-            json!({
-                "certname": server.certname(),
-                "environment": server.environment(),
-                "columns": columns,
-                "hash": Server::from(server),
-            })
+        .map(|server| Row {
+            certname: server.certname(),
+            environment: server.environment(),
+            columns: paths.iter().map(|path| server.fact(path)).collect(),
+            hash: Server::from(server),
         })
         .collect();
-    Ok(json!({ "generation": selection.positions().0, "facts": args.facts, "servers": servers }))
+    let answer = Answer { generation: selection.positions().0, facts: &args.facts, servers };
+    serde_json::to_string(&answer).map_err(|e| Error::Io(format!("puppet kicker query: {e}")))
+}
+
+#[derive(Serialize)]
+struct Answer<'a> {
+    generation: u64,
+    facts: &'a [String],
+    servers: Vec<Row<'a>>,
+}
+
+#[derive(Serialize)]
+struct Row<'a> {
+    certname: &'a str,
+    environment: &'a str,
+    columns: Vec<Option<View<'a>>>,
+    hash: Server<'a>,
 }
 
 fn select(service: &Service, args: &Args) -> Result<Selection> {
