@@ -5,6 +5,7 @@
 //! A request is `{"name": SUBCOMMAND, "args": {...}}`. Arguments are checked here:
 //! an unknown one, or one of the wrong type, is a [`Error::Query`] that names it.
 
+mod explain;
 mod query;
 
 use crate::error::{Error, Result};
@@ -47,6 +48,7 @@ type Handler = fn(&Service, Value) -> Result<Value>;
 fn handler(name: &str) -> Option<Handler> {
     Some(match name {
         "query" => |service, args| query::run(service, arguments("query", args)?),
+        "explain" => |service, args| explain::run(service, arguments("explain", args)?),
         _ => return None,
     })
 }
