@@ -5,7 +5,7 @@ require_relative '../../../puppet_kicker/face'
 Puppet::Face.define(:kicker, '1.0.0') do
   action(:explain) do
     summary 'Why a server is, or is not, returned by the functions.'
-    arguments 'CLAUSE ... --node CERTNAME'
+    arguments '[CLAUSE ...]'
     description <<-DESCRIPTION
       Tells, for the server `--node` names, what each clause of
       `servers_with_facts(CLAUSE, ...)` found at its fact path (or that it is
