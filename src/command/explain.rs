@@ -9,6 +9,7 @@ use crate::index::{AtPath, Freshness, Index, RoleSelector, ServerRef};
 use crate::query::{Clause, Query, Step};
 use crate::service::Service;
 use crate::store::{Kind, View};
+use crate::time::CalendarTime;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -157,7 +158,17 @@ fn max_age_part(server: ServerRef, fresh: Freshness) -> Value {
     let age = fresh.now.saturating_sub(server.timestamp());
     let holds = fresh.admits(server.timestamp());
     let verdict = if holds { "within" } else { "older than" };
-    let says = format!("facts {} old, {verdict} max_age {}", duration(age), duration(fresh.max_age as i64));
+    let at = CalendarTime::utc(server.timestamp());
+    let says = format!(
+        "facts of {:04}-{:02}-{:02} {:02}:{:02} UTC, {} old, {verdict} max_age {}",
+        at.year,
+        at.month,
+        at.day,
+        at.hour,
+        at.minute,
+        duration(age),
+        duration(fresh.max_age as i64)
+    );
     json!({ "timestamp": server.timestamp(), "age": age, "max_age": fresh.max_age, "holds": holds, "says": says })
 }
 

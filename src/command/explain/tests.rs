@@ -217,7 +217,7 @@ fn the_environment_rule_and_max_age_are_reasons() {
     assert_eq!(staging["reason"], "environment staging (its `environment` fact), not the compile's production");
     let stale = explained(&index, &args(&[], &["node"], "node0.example.com", "production"));
     assert_eq!(stale["max_age"]["age"], 30 * 86_400);
-    assert_eq!(stale["reason"], "facts 30d old, older than max_age 7d");
+    assert_eq!(stale["reason"], "facts of 2033-04-18 03:33 UTC, 30d old, older than max_age 7d");
     let anywhere = explained(&index, &args(&["environment=staging"], &[], "node9.staging.example.com", "production"));
     assert_eq!((anywhere["environment"]["scoped"].clone(), anywhere["returned"].clone()), (json!(false), json!(true)));
 }
