@@ -5,6 +5,7 @@
 //! A request is `{"name": SUBCOMMAND, "args": {...}}`. Arguments are checked here:
 //! an unknown one, or one of the wrong type, is a [`Error::Query`] that names it.
 
+mod explain;
 mod query;
 
 use crate::error::{Error, Result};
@@ -50,6 +51,7 @@ fn handler(name: &str) -> Option<Handler> {
     Some(match name {
         "query" => |service, args| query::run(service, arguments("query", args)?),
         // Subcommands whose answer is a Value: `|service, args| Ok(x::run(..)?.to_string())`.
+        "explain" => |service, args| Ok(explain::run(service, arguments("explain", args)?)?.to_string()),
         _ => return None,
     })
 }

@@ -7,6 +7,7 @@
 //! added under a lock, and answer the same whenever they are built.
 
 mod answers;
+mod explain;
 mod incremental;
 mod path;
 #[cfg(any(test, feature = "synthetic"))]
@@ -17,6 +18,7 @@ mod tests;
 
 pub use crate::query::RoleSelector;
 pub use answers::{Answer, Question, ANSWERS};
+pub use explain::AtPath;
 pub use server::ServerRef;
 
 use crate::bounded_read::FileBytes;

@@ -24,7 +24,7 @@ const CLAUSES_PER_PATH: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 
 /// What a server has at a path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Found {
+pub(super) enum Found {
     /// No fact there: matches nothing.
     Missing,
     Value(ValueId),
@@ -64,6 +64,11 @@ impl ClauseTest {
     pub(super) fn holds(&self, position: u32) -> bool {
         let code = self.path.codes[position as usize] as usize;
         self.results[code / 64] >> (code % 64) & 1 == 1
+    }
+
+    /// What the server at `position` has at the path, as [`Self::holds`] tested it.
+    pub(super) fn found(&self, position: u32) -> Found {
+        self.path.distinct[self.path.codes[position as usize] as usize]
     }
 }
 

@@ -118,6 +118,11 @@ impl<'a> ServerRef<'a> {
         roles_in(role_value(self.facts(), role_fact, hint))
     }
 
+    /// The role fact's value, whatever it is (what `explain` shows).
+    pub fn role_fact_value(self, role_fact: &str) -> Option<View<'a>> {
+        role_value(self.facts(), role_fact, &mut KeyHint::new(role_fact))
+    }
+
     /// The role fact when it is a string (what the kick planner records).
     pub fn role(self, role_fact: &str) -> Option<&'a str> {
         role_value(self.facts(), role_fact, &mut KeyHint::new(role_fact)).and_then(View::as_str)

@@ -3,7 +3,7 @@
 //! The syntax is mcollective's fact filter, which users of the original wrote, plus
 //! dotted paths and `!~`: `fact OP value`, spaces allowed around `OP`.
 
-use super::compare::Operand;
+use super::compare::{Comparison, Operand};
 use crate::error::{Error, Result};
 use crate::facts::{FactPath, Node};
 use crate::store::{Kind, View};
@@ -30,6 +30,14 @@ pub enum Op {
 enum Test {
     Compare(Op, Operand),
     Regex { regex: Regex, negated: bool },
+}
+
+/// How a clause's comparison went on one value: a scalar, or one element of a list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub comparison: Comparison,
+    /// Whether the positive form of the test held (`=` for `!=`, `=~` for `!~`).
+    pub matched: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -151,13 +159,39 @@ impl Clause {
         self.holds(|test| test.on_text(text))
     }
 
+    /// Whether the test is negated (`!=`, `!~`): it holds when its positive form
+    /// holds on no element.
+    pub fn negated(&self) -> bool {
+        matches!(self.test, Test::Compare(Op::Ne, _) | Test::Regex { negated: true, .. })
+    }
+
+    /// The steps by which [`Self::holds_on_view`] decides on `value`: one per element
+    /// of a list, one for a scalar or a hash, none for a null (which never matches).
+    pub fn steps_on_view(&self, value: View) -> Vec<Step> {
+        let positive = self.positive();
+        match value.kind() {
+            Kind::Null => Vec::new(),
+            Kind::Array(items) => items.iter().map(|item| positive.on_view_by(item)).collect(),
+            _ => vec![positive.on_view_by(value)],
+        }
+    }
+
+    /// The step by which [`Self::holds_on_text`] decides on `text`.
+    pub fn step_on_text(&self, text: &str) -> Step {
+        self.positive().on_text_by(text)
+    }
+
     /// Applies the positive form of the test and negates it for `!=`/`!~`, so a
     /// list fact is "not equal" only when no element is equal.
     fn holds(&self, positive: impl Fn(&Positive) -> bool) -> bool {
+        positive(&self.positive()) != self.negated()
+    }
+
+    fn positive(&self) -> Positive<'_> {
         match &self.test {
-            Test::Compare(Op::Ne, operand) => !positive(&Positive::Compare(Op::Eq, operand)),
-            Test::Compare(op, operand) => positive(&Positive::Compare(*op, operand)),
-            Test::Regex { regex, negated } => positive(&Positive::Regex(regex)) != *negated,
+            Test::Compare(Op::Ne, operand) => Positive::Compare(Op::Eq, operand),
+            Test::Compare(op, operand) => Positive::Compare(*op, operand),
+            Test::Regex { regex, .. } => Positive::Regex(regex),
         }
     }
 }
@@ -167,30 +201,56 @@ enum Positive<'a> {
     Regex(&'a Regex),
 }
 
+// Each test is written once, in its `_by` form, which also says which comparison
+// decided (for `explain`); the plain forms keep only the verdict.
 impl Positive<'_> {
     fn on_value(&self, value: &Value) -> bool {
-        match (self, value) {
-            (_, Value::String(s)) => self.on_text(s),
-            (Positive::Compare(op, operand), _) => operand.compare(value).is_some_and(|o| op_holds(*op, o)),
-            (Positive::Regex(regex), Value::Number(n)) => regex.is_match(&n.to_string()),
-            (Positive::Regex(regex), Value::Bool(b)) => regex.is_match(if *b { "true" } else { "false" }),
-            (Positive::Regex(_), _) => false,
-        }
+        self.on_value_by(value).matched
     }
 
     fn on_view(&self, value: View) -> bool {
-        match value.kind() {
-            Kind::Str(s) => self.on_text(s),
-            // Numbers and booleans as serde_json has them (no allocation), so the
-            // rules stay written once; a container never matches.
-            _ => value.scalar_json().is_some_and(|scalar| self.on_value(&scalar)),
-        }
+        self.on_view_by(value).matched
     }
 
     fn on_text(&self, s: &str) -> bool {
+        self.on_text_by(s).matched
+    }
+
+    fn on_value_by(&self, value: &Value) -> Step {
+        let step = |comparison, matched| Step { comparison, matched };
+        match (self, value) {
+            (_, Value::String(s)) => self.on_text_by(s),
+            (Positive::Compare(op, operand), _) => match operand.compare_by(value) {
+                Some((comparison, ordering)) => step(comparison, op_holds(*op, ordering)),
+                None => step(Comparison::Incomparable, false),
+            },
+            (Positive::Regex(regex), Value::Number(n)) => step(Comparison::Regex, regex.is_match(&n.to_string())),
+            (Positive::Regex(regex), Value::Bool(b)) => {
+                step(Comparison::Regex, regex.is_match(if *b { "true" } else { "false" }))
+            }
+            (Positive::Regex(_), _) => step(Comparison::Incomparable, false),
+        }
+    }
+
+    fn on_view_by(&self, value: View) -> Step {
+        match value.kind() {
+            Kind::Str(s) => self.on_text_by(s),
+            // Numbers and booleans as serde_json has them (no allocation), so the
+            // rules stay written once; a container never matches.
+            _ => match value.scalar_json() {
+                Some(scalar) => self.on_value_by(&scalar),
+                None => Step { comparison: Comparison::Incomparable, matched: false },
+            },
+        }
+    }
+
+    fn on_text_by(&self, s: &str) -> Step {
         match self {
-            Positive::Compare(op, operand) => op_holds(*op, operand.compare_text(s)),
-            Positive::Regex(regex) => regex.is_match(s),
+            Positive::Compare(op, operand) => {
+                let (comparison, ordering) = operand.compare_text_by(s);
+                Step { comparison, matched: op_holds(*op, ordering) }
+            }
+            Positive::Regex(regex) => Step { comparison: Comparison::Regex, matched: regex.is_match(s) },
         }
     }
 }

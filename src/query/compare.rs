@@ -11,6 +11,34 @@
 use serde_json::Value;
 use std::cmp::Ordering;
 
+/// Which rule compared a value with a clause's operand (what `explain` shows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Comparison {
+    Version,
+    Integer,
+    Decimal,
+    String,
+    Boolean,
+    Regex,
+    /// The value and the operand cannot be compared (a hash, a null, a boolean
+    /// against a non-boolean): the comparison fails.
+    Incomparable,
+}
+
+impl Comparison {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Comparison::Version => "version",
+            Comparison::Integer => "integer",
+            Comparison::Decimal => "decimal",
+            Comparison::String => "string",
+            Comparison::Boolean => "boolean",
+            Comparison::Regex => "regex",
+            Comparison::Incomparable => "incomparable",
+        }
+    }
+}
+
 /// A clause's right-hand side, classified once when the clause is compiled.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Operand {
@@ -39,27 +67,37 @@ impl Operand {
 
     /// Compares a string (a fact, or a server's environment) with this operand.
     pub fn compare_text(&self, s: &str) -> Ordering {
+        self.compare_text_by(s).1
+    }
+
+    /// [`Self::compare_text`], and the rule that decided.
+    pub fn compare_text_by(&self, s: &str) -> (Comparison, Ordering) {
         compare_strings(&Shape::of(s), s, &self.shape, &self.text)
     }
 
     /// Compares a fact value with this operand; `None` when they cannot be compared
     /// (a hash, a null, a boolean against a non-boolean).
     pub fn compare(&self, fact: &Value) -> Option<Ordering> {
+        self.compare_by(fact).map(|(_, ordering)| ordering)
+    }
+
+    /// [`Self::compare`], and the rule that decided.
+    pub fn compare_by(&self, fact: &Value) -> Option<(Comparison, Ordering)> {
         match fact {
-            Value::String(s) => Some(self.compare_text(s)),
+            Value::String(s) => Some(self.compare_text_by(s)),
             Value::Number(n) => {
                 let integer = n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from));
                 match (integer, self.shape.integer) {
-                    (Some(a), Some(b)) => Some(a.cmp(&b)),
+                    (Some(a), Some(b)) => Some((Comparison::Integer, a.cmp(&b))),
                     _ => match self.shape.float {
-                        Some(b) => n.as_f64()?.partial_cmp(&b),
-                        None => Some(n.to_string().as_str().cmp(self.text.as_str())),
+                        Some(b) => n.as_f64()?.partial_cmp(&b).map(|o| (Comparison::Decimal, o)),
+                        None => Some((Comparison::String, n.to_string().as_str().cmp(self.text.as_str()))),
                     },
                 }
             }
             Value::Bool(b) => match self.text.as_str() {
-                "true" => Some(b.cmp(&true)),
-                "false" => Some(b.cmp(&false)),
+                "true" => Some((Comparison::Boolean, b.cmp(&true))),
+                "false" => Some((Comparison::Boolean, b.cmp(&false))),
                 _ => None,
             },
             Value::Null | Value::Array(_) | Value::Object(_) => None,
@@ -77,21 +115,21 @@ impl Shape {
     }
 }
 
-fn compare_strings(a: &Shape, a_text: &str, b: &Shape, b_text: &str) -> Ordering {
+fn compare_strings(a: &Shape, a_text: &str, b: &Shape, b_text: &str) -> (Comparison, Ordering) {
     if let (Some(x), Some(y)) = (&a.version, &b.version) {
         if x.len() > 1 || y.len() > 1 {
-            return x.cmp(y);
+            return (Comparison::Version, x.cmp(y));
         }
     }
     if let (Some(x), Some(y)) = (a.integer, b.integer) {
-        return x.cmp(&y);
+        return (Comparison::Integer, x.cmp(&y));
     }
     if let (Some(x), Some(y)) = (a.float, b.float) {
         if let Some(ordering) = x.partial_cmp(&y) {
-            return ordering;
+            return (Comparison::Decimal, ordering);
         }
     }
-    a_text.cmp(b_text)
+    (Comparison::String, a_text.cmp(b_text))
 }
 
 fn is_version(s: &str) -> bool {
@@ -167,6 +205,20 @@ mod tests {
         assert_eq!(cmp(json!(true), "yes"), None);
         assert_eq!(cmp(json!({"a": 1}), "a"), None);
         assert_eq!(cmp(json!(null), "a"), None);
+    }
+
+    #[test]
+    fn the_rule_that_decided_is_named() {
+        let rule = |fact: Value, operand: &str| Operand::new(operand).compare_by(&fact).map(|(rule, _)| rule);
+        assert_eq!(rule(json!("11.10"), "11.2"), Some(Comparison::Version));
+        assert_eq!(rule(json!("10"), "9"), Some(Comparison::Integer));
+        assert_eq!(rule(json!(10), "9"), Some(Comparison::Integer));
+        assert_eq!(rule(json!("1e3"), "999.5"), Some(Comparison::Decimal));
+        assert_eq!(rule(json!(2.5), "2.25"), Some(Comparison::Decimal));
+        assert_eq!(rule(json!("Debian"), "Debian"), Some(Comparison::String));
+        assert_eq!(rule(json!(4), "four"), Some(Comparison::String));
+        assert_eq!(rule(json!(true), "true"), Some(Comparison::Boolean));
+        assert_eq!(rule(json!(true), "yes"), None);
     }
 
     #[test]

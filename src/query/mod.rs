@@ -5,8 +5,8 @@ mod clause;
 mod compare;
 mod role;
 
-pub use clause::{Clause, Op};
-pub use compare::Operand;
+pub use clause::{Clause, Op, Step};
+pub use compare::{Comparison, Operand};
 pub use role::RoleSelector;
 
 use crate::error::Result;

@@ -204,6 +204,17 @@ impl IndexService {
         Ok(Selection::of(index, answer))
     }
 
+    /// The index the queries answer from, for a subcommand that looks inside it: the
+    /// no-data error even under `on_no_data: empty` (an empty index explains nothing).
+    pub fn current_index(&self) -> Result<Arc<Index>> {
+        self.index()?.ok_or_else(|| Error::NoData(self.no_data_message()))
+    }
+
+    /// Where the master last saw `certname` compile or report, if it noted it.
+    pub fn seen_environment(&self, certname: &str) -> Option<String> {
+        lock(&self.shared.seen_environments).get(certname).cloned()
+    }
+
     /// The servers at `positions` of the current index, if it is still `generation`
     /// (a binding fetching what it has not cached of an earlier selection).
     pub fn servers_at(&self, generation: u64, positions: &[u32]) -> Option<Selection> {
@@ -362,7 +373,8 @@ impl IndexService {
         now() >= self.shared.retry_at.load(Ordering::SeqCst)
     }
 
-    pub(super) fn freshness(&self) -> Freshness {
+    /// Now, and the `max_age` every query leaves older servers out by.
+    pub fn freshness(&self) -> Freshness {
         Freshness { now: now(), max_age: self.shared.config.max_age }
     }
 
