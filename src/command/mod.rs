@@ -6,6 +6,8 @@
 //! an unknown one, or one of the wrong type, is a [`Error::Query`] that names it.
 
 mod query;
+mod refresh;
+mod status;
 
 use crate::error::{Error, Result};
 use crate::service::Service;
@@ -47,6 +49,9 @@ type Handler = fn(&Service, Value) -> Result<Value>;
 fn handler(name: &str) -> Option<Handler> {
     Some(match name {
         "query" => |service, args| query::run(service, arguments("query", args)?),
+        "status" => |service, args| status::run(service, arguments("status", args)?),
+        "refresh" => |service, args| refresh::start(service, arguments("refresh", args)?),
+        "refresh_progress" => |service, args| refresh::progress(service, arguments("refresh", args)?),
         _ => return None,
     })
 }
