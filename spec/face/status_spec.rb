@@ -61,7 +61,8 @@ describe 'puppet kicker status', type: :face do
       facts = File.join(dir, 'master', 'server_data', 'facts')
       files = Dir.children(facts).sort
       node = JSON.parse(File.read(File.join(facts, files[0])))
-      node['timestamp'] = Time.now.utc.iso8601
+      # Facts collected at another second (the index keeps whole seconds).
+      node['timestamp'] = (Time.now - 7200).utc.iso8601
       File.write(File.join(facts, files[0]), JSON.generate(node))
       added = node.merge('name' => 'new.example.com')
       added['values'] = node['values'].merge('fqdn' => 'new.example.com', 'hostname' => 'new')
