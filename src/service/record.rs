@@ -99,9 +99,8 @@ impl Counts {
             ChangeSignal::Certnames(mut read_again) => {
                 read_again.sort_unstable();
                 read_again.dedup();
-                let new: HashMap<&str, ()> = after.servers().map(|s| (s.certname(), ())).collect();
-                read_again.iter().filter(|c| old.contains_key(c.as_str()) && new.contains_key(c.as_str())).count()
-                    as u64
+                let in_both = |c: &&String| old.contains_key(c.as_str()) && after.by_certname(c).is_some();
+                read_again.iter().filter(in_both).count() as u64
             }
             ChangeSignal::Reused(reused) => common.saturating_sub(reused as u64),
             ChangeSignal::Timestamps => moved,
