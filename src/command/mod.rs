@@ -7,6 +7,8 @@
 
 mod explain;
 mod query;
+mod refresh;
+mod status;
 
 use crate::error::{Error, Result};
 use crate::service::Service;
@@ -52,6 +54,9 @@ fn handler(name: &str) -> Option<Handler> {
         "query" => |service, args| query::run(service, arguments("query", args)?),
         // Subcommands whose answer is a Value: `|service, args| Ok(x::run(..)?.to_string())`.
         "explain" => |service, args| Ok(explain::run(service, arguments("explain", args)?)?.to_string()),
+        "status" => |service, args| Ok(status::run(service, arguments("status", args)?)?.to_string()),
+        "refresh" => |service, args| Ok(refresh::start(service, arguments("refresh", args)?)?.to_string()),
+        "refresh_progress" => |service, args| Ok(refresh::progress(service, arguments("refresh", args)?)?.to_string()),
         _ => return None,
     })
 }

@@ -4,6 +4,7 @@
 //! A compile reads the current index through an atomic pointer and never waits for
 //! a refresh, except on a cold start with no snapshot at all.
 
+use super::record::{self, Recorded, RefreshRecord};
 use super::refresh::{self, Refresh, RefreshState, Shared, Warnings};
 use super::MAX_PENDING_WARNINGS;
 use crate::config::{Config, OnNoData, PuppetSettings, SourceKind};
@@ -19,7 +20,7 @@ use arc_swap::ArcSwapOption;
 use crossbeam_channel::Sender;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -155,6 +156,8 @@ impl IndexService {
             config,
             worst_case,
             carried: Mutex::new(None),
+            progress: AtomicUsize::new(0),
+            last_record: Mutex::new(None),
         });
         match snapshot::read(&snapshot::path_in(&shared.config.cache_dir), &shared.config.role_fact) {
             Ok(Some(snap)) => {
@@ -249,9 +252,31 @@ impl IndexService {
         self.shared.worst_case
     }
 
-    /// The index as it is now, if any was built or read yet.
-    pub(super) fn current(&self) -> Option<Arc<Index>> {
+    /// The index as it is now, if any was built or read yet: never waits, never
+    /// refreshes (`puppet kicker status`).
+    pub fn current(&self) -> Option<Arc<Index>> {
         self.shared.current.load_full()
+    }
+
+    /// Starts a refresh, or joins the one in flight; the receiver hears when it ended
+    /// (its record is then [`Self::last_refresh`]).
+    pub fn start_refresh(&self) -> crossbeam_channel::Receiver<()> {
+        refresh::start_and_notify(&self.shared, &self.refresh)
+    }
+
+    /// Servers read so far by the refresh in flight.
+    pub fn refresh_progress(&self) -> usize {
+        self.shared.progress.load(Ordering::Relaxed)
+    }
+
+    /// This process's last refresh, if it ran one.
+    pub fn last_refresh(&self) -> Option<RefreshRecord> {
+        lock(&self.shared.last_record).clone()
+    }
+
+    /// The last refresh any process sharing the cache dir recorded.
+    pub fn recorded_refresh(&self) -> Recorded {
+        record::read(&self.shared.config.cache_dir)
     }
 
     /// Whether a refresh is queued or running.
@@ -286,6 +311,12 @@ impl IndexService {
             warnings.left_out = 0;
         }
         pending
+    }
+
+    /// Drops the pending warnings `unwanted` accepts: what the caller reports itself
+    /// (`puppet kicker refresh` makes its failed refresh its error).
+    pub fn drop_warnings(&self, unwanted: impl Fn(&str) -> bool) {
+        lock(&self.shared.warnings).pending.retain(|w| !unwanted(w));
     }
 
     pub fn status(&self) -> Status {
@@ -349,16 +380,22 @@ impl IndexService {
         true
     }
 
-    fn no_data_message(&self) -> String {
+    /// The source and where it reads, e.g. `the puppet_cache source (/var/...)`.
+    pub fn describe_source(&self) -> String {
         let config = &self.shared.config;
-        let source = match config.source {
+        match config.source {
             SourceKind::PuppetCache => format!(
                 "the puppet_cache source ({})",
                 config.puppet_cache_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
             SourceKind::Mcollective => self.shared.mcollective.as_ref().map_or_else(String::new, |m| m.describe()),
             SourceKind::Puppetdb => self.shared.puppetdb.as_ref().map_or_else(String::new, |p| p.describe()),
-        };
+        }
+    }
+
+    fn no_data_message(&self) -> String {
+        let config = &self.shared.config;
+        let source = self.describe_source();
         let why = match lock(&self.shared.last_error).as_deref() {
             Some(error) => format!("the last refresh failed: {error}"),
             None if self.shared.current.load().is_some() => format!("{source} holds no server"),

@@ -8,10 +8,12 @@
 
 mod index;
 mod kicks;
+mod record;
 mod refresh;
 
 pub use index::{IndexService, Selection, Status};
 pub use kicks::Service;
+pub use record::{source_name, Outcome, Recorded, RefreshRecord, RECORD_FILE};
 
 use crate::config::PuppetSettings;
 use crate::error::{Error, Result};

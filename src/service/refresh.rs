@@ -2,6 +2,7 @@
 //! building a new index and swapping it in; backoff after failures; a refresh hung
 //! below us (a resolver, a file system) declared so and replaced.
 
+use super::record::{self, bounded_error, source_name, ChangeSignal, Counts, Outcome, RefreshRecord};
 use super::{MAX_PENDING_WARNINGS, REFRESH_LOCK};
 use crate::config::{Config, SourceKind};
 use crate::error::{Error, Result};
@@ -13,12 +14,12 @@ use crate::source::puppetdb::PuppetdbSource;
 use crate::source::{puppet_cache, Harvest};
 use crate::store::Tables;
 use crate::sync::lock;
-use crate::time::now;
+use crate::time::{now, now_ms};
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,10 @@ pub(super) struct Shared {
     /// `source: puppet_cache`: what the refresh that built the current index read,
     /// so the next reads only the files changed since.
     pub(super) carried: Mutex<Option<Carried>>,
+    /// Servers read so far by the refresh in flight (a progress line's count).
+    pub(super) progress: AtomicUsize,
+    /// This process's last refresh, as written to [`record::RECORD_FILE`].
+    pub(super) last_record: Mutex<Option<RefreshRecord>>,
 }
 
 /// What a fact cache refresh leaves the next: the builder's tables for the store of
@@ -123,10 +128,15 @@ pub(super) fn start_refresh_thread(shared: &Arc<Shared>) -> std::io::Result<()> 
 }
 
 pub(super) fn refresh_and_wait(shared: &Arc<Shared>, refresh: &Sender<Refresh>, timeout: Duration) -> bool {
+    start_and_notify(shared, refresh).recv_timeout(timeout).is_ok()
+}
+
+/// Starts a refresh (or joins the one in flight); the receiver hears when it ends.
+pub(super) fn start_and_notify(shared: &Arc<Shared>, refresh: &Sender<Refresh>) -> Receiver<()> {
     let (done, finished) = crossbeam_channel::bounded(1);
     lock(&shared.refresh_state).waiters.push(done);
     request_refresh(shared, refresh);
-    finished.recv_timeout(timeout).is_ok()
+    finished
 }
 
 impl Shared {
@@ -145,8 +155,9 @@ impl Shared {
     }
 
     /// Reads the source and swaps in a new index; the snapshot follows. Refresh
-    /// `ticket` changes nothing once a newer one replaced it.
-    fn refresh(&self, ticket: u64) -> Result<()> {
+    /// `ticket` changes nothing once a newer one replaced it. Says how it ended and
+    /// what it changed.
+    fn refresh(&self, ticket: u64) -> Result<(Outcome, Counts)> {
         let lock_path = self.config.cache_dir.join(REFRESH_LOCK);
         // A refused cache dir is warned about where the snapshot is written.
         let lockable = crate::cache_dir::ensure(&self.config.cache_dir).is_ok();
@@ -172,8 +183,10 @@ impl Shared {
         };
         // Only a refresh that ran while this one waited is taken: one asked for
         // without contention reads the source, as it always did.
-        if contended && self.adopt_fresher_snapshot(ticket, requested) {
-            return Ok(());
+        if contended {
+            if let Some(counts) = self.adopt_fresher_snapshot(ticket, requested) {
+                return Ok((Outcome::Adopted, counts));
+            }
         }
         let started = now();
         let previous = self.current.load_full();
@@ -198,9 +211,18 @@ impl Shared {
                     }
                     _ => None,
                 };
-                let (harvest, memo) = puppet_cache::load_since(&self.config.puppet_cache_dirs, base)?;
+                let (harvest, memo) =
+                    puppet_cache::load_since_counting(&self.config.puppet_cache_dirs, base, &self.progress)?;
                 (harvest, Some(memo))
             }
+        };
+        self.progress.store(harvest.observations.len(), Ordering::Relaxed);
+        let signal = match (&harvest.changes, self.config.source) {
+            (Some(changes), _) if previous.as_ref().is_some_and(|p| p.generation() == changes.since) => {
+                ChangeSignal::Certnames(changes.certnames.clone())
+            }
+            (_, SourceKind::Mcollective) => ChangeSignal::Reused(harvest.reused),
+            _ => ChangeSignal::Timestamps,
         };
         for warning in std::mem::take(&mut harvest.warnings) {
             self.warn(warning.to_string());
@@ -210,9 +232,8 @@ impl Shared {
         let seen = recorded.unwrap_or_else(|| lock(&self.seen_environments).clone());
         let (index, tables) =
             harvest.into_index_and_tables(previous.as_deref(), &seen, &self.config.role_fact, started);
-        drop(previous);
         if !self.is_current(ticket) {
-            return Ok(());
+            return Ok((Outcome::Ok, Counts::default()));
         }
         let index = Arc::new(index);
         {
@@ -234,12 +255,14 @@ impl Shared {
                 }
             }
         }
-        // The new index serves first; writing the snapshot comes after.
+        // The new index serves first; counting and writing the snapshot come after.
+        let counts = Counts::between(previous.as_deref(), &index, signal);
+        drop(previous);
         let snap = SnapshotRef::of(&index, &seen);
         if let Err(warning) = snapshot::write(&snapshot::path_in(&self.config.cache_dir), &snap) {
             self.warn(warning.to_string());
         }
-        Ok(())
+        Ok((Outcome::Ok, counts))
     }
 }
 
@@ -247,17 +270,18 @@ impl Shared {
     /// Takes the snapshot another process wrote while this one waited for the
     /// refresh lock, when it is newer than the index and younger than `cache.ttl`:
     /// that refresh just happened, and doing it again would only load the fleet.
-    fn adopt_fresher_snapshot(&self, ticket: u64, requested: i64) -> bool {
+    /// What it changed, when it took it.
+    fn adopt_fresher_snapshot(&self, ticket: u64, requested: i64) -> Option<Counts> {
         let path = snapshot::path_in(&self.config.cache_dir);
         let current = self.current.load().as_ref().map_or(i64::MIN, |i| i.built_at());
         let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         let written = written.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs() as i64);
         if written.is_none_or(|w| w < current.max(requested) || now() - w >= self.config.cache_ttl as i64) {
-            return false;
+            return None;
         }
-        let Ok(Some(snap)) = snapshot::read(&path, &self.config.role_fact) else { return false };
+        let Ok(Some(snap)) = snapshot::read(&path, &self.config.role_fact) else { return None };
         if snap.built_at <= current || now() - snap.built_at >= self.config.cache_ttl as i64 || snap.index.is_empty() {
-            return false;
+            return None;
         }
         let mut seen = lock(&self.seen_environments);
         for (certname, environment) in snap.seen_environments {
@@ -265,16 +289,19 @@ impl Shared {
         }
         drop(seen);
         let index = snap.index;
+        let counts = Counts::between(self.current.load().as_deref(), &index, ChangeSignal::Timestamps);
         let state = lock(&self.refresh_state);
         if state.ticket == ticket {
             self.current.store(Some(Arc::new(index)));
         }
-        true
+        Some(counts)
     }
 }
 
 fn refresh_loop(shared: &Shared) {
     while let Ok(Refresh(ticket)) = shared.requests.recv() {
+        let (started_ms, clock) = (now_ms(), Instant::now());
+        shared.progress.store(0, Ordering::Relaxed);
         let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh(ticket)))
             .unwrap_or_else(|_| Err(Error::Io("internal error: the refresh panicked".into())));
         if !shared.is_current(ticket) {
@@ -287,8 +314,8 @@ fn refresh_loop(shared: &Shared) {
             return;
         }
         let mut last_error = lock(&shared.last_error);
-        match outcome {
-            Ok(()) => {
+        match &outcome {
+            Ok(_) => {
                 *last_error = None;
                 shared.failures.store(0, Ordering::SeqCst);
                 shared.retry_at.store(0, Ordering::SeqCst);
@@ -310,6 +337,7 @@ fn refresh_loop(shared: &Shared) {
         }
         drop(last_error);
         shared.last_finished.store(now(), Ordering::SeqCst);
+        shared.record(&outcome, started_ms, clock.elapsed());
         let waiters = {
             let mut state = lock(&shared.refresh_state);
             if state.ticket != ticket {
@@ -324,6 +352,40 @@ fn refresh_loop(shared: &Shared) {
         for waiter in waiters {
             let _ = waiter.send(());
         }
+    }
+}
+
+impl Shared {
+    /// Writes what refresh `outcome` did to [`record::RECORD_FILE`] for the processes
+    /// sharing the cache dir, and keeps it for this one.
+    fn record(&self, outcome: &Result<(Outcome, Counts)>, started_ms: i64, took: Duration) {
+        let index = self.current.load_full();
+        let (outcome, counts, error) = match outcome {
+            Ok((outcome, counts)) => (*outcome, *counts, None),
+            Err(e) => (Outcome::Failed, Counts::default(), Some(bounded_error(&e.to_string()))),
+        };
+        let retry_at = self.retry_at.load(Ordering::SeqCst);
+        let record = RefreshRecord {
+            source: source_name(self.config.source).to_string(),
+            pid: std::process::id(),
+            generation: index.as_ref().map_or(0, |i| i.generation()),
+            servers: index.as_ref().map_or(0, |i| i.len() as u64),
+            started_ms,
+            finished_ms: now_ms(),
+            duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            outcome,
+            error,
+            added: counts.added,
+            changed: counts.changed,
+            dropped: counts.dropped,
+            failures: self.failures.load(Ordering::SeqCst),
+            retry_at_ms: (retry_at > 0).then(|| retry_at.saturating_mul(1000)),
+            index_bytes: index.as_ref().map_or(0, |i| i.heap_bytes() as u64),
+        };
+        if let Err(e) = record::write(&self.config.cache_dir, &record) {
+            self.warn(format!("cannot write {}: {e}", self.config.cache_dir.join(record::RECORD_FILE).display()));
+        }
+        *lock(&self.last_record) = Some(record);
     }
 }
 

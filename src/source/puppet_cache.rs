@@ -16,6 +16,7 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::UNIX_EPOCH;
 
 /// A node's cached facts are tens of kilobytes; a larger file is skipped with a warning.
@@ -33,7 +34,7 @@ pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
 
 /// [`load`] on `readers` threads at most.
 pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
-    Ok(load_since_with_readers(dirs, None, readers)?.0)
+    Ok(load_since_with_readers(dirs, None, readers, &AtomicUsize::new(0))?.0)
 }
 
 /// [`load`], reading only the files that changed since `previous`: a file whose
@@ -48,7 +49,16 @@ pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
 /// less than [`RACY_SECONDS`] before the read is read again next time: a rewrite
 /// within the same tick of the file system's clock could keep its stamp.
 pub fn load_since(dirs: &[PathBuf], previous: Option<Previous<'_>>) -> Result<(Harvest, ReadMemo)> {
-    load_since_with_readers(dirs, previous, default_readers())
+    load_since_counting(dirs, previous, &AtomicUsize::new(0))
+}
+
+/// [`load_since`], counting in `progress` the files given or read so far.
+pub fn load_since_counting(
+    dirs: &[PathBuf],
+    previous: Option<Previous<'_>>,
+    progress: &AtomicUsize,
+) -> Result<(Harvest, ReadMemo)> {
+    load_since_with_readers(dirs, previous, default_readers(), progress)
 }
 
 fn default_readers() -> usize {
@@ -175,6 +185,7 @@ fn load_since_with_readers(
     dirs: &[PathBuf],
     previous: Option<Previous<'_>>,
     readers: usize,
+    progress: &AtomicUsize,
 ) -> Result<(Harvest, ReadMemo)> {
     let listed_at = crate::time::now();
     let listings = list(dirs)?;
@@ -208,6 +219,7 @@ fn load_since_with_readers(
     }
     changed.extend(old_dirs.into_iter().flat_map(|(_, files)| gone(files)));
     let reused = listed - to_read.len();
+    progress.store(reused, Ordering::Relaxed);
     let (base, values_after_full, since) = match previous {
         Some(p) => {
             let base = Builder::resume(p.index.store(), p.tables);
@@ -216,7 +228,7 @@ fn load_since_with_readers(
         None => (None, None, None),
     };
     let every: Vec<usize> = (0..to_read.len()).collect();
-    let (builder, read) = read_files(&to_read, &every, readers, base)?;
+    let (builder, read) = read_files(&to_read, &every, readers, base, progress)?;
     for (i, outcome) in read {
         changed.extend(outcome.as_ref().ok().map(|o| o.certname.clone()));
         outcomes[read_into[i]] = Some(outcome);
@@ -302,13 +314,20 @@ fn stamp_all(dir: &Path, names: &[(OsString, Format)]) -> Vec<Option<Stamp>> {
 /// `readers` threads: shares of [`SHARE_FILES`] files, each later one read into a
 /// store of its own and merged in order while the next are read (see
 /// [`store::pool`]), so the store is the one a single reader would build.
-fn read_files(files: &[Listed], which: &[usize], readers: usize, base: Option<Builder>) -> Result<Part> {
+fn read_files(
+    files: &[Listed],
+    which: &[usize],
+    readers: usize,
+    base: Option<Builder>,
+    progress: &AtomicUsize,
+) -> Result<Part> {
     let share = if readers > 1 && which.len() >= 2 * MIN_SHARE { SHARE_FILES } else { which.len().max(1) };
     let shares: Vec<&[usize]> = which.chunks(share).collect();
     let read_share = |share: usize, builder: &mut Builder| -> Vec<(usize, Outcome)> {
         let read = |&i: &usize| {
             let file = &files[i];
             let mtime = file.stamp.map(|s| s.modified.0);
+            progress.fetch_add(1, Ordering::Relaxed);
             (i, read_file(&file.path, file.format, mtime, builder).map_err(|e| format!("skipped {e}")))
         };
         shares[share].iter().map(read).collect()
