@@ -5,6 +5,8 @@
 //! A request is `{"name": SUBCOMMAND, "args": {...}}`. Arguments are checked here:
 //! an unknown one, or one of the wrong type, is a [`Error::Query`] that names it.
 
+mod graph;
+mod kick;
 mod query;
 
 use crate::error::{Error, Result};
@@ -47,6 +49,8 @@ type Handler = fn(&Service, Value) -> Result<Value>;
 fn handler(name: &str) -> Option<Handler> {
     Some(match name {
         "query" => |service, args| query::run(service, arguments("query", args)?),
+        "kick" => |service, args| kick::run(service, arguments("kick", args)?),
+        "graph" => |service, args| graph::run(service, arguments("graph", args)?),
         _ => return None,
     })
 }

@@ -11,7 +11,7 @@ mod kicks;
 mod refresh;
 
 pub use index::{IndexService, Selection, Status};
-pub use kicks::Service;
+pub use kicks::{OperatorKick, Service};
 
 use crate::config::PuppetSettings;
 use crate::error::{Error, Result};
