@@ -78,9 +78,13 @@ describe 'puppet kicker kick', type: :face do
 
     it 'exits 3 and says so when nothing matches' do
       run = kick(@dir, '--role', 'nosuchrole')
-      expect(run.exitstatus).to eq(3), run.to_s
-      expect(run.stdout).to eq("puppet kicker kick --role nosuchrole --environment production from #{master} matches " \
-                               "no server in environment production\n")
+      expect([run.exitstatus, run.stdout]).to eq([3, "No server matches.\n"]), run.to_s
+      expect(run.stderr).to include('puppet kicker kick --role nosuchrole --environment production from ' \
+                                    "#{master} matches no server in environment production")
+      run = kick(@dir, '--role', 'nosuchrole', '--dry-run', '--render-as', 'json')
+      expect(run.json).to include('targets' => [], 'exit_code' => 3)
+      expect(run.json['messages']).to eq(["puppet kicker kick --role nosuchrole --environment production from #{master} " \
+                                          'matches no server in environment production'])
     end
   end
 

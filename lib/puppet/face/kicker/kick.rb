@@ -70,14 +70,18 @@ Puppet::Face.define(:kicker, '1.0.0') do
       answer
     end
 
+    # (The whole-kick messages, e.g. nothing matched, are in the log already.)
     when_rendering :console do |answer|
-      lines = answer['messages'].dup
       rows = answer['targets'].map do |t|
         [t['certname'], PuppetKicker::Face.cell(t['role']), t['outcome'], t['detail']]
       end
-      lines << PuppetKicker::Face.table(%w[TARGET ROLE OUTCOME DETAIL], rows) unless rows.empty?
       counts = answer['targets'].group_by { |t| t['outcome'] }.map { |outcome, ts| "#{ts.size} #{outcome}" }
-      lines << "#{rows.size} #{rows.size == 1 ? 'target' : 'targets'}: #{counts.join(', ')}" unless rows.empty?
+      lines = if rows.empty?
+                ['No server matches.']
+              else
+                [PuppetKicker::Face.table(%w[TARGET ROLE OUTCOME DETAIL], rows),
+                 "#{rows.size} #{rows.size == 1 ? 'target' : 'targets'}: #{counts.join(', ')}",]
+              end
       lines << 'Dry run: nothing recorded or sent.' if answer['dry_run']
       lines.join("\n")
     end
