@@ -1,5 +1,6 @@
 //! The kick planner's state (`kicks.msgpack`) as found in the cache dir: decoded as
-//! the kick service reads it, then given to a planner that plans from it.
+//! the kick service reads it, then given to a planner that plans from it; its role
+//! graph (edges and kick counts) read, grown and aged.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -13,7 +14,13 @@ fuzz_target!(|input: &[u8]| {
     let config = CONFIG.get_or_init(|| Config::defaults(&puppet_kicker_fuzz::fleet_settings("")));
     let Ok(state) = decode_state(Path::new("kicks.msgpack"), input) else { return };
     let mut planner = Planner::new(config.kick.planner.clone(), state);
-    std::hint::black_box((planner.undelivered(), planner.next_wakeup()));
+    std::hint::black_box((planner.undelivered(), planner.next_wakeup(), planner.state().counters));
+    // The role graph as loaded (edges with their kick counts), then grown and aged.
+    let mut graph = planner.state().graph.clone();
+    std::hint::black_box(graph.counted_edges().count());
+    graph.add("node", "haproxy", 1_700_000_000_000, 6);
+    graph.age_out(1_600_000_000_000, 6);
+    std::hint::black_box(graph.counted_edges().fold(0u64, |sum, (_, _, kicks)| sum.saturating_add(kicks)));
     let _ = planner.due(1_700_000_000_000);
     let _ = rmp_serde::to_vec_named(planner.state());
 });

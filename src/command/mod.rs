@@ -6,6 +6,8 @@
 //! an unknown one, or one of the wrong type, is a [`Error::Query`] that names it.
 
 mod explain;
+mod graph;
+mod kick;
 mod query;
 mod refresh;
 mod status;
@@ -57,6 +59,8 @@ fn handler(name: &str) -> Option<Handler> {
         "status" => |service, args| Ok(status::run(service, arguments("status", args)?)?.to_string()),
         "refresh" => |service, args| Ok(refresh::start(service, arguments("refresh", args)?)?.to_string()),
         "refresh_progress" => |service, args| Ok(refresh::progress(service, arguments("refresh", args)?)?.to_string()),
+        "kick" => |service, args| Ok(kick::run(service, arguments("kick", args)?)?.to_string()),
+        "graph" => |service, args| Ok(graph::run(service, arguments("graph", args)?)?.to_string()),
         _ => return None,
     })
 }

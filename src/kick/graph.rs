@@ -33,6 +33,10 @@ pub struct RoleGraph {
     /// Cycles found but not listed (over the cap or the step budget): at least this many.
     #[serde(default)]
     cycles_left_out: u64,
+    /// `from -> to -> kicks seen along the edge`, for the edges of `role_edges` only.
+    /// (Apart, so that state files written before edges were counted stay readable.)
+    #[serde(default)]
+    edge_kicks: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 impl RoleGraph {
@@ -42,12 +46,15 @@ impl RoleGraph {
     pub fn add(&mut self, from: &str, to: &str, now: Millis, max_len: usize) -> Vec<Vec<String>> {
         if let Some(seen) = self.role_edges.get_mut(from).and_then(|tos| tos.get_mut(to)) {
             *seen = now.max(*seen);
+            let kicks = self.edge_kicks.entry(from.to_string()).or_default().entry(to.to_string()).or_insert(1);
+            *kicks = kicks.saturating_add(1);
             return Vec::new();
         }
         if self.edge_count() >= MAX_ROLE_EDGES {
             self.evict_oldest();
         }
         self.role_edges.entry(from.to_string()).or_default().insert(to.to_string(), now);
+        self.edge_kicks.entry(from.to_string()).or_default().insert(to.to_string(), 1);
         let mut steps = STEPS_PER_EDGE;
         let (found, unfinished) = self.cycles_through(from, to, max_len, &mut steps);
         let mut listed = Vec::new();
@@ -72,6 +79,15 @@ impl RoleGraph {
         self.role_edges.iter().flat_map(|(from, tos)| tos.keys().map(move |to| (from.as_str(), to.as_str())))
     }
 
+    /// Each edge with the kicks seen along it: at least 1 (an edge counted before
+    /// counting began was seen once at least).
+    pub fn counted_edges(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.edges().map(|(from, to)| {
+            let kicks = self.edge_kicks.get(from).and_then(|tos| tos.get(to)).copied().unwrap_or(1);
+            (from, to, kicks.max(1))
+        })
+    }
+
     pub fn edge_count(&self) -> usize {
         self.role_edges.values().map(BTreeMap::len).sum()
     }
@@ -93,6 +109,7 @@ impl RoleGraph {
             tos.retain(|_, seen| *seen >= cutoff);
         }
         self.role_edges.retain(|_, tos| !tos.is_empty());
+        self.forget_uncounted_edges();
         if self.edge_count() != before {
             self.recount(max_len);
         }
@@ -123,6 +140,15 @@ impl RoleGraph {
         }
     }
 
+    /// Drops the counts of edges the graph no longer holds, so they stay as bounded as it.
+    fn forget_uncounted_edges(&mut self) {
+        let edges = &self.role_edges;
+        self.edge_kicks.retain(|from, tos| {
+            tos.retain(|to, _| edges.get(from).is_some_and(|seen| seen.contains_key(to)));
+            !tos.is_empty()
+        });
+    }
+
     fn evict_oldest(&mut self) {
         let oldest = self
             .role_edges
@@ -136,6 +162,7 @@ impl RoleGraph {
                     self.role_edges.remove(&from);
                 }
             }
+            self.forget_uncounted_edges();
             self.cycles.retain(|c| !c.windows(2).any(|w| w[0] == from && w[1] == to));
         }
     }
@@ -256,6 +283,21 @@ mod tests {
     }
 
     #[test]
+    fn kicks_are_counted_per_edge_and_forgotten_with_it() {
+        let mut g = RoleGraph::default();
+        g.add("node", "haproxy", 0, 6);
+        g.add("node", "haproxy", 1, 6);
+        g.add("node", "haproxy", 2, 6);
+        g.add("db", "app", 1000, 6);
+        assert_eq!(g.counted_edges().collect::<Vec<_>>(), [("db", "app", 1), ("node", "haproxy", 3)]);
+        g.age_out(500, 6);
+        assert_eq!(g.counted_edges().collect::<Vec<_>>(), [("db", "app", 1)]);
+        g.add("node", "haproxy", 2000, 6);
+        assert_eq!(g.counted_edges().collect::<Vec<_>>(), [("db", "app", 1), ("node", "haproxy", 1)], "counted anew");
+        assert_eq!(g.edge_kicks.values().map(BTreeMap::len).sum::<usize>(), 2, "no count outlives its edge");
+    }
+
+    #[test]
     fn the_graph_holds_at_most_max_edges_dropping_the_oldest() {
         let mut g = RoleGraph::default();
         for i in 0..MAX_ROLE_EDGES {
@@ -265,6 +307,7 @@ mod tests {
         g.add("new", "t", 1_000_000, 6);
         assert_eq!(g.edge_count(), MAX_ROLE_EDGES, "one over: the oldest made room");
         assert!(!g.edges().any(|(from, _)| from == "s0"));
+        assert_eq!(g.edge_kicks.values().map(BTreeMap::len).sum::<usize>(), MAX_ROLE_EDGES, "counts as bounded");
         assert!(g.edges().any(|(from, _)| from == "new"));
     }
 }

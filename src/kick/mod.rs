@@ -17,11 +17,13 @@ mod wire;
 pub use chain::Chain;
 pub use config::KickSettings;
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
-pub use planner::{Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target};
+pub use planner::{
+    Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target,
+};
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{
-    decode_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, MAX_LOG_LINES_PER_REPORT, STATE_FILE,
-    STATUS_FILE,
+    decode_state, load_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, Progress,
+    MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE,
 };
 pub use transport::{classify, Agent, McoTransport, Transport};
 pub use wire::parse_report;

@@ -80,6 +80,36 @@ pub enum Suppression {
     },
 }
 
+impl Suppression {
+    /// Why a kick from `source` was suppressed, for the log and the operator's table.
+    pub fn why(&self, source: &str) -> String {
+        match self {
+            Suppression::Cycle(chain) => format!("it would close a loop: {chain}"),
+            Suppression::HopLimit(chain) => format!("the chain exceeds max_hops: {chain}"),
+            Suppression::Policy { source_role, target_role } => format!(
+                "policy does not let role {} kick role {}",
+                source_role.as_deref().unwrap_or("(none)"),
+                target_role.as_deref().unwrap_or("(none)")
+            ),
+            Suppression::RateLimited => format!("{source} exceeded its kick rate limit"),
+            Suppression::Noop => "the run was --noop".to_string(),
+            Suppression::Environment { from, to } => {
+                format!("kick.environments does not let a server in environment {from} kick environment {to}")
+            }
+            Suppression::OverBudget { what } => format!("the report exceeds its budget: {what}"),
+        }
+    }
+}
+
+/// Who asked for a kick: a report (the usual way), or an operator's `puppet kicker
+/// kick` on this machine, which is no run: it ends no kicked run, draws no role-graph
+/// edge, and is due at once (it still joins a kick already queued).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    Report,
+    Operator,
+}
+
 /// Something the operator should see in the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -110,22 +140,7 @@ impl fmt::Display for Event {
             Event::WouldKick { target, chain } => write!(f, "dry run: would kick {target} (chain {chain})"),
             Event::Suppressed { source, target, resource, reason } => {
                 let target = target.as_deref().unwrap_or("all targets");
-                let why = match reason {
-                    Suppression::Cycle(chain) => format!("it would close a loop: {chain}"),
-                    Suppression::HopLimit(chain) => format!("the chain exceeds max_hops: {chain}"),
-                    Suppression::Policy { source_role, target_role } => format!(
-                        "policy does not let role {} kick role {}",
-                        source_role.as_deref().unwrap_or("(none)"),
-                        target_role.as_deref().unwrap_or("(none)")
-                    ),
-                    Suppression::RateLimited => format!("{source} exceeded its kick rate limit"),
-                    Suppression::Noop => "the run was --noop".to_string(),
-                    Suppression::Environment { from, to } => {
-                        format!("kick.environments does not let a server in environment {from} kick environment {to}")
-                    }
-                    Suppression::OverBudget { what } => format!("the report exceeds its budget: {what}"),
-                };
-                write!(f, "kick of {target} by {source} ({resource}) suppressed: {why}")
+                write!(f, "kick of {target} by {source} ({resource}) suppressed: {}", reason.why(source))
             }
             Event::NoTargets { source, resource, environment } => {
                 write!(f, "{resource} from {source} matches no server in environment {environment}")
@@ -166,6 +181,34 @@ pub struct PlannerState {
     /// holds the server's agent lock; kicks of them wait for it to exit.
     #[serde(default)]
     pub holds: BTreeMap<String, Hold>,
+    /// Totals since the state began (absent from older files: zeros), for monitoring.
+    #[serde(default)]
+    pub counters: Counters,
+}
+
+/// Cumulative kick counts; they only grow (wrapping is out of reach of a u64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Kicks whose `runonce` started a run.
+    #[serde(default)]
+    pub sent: u64,
+    /// Kicks given up (attempts exhausted or refused by the agent).
+    #[serde(default)]
+    pub failed: u64,
+    /// Suppression decisions (policy, rate limit, loops, hops, noop, environment, budget).
+    #[serde(default)]
+    pub suppressed: u64,
+}
+
+impl Counters {
+    /// The larger of each count: two processes' views of one monotonic history.
+    fn max(self, other: Counters) -> Counters {
+        Counters {
+            sent: self.sent.max(other.sent),
+            failed: self.failed.max(other.failed),
+            suppressed: self.suppressed.max(other.suppressed),
+        }
+    }
 }
 
 /// A server's run in progress as a process on this machine (`puppet apply`).
@@ -213,6 +256,15 @@ pub struct OutcomeRecord {
     pub target: String,
     pub result: String,
     pub chain: String,
+}
+
+/// What one kick of a report brings to each of its targets' decision.
+#[derive(Clone, Copy)]
+struct Decision<'a> {
+    kick: &'a KickSpec,
+    source_role: &'a Option<String>,
+    chain: &'a Chain,
+    environment: &'a str,
 }
 
 pub struct Planner {
@@ -302,7 +354,7 @@ impl Planner {
     /// from a local process (masterless) that leaves a kick of its own server pending
     /// holds that kick until the process exits (see [`Planner::release_exited`]).
     pub fn on_resolved(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis) -> Vec<Event> {
-        let events = self.take_report(report, resolved, now);
+        let events = self.take_report(report, resolved, now, Origin::Report);
         let waits = self.state.targets.get(&report.host).is_some_and(|t| t.pending.is_some() || t.follow_up.is_some());
         match report.reporter_pid {
             Some(pid) if waits => {
@@ -311,6 +363,14 @@ impl Planner {
             _ => {}
         }
         events
+    }
+
+    /// Takes in an operator's kick (`puppet kicker kick`), its targets found by
+    /// [`Planner::resolve`] as a report's from `report.host` (this machine's
+    /// certname): the same policy (as that certname's role), rate limit, loop and hop
+    /// checks and coalescing as a report's; see [`Origin::Operator`] for the rest.
+    pub fn on_operator(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis) -> Vec<Event> {
+        self.take_report(report, resolved, now, Origin::Operator)
     }
 
     /// Ends the holds of processes that exited (`alive` says), or that have held
@@ -327,9 +387,19 @@ impl Planner {
         self.state.holds.iter().map(|(host, hold)| (host, hold.pid))
     }
 
-    fn take_report(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis) -> Vec<Event> {
+    fn take_report(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis, origin: Origin) -> Vec<Event> {
+        let events = self.decide(report, resolved, now, origin);
+        let suppressed = events.iter().filter(|e| matches!(e, Event::Suppressed { .. })).count() as u64;
+        self.state.counters.suppressed = self.state.counters.suppressed.saturating_add(suppressed);
+        events
+    }
+
+    fn decide(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis, origin: Origin) -> Vec<Event> {
         let mut events = Vec::new();
-        let chain = self.finish_run(&report.host, report.run_started, &mut events);
+        let chain = match origin {
+            Origin::Report => self.finish_run(&report.host, report.run_started, &mut events),
+            Origin::Operator => Chain::origin(&report.host),
+        };
         if report.kicks.is_empty() {
             return events;
         }
@@ -396,7 +466,8 @@ impl Planner {
                 });
             }
             for target in targets {
-                self.kick_one(report, kick, &source_role, &chain, target, &environment, now, &mut events);
+                let decision = Decision { kick, source_role: &source_role, chain: &chain, environment: &environment };
+                self.kick_one(report, &decision, target, origin, now, &mut events);
             }
         }
         self.state.rate.prune(self.config.rate_limit, now);
@@ -406,18 +477,16 @@ impl Planner {
     }
 
     /// Decides one target of one kick.
-    #[allow(clippy::too_many_arguments)]
     fn kick_one(
         &mut self,
         report: &ReportKicks,
-        kick: &KickSpec,
-        source_role: &Option<String>,
-        chain: &Chain,
+        decision: &Decision<'_>,
         target: Target,
-        environment: &str,
+        origin: Origin,
         now: Millis,
         events: &mut Vec<Event>,
     ) {
+        let Decision { kick, source_role, chain, environment } = *decision;
         let suppressed = |reason| Event::Suppressed {
             source: report.host.clone(),
             target: Some(target.certname.clone()),
@@ -430,7 +499,8 @@ impl Planner {
             return;
         }
         // Only kicks the policy allows shape the graph: a node cannot grow it at will.
-        if let (Some(from), Some(to)) = (source_role, &target.role) {
+        // An operator's kick is no role kicking a role: it stays out of the graph.
+        if let (Origin::Report, Some(from), Some(to)) = (origin, source_role, &target.role) {
             let max_len = self.max_cycle_len();
             let cycles = self.state.graph.add(from, to, now, max_len);
             events.extend(cycles.into_iter().map(|cycle| Event::NewRoleCycle { cycle }));
@@ -451,7 +521,7 @@ impl Planner {
             events.push(Event::WouldKick { target: target.certname, chain: extended });
             return;
         }
-        events.push(self.enqueue(&target.certname, environment, extended, now));
+        events.push(self.enqueue(&target.certname, environment, extended, now, origin));
     }
 
     /// Role cycles longer than this cannot happen: `max_hops` stops the chain first.
@@ -510,6 +580,7 @@ impl Planner {
                     attempt: pending.attempts,
                 };
                 target.running = Some(Running { started: now, agent_started, chain: pending.chain.clone() });
+                self.state.counters.sent = self.state.counters.sent.saturating_add(1);
                 self.record(now, target_name, "started".into(), &pending.chain);
                 return vec![event];
             }
@@ -527,6 +598,7 @@ impl Planner {
             };
             // A kick that arrived meanwhile was never tried: it gets its own attempts.
             target.pending = target.follow_up.take();
+            self.state.counters.failed = self.state.counters.failed.saturating_add(1);
             self.record(now, target_name, format!("failed: {why}"), &pending.chain);
             return vec![event];
         }
@@ -592,6 +664,7 @@ impl Planner {
     pub fn merge_unsaved(&mut self, theirs: PlannerState) {
         let ours = &mut self.state;
         ours.generation = ours.generation.max(theirs.generation);
+        ours.counters = ours.counters.max(theirs.counters);
         for (name, target) in theirs.targets {
             ours.targets.entry(name).or_insert(target);
         }
@@ -631,8 +704,14 @@ impl Planner {
         }
     }
 
-    fn enqueue(&mut self, name: &str, environment: &str, chain: Chain, now: Millis) -> Event {
-        let due = now + self.config.coalesce_ms;
+    /// Queues a kick of `name`, due after the coalescing window; one already queued
+    /// takes it in. An operator's kick is due now, and brings a queued one forward
+    /// (a retry's backoff included): they asked for a run now.
+    fn enqueue(&mut self, name: &str, environment: &str, chain: Chain, now: Millis, origin: Origin) -> Event {
+        let due = match origin {
+            Origin::Report => now + self.config.coalesce_ms,
+            Origin::Operator => now,
+        };
         let target = self.state.targets.entry(name.to_string()).or_default();
         target.environment = environment.to_string();
         let fresh = |chain: Chain| Pending {
@@ -649,6 +728,9 @@ impl Planner {
         match slot {
             Some(existing) => {
                 existing.chain = existing.chain.merge(&chain);
+                if origin == Origin::Operator && !existing.in_flight {
+                    existing.due = existing.due.min(due);
+                }
                 if busy {
                     Event::FollowUp { target: name.into(), chain: existing.chain.clone() }
                 } else {

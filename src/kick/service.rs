@@ -5,13 +5,13 @@
 //! a restarted master neither loses nor repeats kicks; `kick-status.json` shows the
 //! operator what is pending, what happened lately, and the role cycles seen.
 
-use super::planner::{Event, Planner, PlannerState, Target};
+use super::planner::{Event, Planner, PlannerState, Resolved, Target};
 use super::transport::Transport;
 use super::{KickConfig, Millis, ReportKicks, Selector};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::Deserialize;
 use serde_json::json;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -217,6 +217,37 @@ impl KickService {
         }
         lines.extend(self.take_log());
         lines
+    }
+
+    /// Records an operator's kick (`puppet kicker kick`; see [`Planner::on_operator`]),
+    /// puts its log lines where a report's dispatch lines go (the log drain), wakes
+    /// the dispatcher, and returns what the planner decided, with the attempts each
+    /// queued target's kick had made before (it may have joined one in backoff).
+    pub fn operator(&self, report: &ReportKicks, resolved: Resolved) -> (Vec<Event>, BTreeMap<String, u32>) {
+        let (events, attempts) = self.inner.transact(|planner| {
+            let events = planner.on_operator(report, resolved, now_ms());
+            let attempts = planner
+                .state()
+                .targets
+                .iter()
+                .filter_map(|(name, t)| t.pending.as_ref().map(|p| (name.clone(), p.attempts)))
+                .collect();
+            ((events, attempts), true)
+        });
+        events.iter().for_each(|e| self.inner.log(log_line(e)));
+        if events.iter().any(|e| matches!(e, Event::Queued { .. } | Event::Coalesced { .. })) {
+            let _ = self.wake.send(());
+        }
+        (events, attempts)
+    }
+
+    /// Where the kick of each of `targets` stands, with what other processes saved
+    /// meanwhile taken in; an outcome counts only from `since` on.
+    pub fn progress(&self, targets: &[String], since: Millis) -> Vec<Progress> {
+        self.inner.transact(|planner| {
+            let progress = targets.iter().map(|target| Progress::of(planner, target, since)).collect();
+            (progress, false)
+        })
     }
 
     /// How many lines [`Self::take_log`] would return now.
@@ -447,6 +478,48 @@ impl Inner {
     }
 }
 
+/// Where one server's kick stands, as an operator waiting for it sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Not sent yet, or sent again later: `attempts` made so far, the last one's error.
+    Queued { due: Millis, in_flight: bool, attempts: u32, last_error: Option<String>, held_by: Option<u32> },
+    /// Its `runonce` started a run.
+    Started,
+    /// Given up (`result` as the status file records it: `failed: WHY`).
+    Failed { why: String },
+    /// Runs once more after the kicked run in progress reports.
+    FollowUp,
+    /// The state knows nothing of it (another process's view replaced it, or it was
+    /// answered and its record pushed out of the recent outcomes).
+    Unknown,
+}
+
+impl Progress {
+    fn of(planner: &Planner, target: &str, since: Millis) -> Progress {
+        let state = planner.state();
+        let outcome = state.outcomes.iter().rev().find(|o| o.target == target && o.at >= since);
+        if let Some(outcome) = outcome {
+            return match outcome.result.strip_prefix("failed: ") {
+                Some(why) => Progress::Failed { why: why.to_string() },
+                None => Progress::Started,
+            };
+        }
+        let Some(kicked) = state.targets.get(target) else { return Progress::Unknown };
+        match (&kicked.pending, &kicked.running, &kicked.follow_up) {
+            (Some(p), _, _) => Progress::Queued {
+                due: p.due,
+                in_flight: p.in_flight,
+                attempts: p.attempts,
+                last_error: p.last_error.clone(),
+                held_by: state.holds.get(target).map(|h| h.pid),
+            },
+            (None, Some(_), Some(_)) => Progress::FollowUp,
+            (None, Some(running), None) if running.started >= since => Progress::Started,
+            _ => Progress::Unknown,
+        }
+    }
+}
+
 /// Lines waiting for the bindings, and how many did not fit.
 struct Log {
     lines: Vec<LogLine>,
@@ -537,6 +610,12 @@ impl FileStamp {
     }
 }
 
+/// The kick state saved in `cache_dir`, read without starting a service (no
+/// dispatcher, nothing sent or written); empty when there is none yet.
+pub fn load_state(cache_dir: &Path) -> Result<PlannerState, KickError> {
+    read_state(&cache_dir.join(STATE_FILE))
+}
+
 fn read_state(path: &Path) -> Result<PlannerState, KickError> {
     match crate::bounded_read::read(path, MAX_STATE_FILE_SIZE) {
         Ok(bytes) => decode_state(path, &bytes),
@@ -620,6 +699,8 @@ fn status_json(planner: &Planner, now: Millis, helper: serde_json::Value) -> ser
         "role_cycles": state.graph.cycles().collect::<Vec<_>>(),
         "role_cycles_left_out": state.graph.cycles_left_out(),
         "generation": state.generation,
+        "pending_count": planner.undelivered(),
+        "counters": state.counters,
         "holds": state.holds.iter().map(|(target, h)| json!({"target": target, "pid": h.pid, "since": h.since})).collect::<Vec<_>>(),
         "helper": helper,
     })

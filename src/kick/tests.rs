@@ -667,3 +667,97 @@ fn random_histories_keep_the_planners_promises() {
         random_history(seed);
     }
 }
+
+impl Sim {
+    /// An operator's `puppet kicker kick --role ROLE` from `host`, as the service takes it.
+    fn operator(&mut self, host: &str, role: &str) -> Vec<Event> {
+        let report = report_of(
+            host,
+            self.now,
+            vec![kick_of(&format!("puppet kicker kick --role {role}"), Selector::Roles(vec![role.into()]), None)],
+        );
+        let fleet = fleet();
+        let resolve = |selector: &Selector, _: &str| match selector {
+            Selector::Roles(roles) => fleet
+                .iter()
+                .filter(|(_, r)| roles.iter().any(|x| x == *r))
+                .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
+                .collect(),
+            Selector::Facts(_) => Vec::new(),
+        };
+        let resolved =
+            Planner::resolve(self.planner.config(), &report, resolve, |h| fleet.get(h).map(|r| r.to_string()));
+        let events = self.planner.on_operator(&report, resolved, self.now);
+        self.log.extend(events.iter().map(ToString::to_string));
+        events
+    }
+}
+
+#[test]
+fn an_operators_kick_is_due_at_once_and_draws_no_role_edge() {
+    let mut sim = Sim::new(KickConfig::default());
+    let events = sim.operator("node1", "haproxy");
+    assert_eq!(
+        events,
+        [Event::Queued { target: "lb1".into(), chain: Chain::origin("node1").then("lb1"), due: sim.now }]
+    );
+    assert_eq!(sim.dispatch(started), ["lb1"], "no coalescing window to wait for");
+    assert_eq!(sim.planner.state().graph.edge_count(), 0, "an operator is no role kicking a role");
+    assert_eq!(sim.planner.state().counters, Counters { sent: 1, failed: 0, suppressed: 0 });
+}
+
+#[test]
+fn an_operators_kick_brings_a_queued_kick_forward_and_ends_no_kicked_run() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["db"]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["db1"]);
+    // db1's kicked run is going; an operator on db1 kicking haproxy does not end it.
+    sim.report("node2", &["haproxy"]);
+    assert!(sim.dispatch(started).is_empty(), "inside the coalescing window");
+    let events = sim.operator("db1", "haproxy");
+    assert!(matches!(&events[..], [Event::Coalesced { target, .. }] if target == "lb1"), "{events:?}");
+    assert_eq!(sim.dispatch(started), ["lb1"], "brought forward to now");
+    assert!(sim.planner.state().targets["db1"].running.is_some(), "db1's kicked run still going");
+}
+
+#[test]
+fn the_policy_applies_to_an_operators_kick_as_to_its_machines_reports() {
+    let rules = BTreeMap::from([("db".to_string(), vec!["haproxy".to_string()]), ("*".to_string(), vec![])]);
+    let mut sim = Sim::new(KickConfig { policy: Policy::from_rules(rules), ..KickConfig::default() });
+    assert!(matches!(&sim.operator("db1", "haproxy")[..], [Event::Queued { .. }]));
+    let refused = sim.operator("master", "haproxy");
+    let policy = Suppression::Policy { source_role: None, target_role: Some("haproxy".into()) };
+    assert!(matches!(&refused[..], [Event::Suppressed { reason, .. }] if *reason == policy), "{refused:?}");
+    assert_eq!(sim.planner.state().counters.suppressed, 1);
+}
+
+#[test]
+fn counters_count_started_given_up_and_suppressed_kicks_and_only_grow() {
+    let config = KickConfig { max_attempts: 1, max_hops: 1, ..KickConfig::default() };
+    let mut sim = Sim::new(config);
+    sim.report("node1", &["haproxy", "db"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(|target| if target == "lb1" { Outcome::Started } else { Outcome::NoReply });
+    sim.report_started_at("lb1", sim.now, false, &["db"]);
+    let counters = sim.planner.state().counters;
+    assert_eq!(counters, Counters { sent: 1, failed: 1, suppressed: 1 }, "{:?}", sim.log);
+    let mut theirs = sim.planner.state().clone();
+    theirs.counters = Counters { sent: 0, failed: 5, suppressed: 0 };
+    sim.planner.merge_unsaved(theirs);
+    assert_eq!(sim.planner.state().counters, Counters { sent: 1, failed: 5, suppressed: 1 });
+}
+
+#[test]
+fn a_state_saved_before_counters_and_edge_counts_is_read_with_zeros_and_one_kick_per_edge() {
+    let old = serde_json::json!({
+        "generation": 3, "targets": {}, "outcomes": [], "rate": {"seen": {}},
+        "graph": {"role_edges": {"node": {"haproxy": 5}}, "cycles": [], "cycles_left_out": 0}, "holds": {},
+    });
+    let bytes = rmp_serde::to_vec_named(&old).unwrap();
+    let mut state = decode_state(std::path::Path::new(STATE_FILE), &bytes).unwrap();
+    assert_eq!((state.generation, state.counters), (3, Counters::default()));
+    assert_eq!(state.graph.counted_edges().collect::<Vec<_>>(), [("node", "haproxy", 1)]);
+    state.graph.add("node", "haproxy", 6, 6);
+    assert_eq!(state.graph.counted_edges().collect::<Vec<_>>(), [("node", "haproxy", 2)]);
+}

@@ -4,12 +4,24 @@
 use super::IndexService;
 use crate::config::PuppetSettings;
 use crate::error::{Error, Result};
-use crate::index::{RoleSelector, ServerRef};
-use crate::kick::{KickError, KickService, McoTransport, NoTransport, ReportKicks, Selector, Target, Transport};
+use crate::index::{Index, RoleSelector, ServerRef};
+use crate::kick::{
+    Event, KickError, KickService, McoTransport, NoTransport, Planner, PlannerState, Progress, ReportKicks, Resolved,
+    Selector, Target, Transport,
+};
 use crate::log::{Level, LogLine};
+use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// An operator's kick as the planner took it (or would take it: a dry run).
+pub struct OperatorKick {
+    pub resolved: Resolved,
+    pub events: Vec<Event>,
+    /// Attempts each queued target's kick had made before this one joined it.
+    pub attempts_before: BTreeMap<String, u32>,
+}
 
 /// One Puppet process's puppet-kicker: its [`IndexService`] (reached through
 /// `Deref`: queries, refreshes, status) and, once a report brings kicks, its
@@ -67,12 +79,67 @@ impl Service {
             self.refresh_and_wait(Duration::from_secs(self.config().cold_start_timeout));
             index = self.current().or(index);
         }
-        let role_fact = &self.config().role_fact;
-        let role_of = |server: ServerRef| server.role(role_fact).map(str::to_string);
-        let fresh = self.freshness();
         let mut errors = Vec::new();
-        let resolve = |selector: &Selector, environment: &str| -> Vec<Target> {
-            let Some(index) = index.as_deref() else { return Vec::new() };
+        let resolve = self.resolver(index.as_deref(), &mut errors);
+        let source_role = |host: &str| self.role_in(index.as_deref(), host);
+        let mut lines = service.report(report, resolve, source_role);
+        lines.extend(errors.into_iter().map(|e| LogLine::new(Level::Err, format!("kick from {}: {e}", report.host))));
+        Ok(lines)
+    }
+
+    /// An operator's kick (`puppet kicker kick`), given as a report from this machine:
+    /// its targets found as a report's, then recorded and dispatched in the background
+    /// (see [`KickService::operator`]). A bad role or clause is an error, not a line.
+    pub fn kick_operator(&self, report: &ReportKicks) -> Result<OperatorKick> {
+        let service = self.kick_service()?;
+        let resolved = self.resolve_operator(report)?;
+        let (events, attempts_before) = service.operator(report, resolved.clone());
+        Ok(OperatorKick { resolved, events, attempts_before })
+    }
+
+    /// What [`Self::kick_operator`] would decide now, on a copy of the saved kick
+    /// state: nothing is recorded, sent or logged, and no dispatcher is started.
+    pub fn preview_operator(&self, report: &ReportKicks) -> Result<OperatorKick> {
+        let state = self.kick_state()?;
+        let resolved = self.resolve_operator(report)?;
+        let mut planner = Planner::new(self.config().kick.planner.clone(), state);
+        let events = planner.on_operator(report, resolved.clone(), crate::kick::now_ms());
+        Ok(OperatorKick { resolved, events, attempts_before: BTreeMap::new() })
+    }
+
+    /// Where each of `targets`' kicks stands (outcomes from `since` on).
+    pub fn kick_progress(&self, targets: &[String], since: crate::kick::Millis) -> Result<Vec<Progress>> {
+        Ok(self.kick_service()?.progress(targets, since))
+    }
+
+    /// The kick state as saved in the cache dir, read without starting the kick
+    /// service (for `puppet kicker graph`: works offline, sends nothing).
+    pub fn kick_state(&self) -> Result<PlannerState> {
+        crate::kick::load_state(&self.config().cache_dir).map_err(|e| Error::Kick(Arc::new(e)))
+    }
+
+    fn resolve_operator(&self, report: &ReportKicks) -> Result<Resolved> {
+        let index = self.index.index()?;
+        let mut errors = Vec::new();
+        let resolve = self.resolver(index.as_deref(), &mut errors);
+        let source_role = |host: &str| self.role_in(index.as_deref(), host);
+        let resolved = Planner::resolve(&self.config().kick.planner, report, resolve, source_role);
+        match errors.into_iter().next() {
+            Some(error) => Err(error),
+            None => Ok(resolved),
+        }
+    }
+
+    /// Finds a kick's targets in `index` as the functions would; an unreadable role
+    /// or clause resolves to nothing and is kept in `errors`.
+    fn resolver<'a>(
+        &'a self,
+        index: Option<&'a Index>,
+        errors: &'a mut Vec<Error>,
+    ) -> impl FnMut(&Selector, &str) -> Vec<Target> + 'a {
+        let fresh = self.freshness();
+        move |selector: &Selector, environment: &str| -> Vec<Target> {
+            let Some(index) = index else { return Vec::new() };
             let positions = match selector {
                 Selector::Roles(roles) => RoleSelector::parse(roles).map(|r| index.with_role(&r, environment, fresh)),
                 Selector::Facts(clauses) => {
@@ -83,18 +150,23 @@ impl Service {
                 Ok(positions) => positions
                     .into_iter()
                     .map(|p| index.server(p))
-                    .map(|server| Target { certname: server.certname().to_string(), role: role_of(server) })
+                    .map(|server| Target { certname: server.certname().to_string(), role: self.role(server) })
                     .collect(),
                 Err(e) => {
-                    errors.push(LogLine::new(Level::Err, format!("kick from {}: {e}", report.host)));
+                    errors.push(e);
                     Vec::new()
                 }
             }
-        };
-        let source_role = |host: &str| index.as_deref().and_then(|i| i.by_certname(host)).and_then(role_of);
-        let mut lines = service.report(report, resolve, source_role);
-        lines.append(&mut errors);
-        Ok(lines)
+        }
+    }
+
+    /// The role of `certname` in `index` (policy and the role graph), if it has one.
+    fn role_in(&self, index: Option<&Index>, certname: &str) -> Option<String> {
+        index.and_then(|i| i.by_certname(certname)).and_then(|server| self.role(server))
+    }
+
+    fn role(&self, server: ServerRef) -> Option<String> {
+        server.role(&self.config().role_fact).map(str::to_string)
     }
 
     /// Waits (bounded by `kick.exit_wait`) for due kicks to be sent; for processes

@@ -12,7 +12,7 @@ mod record;
 mod refresh;
 
 pub use index::{IndexService, Selection, Status};
-pub use kicks::Service;
+pub use kicks::{OperatorKick, Service};
 pub use record::{source_name, Outcome, Recorded, RefreshRecord, RECORD_FILE};
 
 use crate::config::PuppetSettings;
