@@ -33,6 +33,29 @@ module PuppetKicker
         end
       end
 
+      # Writes `text` to `path` as node_exporter's textfile collector needs it: the
+      # whole file or nothing (a temporary file beside it, renamed over it), readable
+      # by the exporter's user, named *.prom (the collector reads no other file).
+      def write_textfile(path, text)
+        unless File.basename(path).end_with?('.prom') && File.basename(path).length > 5
+          raise PuppetKicker::QueryError, "--textfile #{path}: node_exporter's textfile collector reads only " \
+                                          '*.prom files; name it so'
+        end
+        dir = File.dirname(path)
+        raise PuppetKicker::QueryError, "--textfile #{path}: no directory #{dir}" unless File.directory?(dir)
+
+        temporary = File.join(dir, ".#{File.basename(path)}.#{Process.pid}.tmp")
+        File.open(temporary, File::WRONLY | File::CREAT | File::EXCL, 0o644) do |file|
+          file.write(text)
+          file.fsync
+        end
+        File.chmod(0o644, temporary) # whatever the umask
+        File.rename(temporary, path)
+      rescue SystemCallError => e
+        File.unlink(temporary) if temporary && File.exist?(temporary)
+        raise PuppetKicker::Error, "--textfile #{path}: #{e.message}"
+      end
+
       # Rows of cells under a header, columns padded to their widest cell.
       def table(header, rows)
         widths = header.each_index.map { |i| ([header] + rows).map { |row| row[i].to_s.length }.max }

@@ -36,7 +36,7 @@ describe 'puppet kicker kick', type: :face do
       end
 
       it 'gives with --render-as json the targets, their outcomes and the exit code' do
-        run = kick(@dir, '--facts', 'role=node', 'os.release.major=12', '--dry-run', '--log_level', 'warning',
+        run = kick(@dir, '--facts', 'role=node', 'os.release.major=12', '--dry-run',
                    '--render-as', 'json', backend: backend)
         expect(run.exitstatus).to eq(0), run.to_s
         expect(run.json['targets'].map { |t| [t['certname'], t['role'], t['outcome']] })
@@ -69,7 +69,7 @@ describe 'puppet kicker kick', type: :face do
       expect(status['counters']).to eq('sent' => 0, 'failed' => 0, 'suppressed' => 0)
 
       # Again: it joins the kick in backoff, brings it forward, and its attempt fails too.
-      run = kick(@dir, '--role', 'haproxy', '--wait', '10', '--log_level', 'warning', '--render-as', 'json')
+      run = kick(@dir, '--role', 'haproxy', '--wait', '10', '--render-as', 'json')
       expect(run.exitstatus).to eq(4), run.to_s
       expect(run.json['targets'].map { |t| t.values_at('certname', 'outcome') })
         .to eq([['lb1.example.com', 'retry scheduled']])

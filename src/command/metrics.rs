@@ -1,8 +1,107 @@
 //! `puppet kicker metrics`: the status answer as Prometheus text (exposition format
-//! 0.0.4), for node_exporter's textfile collector or any scraper.
+//! 0.0.4), for node_exporter's textfile collector or any scraper. Like `status`, it
+//! never refreshes nor waits on the source.
 
+use super::status;
+use crate::error::Result;
+use crate::service::Service;
+use serde::Deserialize;
 use serde_json::Value;
 use std::fmt::Write;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {}
+
+/// `{"text": PROMETHEUS_TEXT}`.
+pub fn run(service: &Service, _: Args) -> Result<Value> {
+    let answer = status::run(service, status::Args::default())?;
+    Ok(serde_json::json!({ "text": render(&from_status(&answer)) }))
+}
+
+/// The metrics, always the same ones in the same order (a scraper sees no gaps): what
+/// `status` knows is 0 when it knows nothing (no refresh recorded, no kick state yet),
+/// and the index's age is +Inf when there is no data, so an age alert fires.
+pub fn from_status(answer: &Value) -> Vec<Metric> {
+    use Kind::{Counter, Gauge};
+    let or_zero = |path: &[&str]| at(answer, path).unwrap_or(0.0);
+    let refresh = &answer["last_refresh"];
+    let counter = |name| or_zero(&["kicks", "document", "counters", name]);
+    vec![
+        Metric {
+            name: "index_servers",
+            help: "Servers in the index the functions answer from.",
+            kind: Gauge,
+            value: or_zero(&["index", "servers"]),
+        },
+        Metric {
+            name: "index_age_seconds",
+            help: "Age of the index's data (+Inf: no data).",
+            kind: Gauge,
+            value: at(answer, &["index", "age_ms"]).map_or(f64::INFINITY, |ms| ms / 1000.0),
+        },
+        Metric {
+            name: "index_bytes",
+            help: "Memory the index holds, in bytes.",
+            kind: Gauge,
+            value: or_zero(&["index", "bytes"]),
+        },
+        Metric {
+            name: "snapshot_bytes",
+            help: "Size of the index's snapshot on disk, in bytes.",
+            kind: Gauge,
+            value: or_zero(&["index", "snapshot", "bytes"]),
+        },
+        Metric {
+            name: "refresh_failures",
+            help: "Refreshes failed in a row (0 after a good one).",
+            kind: Gauge,
+            value: or_zero(&["backoff", "failures"]),
+        },
+        Metric {
+            name: "last_refresh_success",
+            help: "1 when the last recorded refresh succeeded, else 0.",
+            kind: Gauge,
+            value: if refresh["outcome"].as_str().is_some_and(|o| o != "failed") { 1.0 } else { 0.0 },
+        },
+        Metric {
+            name: "last_refresh_duration_seconds",
+            help: "How long the last recorded refresh took.",
+            kind: Gauge,
+            value: at(refresh, &["duration_ms"]).map_or(0.0, |ms| ms / 1000.0),
+        },
+        Metric {
+            name: "last_refresh_timestamp_seconds",
+            help: "When the last recorded refresh ended, in Unix seconds.",
+            kind: Gauge,
+            value: at(refresh, &["finished_ms"]).map_or(0.0, |ms| ms / 1000.0),
+        },
+        Metric {
+            name: "kicks_pending",
+            help: "Kicks not yet started: due, in flight, waiting for a retry or a local run.",
+            kind: Gauge,
+            value: or_zero(&["kicks", "document", "pending_count"]),
+        },
+        Metric {
+            name: "kicks_sent_total",
+            help: "Kicks whose runonce started a Puppet run.",
+            kind: Counter,
+            value: counter("sent"),
+        },
+        Metric {
+            name: "kicks_failed_total",
+            help: "Kicks given up after their last attempt.",
+            kind: Counter,
+            value: counter("failed"),
+        },
+        Metric {
+            name: "kicks_suppressed_total",
+            help: "Kicks suppressed: policy, rate limit, loops, max_hops, budget.",
+            kind: Counter,
+            value: counter("suppressed"),
+        },
+    ]
+}
 
 /// How Prometheus treats a metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +171,38 @@ mod tests {
         );
         assert_eq!(number(f64::NAN), "NaN");
         assert_eq!(number(f64::INFINITY), "+Inf");
+    }
+
+    #[test]
+    fn reads_the_status_answer_and_says_infinitely_old_without_data() {
+        let answer = serde_json::json!({
+            "index": {"servers": 6, "age_ms": 1500, "bytes": 2817, "snapshot": {"bytes": 3067}},
+            "last_refresh": {"outcome": "ok", "duration_ms": 6, "finished_ms": 1795674006035_i64},
+            "backoff": {"failures": 0},
+            "kicks": {"document": {"pending_count": 2, "counters": {"sent": 5, "failed": 1, "suppressed": 3}}},
+        });
+        let values: Vec<(&str, f64)> = from_status(&answer).iter().map(|m| (m.name, m.value)).collect();
+        assert_eq!(
+            values,
+            [
+                ("index_servers", 6.0),
+                ("index_age_seconds", 1.5),
+                ("index_bytes", 2817.0),
+                ("snapshot_bytes", 3067.0),
+                ("refresh_failures", 0.0),
+                ("last_refresh_success", 1.0),
+                ("last_refresh_duration_seconds", 0.006),
+                ("last_refresh_timestamp_seconds", 1795674006.035),
+                ("kicks_pending", 2.0),
+                ("kicks_sent_total", 5.0),
+                ("kicks_failed_total", 1.0),
+                ("kicks_suppressed_total", 3.0),
+            ]
+        );
+        let nothing = from_status(&serde_json::json!({"index": {"servers": 0}, "last_refresh": null, "kicks": null}));
+        assert_eq!(nothing.len(), values.len(), "the same metrics, always");
+        assert_eq!(nothing[1].value, f64::INFINITY);
+        assert!(nothing.iter().filter(|m| m.name != "index_age_seconds").all(|m| m.value == 0.0));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod explain;
 mod graph;
 mod kick;
+mod metrics;
 mod query;
 mod refresh;
 mod status;
@@ -59,6 +60,7 @@ fn handler(name: &str) -> Option<Handler> {
         "status" => |service, args| Ok(status::run(service, arguments("status", args)?)?.to_string()),
         "refresh" => |service, args| Ok(refresh::start(service, arguments("refresh", args)?)?.to_string()),
         "refresh_progress" => |service, args| Ok(refresh::progress(service, arguments("refresh", args)?)?.to_string()),
+        "metrics" => |service, args| Ok(metrics::run(service, arguments("metrics", args)?)?.to_string()),
         "kick" => |service, args| Ok(kick::run(service, arguments("kick", args)?)?.to_string()),
         "graph" => |service, args| Ok(graph::run(service, arguments("graph", args)?)?.to_string()),
         _ => return None,

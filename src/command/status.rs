@@ -20,7 +20,7 @@ const MAX_KICK_STATUS_BYTES: u64 = 64 << 20;
 /// `--max-age` exceeded, or no data: a monitoring check's "critical".
 pub const STALE_EXIT_CODE: i32 = 2;
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
     /// Seconds: older data (or none) asks for [`STALE_EXIT_CODE`].
