@@ -57,9 +57,10 @@ describe 'puppet kicker kick', type: :face do
     it 'queues the kick, tries at once, prints the retry scheduled and exits 4; the kick lines are logged' do
       run = kick(@dir, '--role', 'haproxy', '--wait', '10', '--color', 'false')
       expect(run.exitstatus).to eq(4), run.to_s
-      expect(run.stdout.lines[0]).to eq('Notice: puppet-kicker: kick queued for lb1.example.com ' \
-                                        "(chain master.example.com -> lb1.example.com)\n")
-      table = run.stdout.lines.drop(1)
+      # Log lines on stderr, the answer alone on stdout.
+      expect(run.stderr.lines).to include('Notice: puppet-kicker: kick queued for lb1.example.com ' \
+                                          "(chain master.example.com -> lb1.example.com)\n")
+      table = run.stdout.lines
       expect(table[0].split).to eq(%w[TARGET ROLE OUTCOME DETAIL])
       expect(table[1]).to match(/\Alb1\.example\.com  haproxy  retry scheduled  mcollective is not usable for kicks: .*; attempt 2 in \d+s\n\z/)
       expect(table[2]).to eq("1 target: 1 retry scheduled\n")
