@@ -135,6 +135,12 @@ fn a_full_read_over_verified_tls_pages_and_adds_trusted_facts() {
         assert_eq!(ids(&again), ids(&index), "{requests_in_flight} in flight: the same ids");
         assert_eq!(again.store().values(), index.store().values(), "{requests_in_flight} in flight");
     }
+
+    // `puppet kicker refresh --wait` counts the servers decoded, page by page.
+    let progress = std::sync::atomic::AtomicUsize::new(0);
+    let (harvest, _) = source.refresh_counting(None, now, &progress).unwrap();
+    assert_eq!(progress.into_inner(), harvest.observations.len());
+    assert_eq!(harvest.observations.len(), 10);
 }
 
 #[test]

@@ -200,7 +200,8 @@ impl Shared {
             (SourceKind::Puppetdb, _) => {
                 let puppetdb =
                     self.puppetdb.as_ref().ok_or_else(|| Error::Io("the puppetdb source is not open".into()))?;
-                let (harvest, environments) = puppetdb.refresh(previous.as_deref(), started)?;
+                let (harvest, environments) =
+                    puppetdb.refresh_counting(previous.as_deref(), started, &self.progress)?;
                 recorded = Some(environments);
                 (harvest, None)
             }

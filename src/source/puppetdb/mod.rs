@@ -33,6 +33,7 @@ use client::{Client, Session};
 use decode::Entry;
 use state::{Carried, Held, State};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -112,6 +113,17 @@ impl PuppetdbSource {
     /// else in full. Also gives where PuppetDB recorded each server's environment.
     /// The error names the URLs and what failed.
     pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<(Harvest, BTreeMap<String, String>)> {
+        self.refresh_counting(previous, started, &AtomicUsize::new(0))
+    }
+
+    /// [`Self::refresh`], counting in `progress` the servers decoded so far, page by
+    /// page (`puppet kicker refresh --wait`'s progress line).
+    pub fn refresh_counting(
+        &self,
+        previous: Option<&Index>,
+        started: i64,
+        progress: &AtomicUsize,
+    ) -> Result<(Harvest, BTreeMap<String, String>)> {
         // Taken: a refresh that fails leaves none, and the next one reads in full.
         let carried = lock(&self.carried).take();
         let base = carried.zip(previous).filter(|(c, index)| {
@@ -124,8 +136,8 @@ impl PuppetdbSource {
         self.reload_tls_if_changed()?;
         let mut session = self.client.session();
         let (harvest, state) = match base {
-            Some((carried, index)) => self.incremental(&mut session, index, carried)?,
-            None => self.full(&mut session, started)?,
+            Some((carried, index)) => self.incremental(&mut session, index, carried, progress)?,
+            None => self.full(&mut session, started, progress)?,
         };
         let environments = state.environments();
         *lock(&self.pending) = Some(state);
@@ -147,14 +159,14 @@ impl PuppetdbSource {
     }
 
     /// Every node: the listing, then the facts a page at a time.
-    fn full(&self, session: &mut Session, started: i64) -> Result<(Harvest, State)> {
+    fn full(&self, session: &mut Session, started: i64, progress: &AtomicUsize) -> Result<(Harvest, State)> {
         let mut listed = self.list(session, None)?;
         listed.sort_by(|a, b| a.certname.cmp(&b.certname));
         listed.dedup_by(|a, b| a.certname == b.certname);
         let names: Vec<&str> = listed.iter().map(|l| l.certname.as_str()).collect();
         let mut builder = Builder::new();
         let mut warnings = Vec::new();
-        let entries = self.fetch(session, &names, &mut builder, &mut warnings)?;
+        let entries = self.fetch(session, &names, &mut builder, &mut warnings, progress)?;
         let newest = listed.iter().filter_map(|l| crate::time::parse_timestamp(&l.timestamp)).max().unwrap_or(0);
         let servers: BTreeMap<String, Held> = entries.into_iter().map(Held::of).collect();
         let state = State { servers, newest, full_at: started, values_after_full: builder.store().values() };
@@ -164,7 +176,13 @@ impl PuppetdbSource {
 
     /// The nodes changed since the newest seen (less the overlap) fetched again, the
     /// nodes held that PuppetDB lists as inactive dropped; the others as they are.
-    fn incremental(&self, session: &mut Session, index: &Index, carried: Carried) -> Result<(Harvest, State)> {
+    fn incremental(
+        &self,
+        session: &mut Session,
+        index: &Index,
+        carried: Carried,
+        progress: &AtomicUsize,
+    ) -> Result<(Harvest, State)> {
         let Carried { tables, mut state, .. } = carried;
         let since = query::timestamp(state.newest.saturating_sub(self.settings.overlap as i64));
         let listed = self.list(session, Some(&since))?;
@@ -185,7 +203,7 @@ impl PuppetdbSource {
         to_fetch.dedup();
         let mut builder = Builder::resume(index.store(), tables);
         let mut warnings = Vec::new();
-        let entries = self.fetch(session, &to_fetch, &mut builder, &mut warnings)?;
+        let entries = self.fetch(session, &to_fetch, &mut builder, &mut warnings, progress)?;
         // Every server asked for changed: given again, or not (deactivated since the
         // listing, or skipped) and so dropped.
         let given: hashbrown::HashSet<&str> = entries.iter().map(|e| e.certname.as_str()).collect();
@@ -223,6 +241,7 @@ impl PuppetdbSource {
         certnames: &[&str],
         builder: &mut Builder,
         warnings: &mut Vec<String>,
+        progress: &AtomicUsize,
     ) -> Result<Vec<Entry>> {
         let pages: Vec<&[&str]> = certnames.chunks(self.settings.page_size.max(1)).collect();
         let pages = &pages;
@@ -264,6 +283,7 @@ impl PuppetdbSource {
                     let why = format!("an entry for {:?}, which was not asked for", stranger.certname);
                     return Err(malformed(&answer.url, &why));
                 }
+                progress.fetch_add(entries.len() - before, Ordering::Relaxed);
             }
             Ok(entries)
         })
