@@ -130,6 +130,25 @@ module KickE2E
       expect(replies.map { |r| [r['sender'], r['statuscode']] }).to eq([[id, 0]]), "runonce #{id}: #{out}"
     end
 
+    def wait_for(what, timeout = WAIT)
+      deadline = Time.now + timeout
+      until (result = yield)
+        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
+
+        sleep 0.2
+      end
+      result
+    end
+
+    # A run holds the agent's lock file (with its pid) from the runonce until it ends.
+    def running?(id)
+      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
+      false
+    end
+
     # Nothing runs and no kick is pending or running.
     def idle?
       status = @scenario ? kick_status : {}

@@ -60,6 +60,24 @@ module KickFaceE2E
       out
     end
 
+    def wait_for(what, timeout = WAIT)
+      deadline = Time.now + timeout
+      until (result = yield)
+        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
+
+        sleep 0.2
+      end
+      result
+    end
+
+    def running?(id)
+      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
+      false
+    end
+
     # The table's rows (after the kick's log lines, before the count), split in cells.
     def rows(out)
       out.lines.drop_while { |l| !l.start_with?('TARGET') }.drop(1).first(2).map(&:split)

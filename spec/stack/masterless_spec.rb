@@ -126,6 +126,24 @@ module Masterless
       sh(File.join(ROOT, 'spec/fixtures/kick_e2e/run-puppet'), env: env)
     end
 
+    def wait_for(what, timeout = WAIT)
+      deadline = Time.now + timeout
+      until (result = yield)
+        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
+
+        sleep 0.2
+      end
+      result
+    end
+
+    def running?(id)
+      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
+      false
+    end
+
     def helper_pid
       status = kick_status
       status['helper'] && status['helper']['pid']

@@ -2,9 +2,8 @@
 
 # What the stack specs read back from a test node's own files: its puppet runs
 # (runs.log, written by spec/fixtures/kick_e2e/run-puppet) and its puppet log.
-# The including spec defines `node_file(id, name)` and `WAIT` (seconds), and sets
-# `@runs_before` and `@log_before` (per node: runs and log bytes before the current
-# scenario).
+# The including spec defines `node_file(id, name)` and sets `@runs_before` and
+# `@log_before` (per node: runs and log bytes before the current scenario).
 module NodeRuns
   # Runs from runs.log: start/end lines, in order (a server runs one at a time).
   def all_runs(id)
@@ -34,26 +33,5 @@ module NodeRuns
 
     text = File.binread(path)[(@log_before || {}).fetch(id, 0)..] || ''
     text.force_encoding('UTF-8').lines.reject { |l| l.include?('Facter: Permission denied') }.join
-  end
-
-  # The block's first true value, polled every 0.2 s; fails after `timeout` seconds
-  # naming what it waited for.
-  def wait_for(what, timeout = WAIT)
-    deadline = Time.now + timeout
-    until (result = yield)
-      raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
-
-      sleep 0.2
-    end
-    result
-  end
-
-  # A run holds the agent's lock file (with its pid) from the runonce until it ends.
-  def running?(id)
-    pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
-    Process.kill(0, pid)
-    true
-  rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
-    false
   end
 end
