@@ -55,16 +55,20 @@ type Handler = fn(&Service, Value) -> Result<String>;
 fn handler(name: &str) -> Option<Handler> {
     Some(match name {
         "query" => |service, args| query::run(service, arguments("query", args)?),
-        // Subcommands whose answer is a Value: `|service, args| Ok(x::run(..)?.to_string())`.
-        "explain" => |service, args| Ok(explain::run(service, arguments("explain", args)?)?.to_string()),
-        "status" => |service, args| Ok(status::run(service, arguments("status", args)?)?.to_string()),
-        "refresh" => |service, args| Ok(refresh::start(service, arguments("refresh", args)?)?.to_string()),
-        "refresh_progress" => |service, args| Ok(refresh::progress(service, arguments("refresh", args)?)?.to_string()),
-        "metrics" => |service, args| Ok(metrics::run(service, arguments("metrics", args)?)?.to_string()),
-        "kick" => |service, args| Ok(kick::run(service, arguments("kick", args)?)?.to_string()),
-        "graph" => |service, args| Ok(graph::run(service, arguments("graph", args)?)?.to_string()),
+        "explain" => |service, args| text(explain::run(service, arguments("explain", args)?)),
+        "status" => |service, args| text(status::run(service, arguments("status", args)?)),
+        "refresh" => |service, args| text(refresh::start(service, arguments("refresh", args)?)),
+        "refresh_progress" => |service, args| text(refresh::progress(service, arguments("refresh", args)?)),
+        "metrics" => |service, args| text(metrics::run(service, arguments("metrics", args)?)),
+        "kick" => |service, args| text(kick::run(service, arguments("kick", args)?)),
+        "graph" => |service, args| text(graph::run(service, arguments("graph", args)?)),
         _ => return None,
     })
+}
+
+/// The JSON text of an answer built as a `Value` (every subcommand but `query`).
+fn text(answer: Result<Value>) -> Result<String> {
+    answer.map(|value| value.to_string())
 }
 
 /// A subcommand's arguments, or an error that names the subcommand and the argument.
