@@ -403,6 +403,114 @@ fn tampered_or_foreign_replies_are_refused() {
     assert_eq!(original.requestid, "a0235d01852e53ed99a4a7bac78ba54c");
 }
 
+/// One answer of `decode_replies_verified`'s or `Reply::decode_verified`'s, comparable.
+fn answer(r: Result<Reply, Error>) -> Result<Reply, String> {
+    r.map_err(|e| format!("{}: {e}", if matches!(e, Error::Signature(_)) { "signature" } else { "other" }))
+}
+
+#[test]
+fn replies_checked_in_a_batch_get_the_answers_they_get_one_by_one() {
+    let mut outers: Vec<Vec<u8>> = Vec::new();
+    for c in all_frames() {
+        if c.frame.body.is_empty() || Request::decode(&c.frame.body, DecodeLimits::default()).is_ok() {
+            continue;
+        }
+        outers.push(c.frame.body.clone());
+        // Its hash with one hex digit changed, upper-cased, and cut short.
+        let body = &c.frame.body;
+        if let Some(pos) = body.windows(34).position(|w| w[0] == b'%' && w[1..33].iter().all(u8::is_ascii_hexdigit)) {
+            let mut changed = body.clone();
+            changed[pos + 1] = if changed[pos + 1] == b'0' { b'1' } else { b'0' };
+            outers.push(changed);
+            let mut upper = body.clone();
+            upper[pos + 1..pos + 33].make_ascii_uppercase();
+            outers.push(upper);
+        }
+        outers.push(body[..body.len() / 2].to_vec());
+    }
+    let mut rng = Lcg(0xba7c);
+    let captured = outers.len();
+    for _ in 0..2000 {
+        let mut body = outers[(rng.next() as usize) % captured].clone();
+        for _ in 0..1 + rng.next() % 3 {
+            let i = (rng.next() as usize) % body.len();
+            body[i] = rng.next() as u8;
+        }
+        outers.push(body);
+    }
+    let refs: Vec<&[u8]> = outers.iter().map(Vec::as_slice).collect();
+    for psk in [PSK, "wrong"] {
+        let one_by_one: Vec<_> =
+            refs.iter().map(|o| answer(Reply::decode_verified(o, psk, DecodeLimits::default()))).collect();
+        // Batches of every size the client forms, and one batch of everything.
+        for size in [1, 7, 8, 9, 64, refs.len()] {
+            let batched: Vec<_> = refs
+                .chunks(size)
+                .flat_map(|chunk| message::decode_replies_verified(chunk, psk, DecodeLimits::default()))
+                .map(answer)
+                .collect();
+            assert_eq!(batched, one_by_one, "batches of {size}, psk {psk}");
+        }
+        let accepted = one_by_one.iter().filter(|a| a.is_ok()).count();
+        let refused = one_by_one.iter().filter(|a| a.as_ref().is_err_and(|e| e.starts_with("signature"))).count();
+        if psk == PSK {
+            assert!(accepted > 100 && refused > 50, "{accepted} accepted, {refused} refused on the signature");
+        } else {
+            assert_eq!(accepted, 0);
+        }
+    }
+}
+
+#[test]
+fn frames_already_here_are_read_without_waiting_and_the_rest_is_waited_for() {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut broker = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (client, _) = listener.accept().unwrap();
+    let mut reader = stomp::FrameReader::new(client, Limits::default());
+    let frame = |i: usize| stomp::encode(&Frame::new("MESSAGE").body(format!("reply {i}").into_bytes()), Version::V1_0);
+    let mut burst = Vec::new();
+    for i in 0..20 {
+        burst.extend(frame(i).unwrap());
+    }
+    broker.write_all(&burst).unwrap();
+    let far = Instant::now() + Duration::from_secs(30);
+    // Every frame of the burst, then none: the socket is empty and nothing is waited for.
+    let mut bodies = Vec::new();
+    let started = Instant::now();
+    while bodies.len() < 20 {
+        match reader.read_frame_if_ready(far).unwrap() {
+            Some(f) => bodies.push(String::from_utf8(f.body).unwrap()),
+            // The burst may still be on its way through the loopback.
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{} frames of 20", bodies.len());
+    }
+    assert_eq!(bodies, (0..20).map(|i| format!("reply {i}")).collect::<Vec<_>>());
+    let t = Instant::now();
+    assert!(reader.read_frame_if_ready(far).unwrap().is_none());
+    assert!(t.elapsed() < Duration::from_secs(1), "waited {:?} on an empty socket", t.elapsed());
+    // Half a frame is kept, not waited for; the rest completes it.
+    let next = frame(20).unwrap();
+    broker.write_all(&next[..next.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(reader.read_frame_if_ready(far).unwrap().is_none());
+    broker.write_all(&next[next.len() / 2..]).unwrap();
+    let f = reader.read_frame_before(far).unwrap().unwrap();
+    assert_eq!(f.body, b"reply 20");
+    // A passed deadline reads nothing new.
+    broker.write_all(&frame(21).unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(reader.read_frame_if_ready(Instant::now() - Duration::from_millis(1)).unwrap().is_none());
+    assert_eq!(reader.read_frame_if_ready(far).unwrap().unwrap().body, b"reply 21");
+    // A closed connection is reported, not taken for a quiet one.
+    drop(broker);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(reader.read_frame_if_ready(far).is_err());
+}
+
 // ---- hostile input: errors, never panics ----
 
 #[test]

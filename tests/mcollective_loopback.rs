@@ -784,6 +784,21 @@ fn replies_over_max_replies_are_dropped_and_counted() {
     }
 }
 
+#[test]
+fn a_burst_is_kept_in_arrival_order_up_to_the_expected_count_and_no_further() {
+    // 300 replies as fast as the client reads: checked in batches, yet the first 200
+    // to arrive are kept, the call ends there, and nothing after them is counted.
+    let broker = Broker::start(Scenario { flood: 300, ..Scenario::default() });
+    let client = flood_client(&broker, ReplyLimits::default());
+    let start = Instant::now();
+    let nodes = client.discover("mcollective", &Filter::default(), Duration::from_secs(20), Some(200)).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+    let expected: Vec<String> = (0..200).map(|i| format!("flood-{i:07}.example.com")).collect();
+    assert_eq!(nodes, expected);
+    let s = client.stats();
+    assert_eq!((s.accepted, s.duplicate, s.over_limit, s.bad_hash, s.malformed), (200, 0, 0, 0, 0), "{s:?}");
+}
+
 /// The size of one flood reply, as the broker builds it (every one is the same size).
 fn flood_reply_size(pad: usize) -> usize {
     let data = Value::Hash(vec![(Value::sym("pad"), Value::str("x".repeat(pad))), (Value::sym("n"), Value::Int(0))]);

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::config::{BrokerHost, Config};
+use super::config::{BrokerHost, Config, ReplyLimits};
 use super::connector::{Connector, RequestRoute};
 use super::error::{Error, Result};
 use super::marshal::{DecodeLimits, Value};
@@ -133,6 +133,97 @@ struct Collected {
     replies: BTreeMap<String, Reply>,
     /// Senders whose body another sender sent too.
     ambiguous: BTreeSet<String>,
+}
+
+/// Replies in hand are checked in batches of up to this many (a burst of
+/// replies fills them; a trickle is checked one by one, as it arrives).
+pub const VERIFY_BATCH: usize = 64;
+
+/// What a collect kept so far.
+#[derive(Default)]
+struct Kept {
+    replies: BTreeMap<String, Reply>,
+    ambiguous: BTreeSet<String>,
+    /// The senders of each body signature; bodies are compared in full when
+    /// signatures agree, so a crafted MD5 collision makes nobody ambiguous.
+    by_signature: HashMap<u128, Vec<String>>,
+    /// Keys the bodies of replies without a signature; per collect, so nobody
+    /// can aim collisions.
+    digest: RandomState,
+    bytes: usize,
+}
+
+impl Kept {
+    /// Keeps `reply` when it passes every check (each refusal counted); true once
+    /// `expect.count` senders are kept.
+    fn accept(
+        &mut self,
+        reply: Result<Reply>,
+        size: usize,
+        expect: &Expect<'_>,
+        counters: &Counters,
+        limits: ReplyLimits,
+    ) -> bool {
+        let reply = match reply {
+            Ok(r) => r,
+            Err(Error::Signature(_)) => {
+                bump(&counters.bad_hash);
+                return false;
+            }
+            Err(_) => {
+                bump(&counters.malformed);
+                return false;
+            }
+        };
+        if reply.requestid != expect.requestid {
+            bump(&counters.foreign_requestid);
+            return false;
+        }
+        if reply.senderagent != expect.agent {
+            bump(&counters.malformed);
+            return false;
+        }
+        let oldest = expect.sent.saturating_sub(expect.ttl);
+        let newest = crate::time::now().max(expect.sent).saturating_add(expect.ttl);
+        if !(oldest..=newest).contains(&reply.msgtime) {
+            bump(&counters.bad_msgtime);
+            return false;
+        }
+        if expect.only.is_some_and(|only| !only.contains(&reply.senderid)) {
+            bump(&counters.unexpected_sender);
+            return false;
+        }
+        if self.replies.contains_key(&reply.senderid) {
+            bump(&counters.duplicate);
+            return false;
+        }
+        if self.replies.len() >= limits.max_replies || self.bytes.saturating_add(size) > limits.max_bytes {
+            bump(&counters.over_limit);
+            return false;
+        }
+        self.bytes += size;
+        self.note_body(&reply);
+        self.replies.insert(reply.senderid.clone(), reply);
+        expect.count.is_some_and(|n| self.replies.len() >= n)
+    }
+
+    /// Marks `reply`'s sender, and the first to send the same body, ambiguous.
+    fn note_body(&mut self, reply: &Reply) {
+        // Every verified reply has a signature; a reply built here has none and
+        // is keyed by a hash of its body instead (compared in full all the same).
+        let key = reply.signature.unwrap_or_else(|| u128::from(self.digest.hash_one(&reply.body)));
+        let senders = self.by_signature.entry(key).or_default();
+        let twin = senders.iter().find(|s| self.replies.get(*s).is_some_and(|r| r.body == reply.body));
+        if let Some(first) = twin {
+            self.ambiguous.insert(first.clone());
+            self.ambiguous.insert(reply.senderid.clone());
+        }
+        senders.push(reply.senderid.clone());
+    }
+
+    fn collected(self) -> Collected {
+        Collected { replies: self.replies, ambiguous: self.ambiguous }
+    }
 }
 
 /// A blocking mcollective client.
@@ -415,82 +506,67 @@ impl Client {
         result
     }
 
+    /// Replies until `expect` is met or its deadline passes. Frames that arrive
+    /// together are held (up to [`VERIFY_BATCH`]) and checked as one batch, their
+    /// PSK signatures several at a time; what is held is checked before waiting on
+    /// the broker, so a reply is never held back by a quiet connection.
     fn collect(&self, session: &mut Session, expect: &Expect<'_>) -> Result<Collected> {
-        let mut replies = BTreeMap::new();
-        let mut ambiguous = BTreeSet::new();
-        // Body digest -> first sender; keyed per process, so nobody can aim collisions.
-        let digest = RandomState::new();
-        let mut bodies: HashMap<u64, String> = HashMap::new();
-        let limits = self.config.reply_limits;
-        let mut kept_bytes = 0usize;
+        let mut kept = Kept::default();
         if expect.count == Some(0) {
-            return Ok(Collected { replies, ambiguous });
+            return Ok(kept.collected());
         }
-        while let Some(frame) = session.next_frame(expect.deadline)? {
-            match frame.command.as_str() {
-                "MESSAGE" => {}
-                "ERROR" => return Err(Error::Broker { host: session.host.clone(), message: error_text(&frame) }),
-                _ => {
-                    bump(&self.counters.other_frames);
-                    continue;
-                }
-            }
-            let reply = match Reply::decode_verified(&frame.body, &self.config.psk, self.config.marshal_limits) {
-                Ok(r) => r,
-                Err(Error::Signature(_)) => {
-                    bump(&self.counters.bad_hash);
-                    continue;
-                }
-                Err(_) => {
-                    bump(&self.counters.malformed);
-                    continue;
+        let mut held: Vec<Vec<u8>> = Vec::with_capacity(VERIFY_BATCH);
+        loop {
+            let frame = match session.frame_if_ready(expect.deadline)? {
+                Some(frame) => frame,
+                None => {
+                    if self.accept_held(&mut held, &mut kept, expect) {
+                        break;
+                    }
+                    match session.next_frame(expect.deadline)? {
+                        Some(frame) => frame,
+                        None => break,
+                    }
                 }
             };
-            if reply.requestid != expect.requestid {
-                bump(&self.counters.foreign_requestid);
-                continue;
-            }
-            if reply.senderagent != expect.agent {
-                bump(&self.counters.malformed);
-                continue;
-            }
-            let oldest = expect.sent.saturating_sub(expect.ttl);
-            let newest = crate::time::now().max(expect.sent).saturating_add(expect.ttl);
-            if !(oldest..=newest).contains(&reply.msgtime) {
-                bump(&self.counters.bad_msgtime);
-                continue;
-            }
-            if let Some(only) = expect.only {
-                if !only.contains(&reply.senderid) {
-                    bump(&self.counters.unexpected_sender);
-                    continue;
+            match frame.command.as_str() {
+                "MESSAGE" => held.push(frame.body),
+                "ERROR" => {
+                    // Replies that came before it may already meet the count, as
+                    // when each was checked on arrival.
+                    if self.accept_held(&mut held, &mut kept, expect) {
+                        break;
+                    }
+                    return Err(Error::Broker { host: session.host.clone(), message: error_text(&frame) });
                 }
+                _ => bump(&self.counters.other_frames),
             }
-            if replies.contains_key(&reply.senderid) {
-                bump(&self.counters.duplicate);
-                continue;
-            }
-            let size = frame.body.len();
-            if replies.len() >= limits.max_replies || kept_bytes.saturating_add(size) > limits.max_bytes {
-                bump(&self.counters.over_limit);
-                continue;
-            }
-            kept_bytes += size;
-            match bodies.entry(digest.hash_one(&reply.body)) {
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(reply.senderid.clone());
-                }
-                std::collections::hash_map::Entry::Occupied(first) => {
-                    ambiguous.insert(first.get().clone());
-                    ambiguous.insert(reply.senderid.clone());
-                }
-            }
-            replies.insert(reply.senderid.clone(), reply);
-            if expect.count.is_some_and(|n| replies.len() >= n) {
+            if held.len() >= VERIFY_BATCH && self.accept_held(&mut held, &mut kept, expect) {
                 break;
             }
         }
-        Ok(Collected { replies, ambiguous })
+        self.accept_held(&mut held, &mut kept, expect);
+        Ok(kept.collected())
+    }
+
+    /// Checks the held replies in arrival order, keeping what passes; true once
+    /// `expect.count` senders are kept (the rest of the batch is then left, as a
+    /// reply that arrived after the last expected one is).
+    fn accept_held(&self, held: &mut Vec<Vec<u8>>, kept: &mut Kept, expect: &Expect<'_>) -> bool {
+        if held.is_empty() {
+            return false;
+        }
+        let outers: Vec<&[u8]> = held.iter().map(Vec::as_slice).collect();
+        let decoded = message::decode_replies_verified(&outers, &self.config.psk, self.config.marshal_limits);
+        let mut done = false;
+        for (reply, outer) in decoded.into_iter().zip(&outers) {
+            if kept.accept(reply, outer.len(), expect, &self.counters, self.config.reply_limits) {
+                done = true;
+                break;
+            }
+        }
+        held.clear();
+        done
     }
 
     /// Connects to the first pool host that completes the STOMP handshake.
@@ -650,14 +726,23 @@ impl Session {
         })
     }
 
+    /// The next frame if it is already here, without waiting on the broker.
+    fn frame_if_ready(&mut self, deadline: Instant) -> Result<Option<Frame>> {
+        self.reader.read_frame_if_ready(deadline).map_err(|e| self.naming_broker(e))
+    }
+
     /// The next frame, or None once `deadline` passed, whatever the broker
     /// sends meanwhile (heart-beats, a frame a byte at a time).
     fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>> {
-        match self.reader.read_frame_before(deadline) {
-            Ok(f) => Ok(f),
-            Err(Error::Io { context, source }) => Err(Error::io(format!("{context} from {}", self.host), source)),
-            Err(Error::Frame(m)) => Err(Error::Frame(format!("from {}: {m}", self.host))),
-            Err(e) => Err(e),
+        self.reader.read_frame_before(deadline).map_err(|e| self.naming_broker(e))
+    }
+
+    /// A reading error that names the broker.
+    fn naming_broker(&self, e: Error) -> Error {
+        match e {
+            Error::Io { context, source } => Error::io(format!("{context} from {}", self.host), source),
+            Error::Frame(m) => Error::Frame(format!("from {}: {m}", self.host)),
+            e => e,
         }
     }
 

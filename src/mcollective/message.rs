@@ -397,6 +397,13 @@ impl<'a> ReplyRef<'a> {
     /// [`Reply::decode_verified`] without building values or copying the body: the
     /// same fields and checks, in the same order.
     pub fn decode_verified(outer: &'a [u8], psk: &str, limits: DecodeLimits) -> std::result::Result<Self, Unread> {
+        let (reply, hash) = ReplyRef::decode_unverified(outer, limits)?;
+        reply.verified(psk::verify(reply.body, psk, hash), hash).map_err(Unread::Error)
+    }
+
+    /// The outer layer read, every check of [`ReplyRef::decode_verified`] made but
+    /// the signature's; the `:hash` text, to check.
+    fn decode_unverified(outer: &'a [u8], limits: DecodeLimits) -> std::result::Result<(Self, &'a str), Unread> {
         let doc = match Doc::scan(outer, limits) {
             Ok(doc) => doc,
             Err(Scan::Invalid(e)) => return Err(Unread::Error(e)),
@@ -434,15 +441,19 @@ impl<'a> ReplyRef<'a> {
             },
             signature: None,
         };
-        let hash = text(5)?;
-        if !psk::verify(reply.body, psk, hash) {
+        Ok((reply, text(5)?))
+    }
+
+    /// This reply once its `:hash` was checked (`good`): with its signature, or the
+    /// error that names it.
+    fn verified(self, good: bool, hash: &str) -> Result<Self> {
+        if !good {
             return Err(Error::Signature(format!(
                 "reply from {} for request {} has a bad :hash",
-                reply.senderid, reply.requestid
-            ))
-            .into());
+                self.senderid, self.requestid
+            )));
         }
-        Ok(ReplyRef { signature: psk::signature_number(hash), ..reply })
+        Ok(ReplyRef { signature: psk::signature_number(hash), ..self })
     }
 
     pub fn to_owned(&self) -> Reply {
@@ -455,6 +466,25 @@ impl<'a> ReplyRef<'a> {
             signature: self.signature,
         }
     }
+}
+
+/// [`Reply::decode_verified`] of each of `outers`, in order, with the signatures
+/// checked together: a batch of replies that arrived together costs the PSK's MD5
+/// several bodies at a time.
+pub fn decode_replies_verified(outers: &[&[u8]], psk: &str, limits: DecodeLimits) -> Vec<Result<Reply>> {
+    let read: Vec<std::result::Result<(ReplyRef<'_>, &str), Unread>> =
+        outers.iter().map(|outer| ReplyRef::decode_unverified(outer, limits)).collect();
+    let signed: Vec<(&[u8], &str)> =
+        read.iter().filter_map(|r| r.as_ref().ok()).map(|(r, hash)| (r.body, *hash)).collect();
+    let mut good = psk::verify_many(&signed, psk).into_iter();
+    read.into_iter()
+        .zip(outers)
+        .map(|(r, outer)| match r {
+            Ok((reply, hash)) => reply.verified(good.next().unwrap_or(false), hash).map(|r| r.to_owned()),
+            Err(Unread::Error(e)) => Err(e),
+            Err(Unread::Unsupported) => Reply::decode_verified_via_values(outer, psk, limits),
+        })
+        .collect()
 }
 
 /// The inner body of an RPC reply: `{:statuscode, :statusmsg, :data}`.

@@ -33,6 +33,11 @@ pub fn verify(body: &[u8], psk: &str, hash: &str) -> bool {
     expected.bytes().zip(given).fold(0u8, |acc, (a, b)| acc | (a ^ b.to_ascii_lowercase())) == 0
 }
 
+/// [`verify`] of each (body, hash) pair under `psk`, in order.
+pub fn verify_many(signed: &[(&[u8], &str)], psk: &str) -> Vec<bool> {
+    signed.iter().map(|(body, hash)| verify(body, psk, hash)).collect()
+}
+
 /// A signature [`verify`] accepted, as a number (its case does not matter).
 pub fn signature_number(hash: &str) -> Option<u128> {
     u128::from_str_radix(hash, 16).ok().filter(|_| hash.len() == 32)

@@ -359,6 +359,8 @@ fn parse_head(buf: &[u8], version: Version, limits: &Limits) -> Result<Option<(F
 pub trait SocketTimeouts {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Whether a read would return at once (bytes, or the end of the stream).
+    fn readable_now(&self) -> io::Result<bool>;
 }
 
 impl SocketTimeouts for TcpStream {
@@ -368,6 +370,29 @@ impl SocketTimeouts for TcpStream {
 
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         TcpStream::set_write_timeout(self, timeout)
+    }
+
+    fn readable_now(&self) -> io::Result<bool> {
+        socket_readable_now(self)
+    }
+}
+
+/// `poll(2)` of one socket for input, not waiting.
+pub fn socket_readable_now(socket: &TcpStream) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut fds = [libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+    loop {
+        // SAFETY: `fds` is one valid pollfd for the call's length of 1, and the
+        // descriptor stays open while `socket` is borrowed.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+        if n >= 0 {
+            // POLLHUP and POLLERR count: the read that follows reports them.
+            return Ok(n > 0 && fds[0].revents != 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 
@@ -529,6 +554,30 @@ impl<R: Read + SocketTimeouts> FrameReader<R> {
             match self.fill() {
                 Ok(()) => {}
                 Err(e) if e.is_timeout() => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The next frame if its bytes are already here, buffered or waiting on the
+    /// socket; `Ok(None)` when reading on would wait (or `deadline` has passed).
+    /// Lets a caller hold frames that arrive together and handle them as a batch,
+    /// and handle what it holds before it waits.
+    pub fn read_frame_if_ready(&mut self, deadline: Instant) -> Result<Option<Frame>> {
+        loop {
+            if let Some(frame) = self.try_frame()? {
+                return Ok(Some(frame));
+            }
+            let Some(left) = time_left(deadline) else {
+                return Ok(None);
+            };
+            if !self.inner.readable_now().map_err(|e| Error::io("polling the connection", e))? {
+                return Ok(None);
+            }
+            self.inner.set_read_timeout(Some(left)).map_err(|e| Error::io("setting the read timeout", e))?;
+            match self.fill() {
+                Ok(()) => {}
+                Err(e) if e.is_timeout() => return Ok(None),
                 Err(e) => return Err(e),
             }
         }

@@ -26,7 +26,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{CertificateError, ClientConfig, ClientConnection, RootCertStore};
 
 use super::error::{Error, Result};
-use super::stomp::SocketTimeouts;
+use super::stomp::{socket_readable_now, SocketTimeouts};
 
 /// Largest CA, certificate or key file read (a CA bundle of a few hundred
 /// certificates fits; a wrong path to a huge file does not fill memory).
@@ -249,6 +249,21 @@ impl SocketTimeouts for BrokerStream {
 
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         BrokerStream::set_write_timeout(self, timeout)
+    }
+
+    /// TLS: plaintext rustls holds already counts, then the socket.
+    fn readable_now(&self) -> io::Result<bool> {
+        if let BrokerStream::Tls { session, .. } = self {
+            let mut s = lock(session);
+            let state = s
+                .conn
+                .process_new_packets()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, describe_tls_error(e)))?;
+            if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
+                return Ok(true);
+            }
+        }
+        socket_readable_now(self.socket())
     }
 }
 
