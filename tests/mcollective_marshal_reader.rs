@@ -259,6 +259,31 @@ fn hostile_input_is_refused_by_the_reader_itself() {
 }
 
 #[test]
+fn every_shape_of_a_strings_encoding_flag_reads_as_marshal_rs_reads_it() {
+    // The reader takes `\x06 ; link flag` at once; every neighbour of that shape
+    // must still give marshal-rs's answer (value or refusal).
+    let limits = DecodeLimits::default();
+    let mut checked = 0;
+    for count in [0u8, 5, 6, 7] {
+        for link in [0u8, 1, 4, 5, 6, 7, 0x7f, 0x80, 0xfb, 0xff] {
+            for flag in [b'T', b'F', b'0', b'i', b'"'] {
+                for sep in [b';', b':'] {
+                    // Two strings: the first names `E`, the second links to a symbol.
+                    let mut b = b"\x04\x08[\x07I\"\x06a\x06:\x06ETI\"\x06b".to_vec();
+                    b.extend([count, sep, link, flag]);
+                    b.extend(b"\x06x");
+                    for cut in [b.len(), b.len() - 2, b.len() - 4] {
+                        assert!(same_as_marshal_rs(&b[..cut], limits), "{:?}", &b[..cut]);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 4 * 10 * 5 * 2 * 3);
+}
+
+#[test]
 fn values_outside_the_subset_go_to_marshal_rs() {
     // [/ab/, Object Foo]
     let bytes = b"\x04\x08[\x07I/\x07ab\x00\x06:\x06EFo:\x08Foo\x00";

@@ -20,16 +20,18 @@ pub type Pos = usize;
 /// Why [`Doc::scan`] did not give a document.
 #[derive(Debug)]
 pub enum Scan {
-    /// Not Marshal, or over a limit: [`marshal::decode_with`] refuses it too.
-    Invalid(Error),
+    /// Not Marshal, or over a limit: [`marshal::decode_with`] refuses it too. Boxed:
+    /// every step of the scan returns a result, and a small one is cheaper to pass.
+    Invalid(Box<Error>),
     /// Outside the subset: decode it with [`marshal`].
     Unsupported(&'static str),
 }
 
 type ScanResult<T> = std::result::Result<T, Scan>;
 
+#[cold]
 fn bad<T>(what: impl Into<String>) -> ScanResult<T> {
-    Err(Scan::Invalid(Error::Marshal(what.into())))
+    Err(Scan::Invalid(Box::new(Error::Marshal(what.into()))))
 }
 
 /// One value's head, read at a position.
@@ -176,7 +178,16 @@ impl<'a> Doc<'a> {
         usize::try_from(n).map(|n| (n, next)).or_else(|_| bad("declared length exceeds remaining input"))
     }
 
+    #[inline]
     fn chunk(&self, pos: Pos) -> ScanResult<(&'a [u8], Pos)> {
+        // Most: a one-byte length (1..=122) and the bytes all there, as `len` and
+        // `slice` would find them.
+        if let Some(&lead @ 6..=0x7f) = self.bytes.get(pos) {
+            let (start, n) = (pos + 1, usize::from(lead) - 5);
+            if let Some(bytes) = self.bytes.get(start..start + n) {
+                return Ok((bytes, start + n));
+            }
+        }
         let (n, pos) = self.len(pos)?;
         Ok((self.slice(pos, n)?, pos + n))
     }
@@ -315,7 +326,10 @@ impl<'a> Doc<'a> {
                         (Item::Sym(s), s.len(), next)
                     }
                 };
-                let next = self.ivars(next, first)?;
+                let next = match self.one_linked_flag(next) {
+                    Some(next) => next,
+                    None => self.ivars(next, first)?,
+                };
                 self.close(slot);
                 self.take(len)?;
                 events.leaf(item);
@@ -339,6 +353,21 @@ impl<'a> Doc<'a> {
         if let Some(slot) = slot {
             self.objects[slot].1 = true;
         }
+    }
+
+    /// The ivars nearly every String mcollective sends carries, one encoding flag
+    /// named by a symbol link (`\x06 ; link T`), read at once: where they end, as
+    /// [`Doc::ivars`] reads them; `None` for any other shape.
+    #[inline]
+    fn one_linked_flag(&self, pos: Pos) -> Option<Pos> {
+        let &[count, b';', link, flag] = self.bytes.get(pos..pos + 4)? else { return None };
+        // A one-byte Marshal integer: 0, or 6..=127 for 1..=122.
+        let index = match link {
+            0 => 0,
+            6..=0x7f => usize::from(link) - 5,
+            _ => return None,
+        };
+        (count == 6 && index < self.symbols.len() && matches!(flag, b'T' | b'F' | b'0')).then_some(pos + 4)
     }
 
     /// An `I` wrapper's ivars: names, each with true, false, nil or a plain String
@@ -608,7 +637,7 @@ impl<'a> Doc<'a> {
 
 fn scan_error(e: Scan) -> Error {
     match e {
-        Scan::Invalid(e) => e,
+        Scan::Invalid(e) => *e,
         Scan::Unsupported(what) => Error::Marshal(what.into()),
     }
 }
@@ -659,7 +688,7 @@ fn bignum(negative: bool, magnitude_le: &[u8]) -> Option<i64> {
 pub fn decode_with(bytes: &[u8], limits: DecodeLimits) -> Result<Value> {
     match Doc::scan(bytes, limits) {
         Ok(doc) => doc.value(doc.root()),
-        Err(Scan::Invalid(e)) => Err(e),
+        Err(Scan::Invalid(e)) => Err(*e),
         Err(Scan::Unsupported(_)) => marshal::decode_with(bytes, limits),
     }
 }

@@ -406,7 +406,7 @@ impl<'a> ReplyRef<'a> {
     fn decode_unverified(outer: &'a [u8], limits: DecodeLimits) -> std::result::Result<(Self, &'a str), Unread> {
         let doc = match Doc::scan(outer, limits) {
             Ok(doc) => doc,
-            Err(Scan::Invalid(e)) => return Err(Unread::Error(e)),
+            Err(Scan::Invalid(e)) => return Err(Unread::Error(*e)),
             Err(Scan::Unsupported(_)) => return Err(Unread::Unsupported),
         };
         let root = doc.root();

@@ -34,7 +34,7 @@ pub(super) fn read(body: InnerBody, builder: &mut Builder) -> Read {
     }
     match scanned {
         Ok(_) => {}
-        Err(Scan::Invalid(e)) => return Read::Done(Err(BodyError::Malformed(e))),
+        Err(Scan::Invalid(e)) => return Read::Done(Err(BodyError::Malformed(*e))),
         Err(Scan::Unsupported(_)) => return Read::Done(Err(BodyError::Unsupported)),
     }
     if let Some(e) = failed {
