@@ -51,6 +51,8 @@ const MAX_DEPTH: usize = 64;
 pub const DECODE_THREADS: usize = 2;
 /// Below this many servers one thread decodes them all: a thread costs more.
 const MIN_SERVERS_PER_THREAD: usize = 256;
+/// Servers per share of the decoding on several threads.
+const SHARE_SERVERS: usize = 256;
 
 pub struct McollectiveSource {
     client: Client,
@@ -685,33 +687,25 @@ fn observe_slices(
     if threads == 1 {
         return observe_share(servers, main_collective, limits, builder);
     }
-    let share = servers.len().div_ceil(threads);
-    let (first, rest) = servers.split_at(share);
-    let (mine, others) = std::thread::scope(|scope| {
-        let running: Vec<_> = rest
-            .chunks(share)
-            .map(|chunk| {
-                scope.spawn(move || {
-                    let mut own = Builder::new();
-                    let observed = observe_share(chunk, main_collective, limits, &mut own);
-                    (observed, own)
-                })
-            })
-            .collect();
-        let mine = observe_share(first, main_collective, limits, builder);
-        (mine, running.into_iter().map(|h| h.join()).collect::<Vec<_>>())
-    });
-    let mut all = mine;
-    for other in others {
-        // A panic fails the refresh, as it did on one thread.
-        let (observed, own) = other.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let remap = builder.absorb(own.store());
-        all.chosen.extend(observed.chosen);
-        all.observations.extend(observed.observations.into_iter().map(|mut o| {
+    // Shares handed out in order and merged while the other thread reads
+    // (store::pool), as fact files are: the merge is off the critical path.
+    let shares: Vec<&[&[(Reply, i64)]]> = servers.chunks(SHARE_SERVERS).collect();
+    let read = |i: usize, own: &mut Builder| observe_share(shares[i], main_collective, limits, own);
+    let remap = |observed: &mut Observed, remap: &crate::store::Remap| {
+        for o in &mut observed.observations {
             o.facts = remap.values[o.facts as usize];
             o.extra = remap.values[o.extra as usize];
-            o
-        }));
+        }
+    };
+    let target = std::mem::take(builder);
+    // A panic fails the refresh, as it did on one thread.
+    let (target, results) = crate::store::pool::read_in_order(target, shares.len(), threads, read, remap)
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    *builder = target;
+    let mut all = Observed::default();
+    for observed in results {
+        all.chosen.extend(observed.chosen);
+        all.observations.extend(observed.observations);
         all.warnings.extend(observed.warnings);
         all.accepted += observed.accepted;
         all.malformed += observed.malformed;
@@ -819,7 +813,7 @@ pub fn observation_two_passes(body: InnerBody, builder: &mut Builder) -> std::re
     use mco::marshal_reader::{Doc, Item, Scan};
     let doc = match Doc::scan(bytes, limits) {
         Ok(doc) => doc,
-        Err(Scan::Invalid(e)) => return Err(BodyError::Malformed(e)),
+        Err(Scan::Invalid(e)) => return Err(BodyError::Malformed(*e)),
         Err(Scan::Unsupported(_)) => return Err(BodyError::Unsupported),
     };
     let root = doc.root();
