@@ -22,7 +22,6 @@ mod inventory;
 use super::{Harvest, Observation};
 use crate::config::McollectiveSettings;
 use crate::error::{Error, Result};
-use crate::facts::Facts;
 use crate::index::Index;
 use crate::mcollective::message::Reply;
 use crate::mcollective::{self as mco, Client, Filter, RpcReply};
@@ -31,6 +30,7 @@ use crate::store::{Builder, Tables, ValueId, FALSE, NULL, TRUE};
 use crate::sync::lock;
 use crate::time::now;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Mutex;
@@ -489,9 +489,11 @@ pub fn observation(
         Some(_) => return Err(InventoryError::FactsNotAHash),
         None => return Err(InventoryError::NoFacts),
     };
-    let list = |name: &str| -> Vec<String> {
-        let mut items: Vec<String> = match reply.data.get_sym(name).map(to_json) {
-            Some(Value::Array(items)) => items.into_iter().filter_map(|i| i.as_str().map(str::to_string)).collect(),
+    let list = |name: &str| -> Vec<Cow<'static, str>> {
+        let mut items: Vec<Cow<'static, str>> = match reply.data.get_sym(name).map(to_json) {
+            Some(Value::Array(items)) => {
+                items.into_iter().filter_map(|i| i.as_str().map(|s| Cow::Owned(s.to_string()))).collect()
+            }
             _ => Vec::new(),
         };
         items.sort();
@@ -504,11 +506,12 @@ pub fn observation(
     Ok(finish(identity, reply.msgtime, at, own_main, main_collective, facts, lists, builder))
 }
 
-/// What an inventory lists beside the facts, each sorted without repeats.
-struct Lists {
-    classes: Vec<String>,
-    agents: Vec<String>,
-    collectives: Vec<String>,
+/// What an inventory lists beside the facts, each sorted without repeats (text
+/// borrowed from the body where it is UTF-8 already).
+struct Lists<'a> {
+    classes: Vec<Cow<'a, str>>,
+    agents: Vec<Cow<'a, str>>,
+    collectives: Vec<Cow<'a, str>>,
 }
 
 /// The observation of a reply whose facts are in the store: the lists go after them.
@@ -520,28 +523,39 @@ fn finish(
     own_main: Option<&str>,
     main_collective: &str,
     facts: ValueId,
-    lists: Lists,
+    lists: Lists<'_>,
     builder: &mut Builder,
 ) -> Observation {
     let own_main = own_main.unwrap_or(main_collective);
     let Lists { classes, agents, collectives } = lists;
-    let others: Vec<&String> = collectives.iter().filter(|c| *c != own_main && *c != main_collective).collect();
+    let others: Vec<&str> =
+        collectives.iter().map(|c| c.as_ref()).filter(|c| *c != own_main && *c != main_collective).collect();
     let environment_hint = match others.as_slice() {
-        [only] => Some((*only).clone()),
+        [only] => Some((*only).to_string()),
         _ => None,
     };
-    let strings = |items: Vec<String>| Value::Array(items.into_iter().map(Value::String).collect());
-    let mut extra = Facts::new();
-    extra.insert(CLASSES.to_string(), strings(classes));
-    extra.insert(AGENTS.to_string(), strings(agents));
-    extra.insert(COLLECTIVES.to_string(), strings(collectives));
+    // `{agents, classes, collectives}` in key order, into the store as
+    // `Builder::object` adds a JSON object: each key, then its Array's items.
+    let extra_mark = builder.open();
+    for (key, items) in [(AGENTS, &agents), (CLASSES, &classes), (COLLECTIVES, &collectives)] {
+        let key = builder.string(key);
+        builder.push_child(key);
+        let mark = builder.open();
+        for item in items {
+            let id = builder.string_value(item);
+            builder.push_child(id);
+        }
+        let array = builder.close_array(mark);
+        builder.push_child(array);
+    }
+    let extra = builder.close_object(extra_mark);
     Observation {
         certname: identity.to_string(),
         facts,
         // The daemon's clock, but never ahead of ours: a far-future `:msgtime`
         // (unsigned) would keep these facts fresh forever.
         timestamp: if msgtime > 0 { msgtime.min(at) } else { at },
-        extra: builder.object(extra.iter().map(|(k, v)| (k.as_str(), v))),
+        extra,
         answered_at: Some(at),
         environment_hint,
     }
@@ -852,12 +866,12 @@ pub fn observation_two_passes(body: InnerBody, builder: &mut Builder) -> std::re
         Some(_) => return Err(BodyError::Inventory(InventoryError::FactsNotAHash)),
         None => return Err(BodyError::Inventory(InventoryError::NoFacts)),
     };
-    let list = |at: Option<usize>| -> mco::Result<Vec<String>> {
+    let list = |at: Option<usize>| -> mco::Result<Vec<Cow<'_, str>>> {
         let mut items = Vec::new();
         if let Some(pos) = at {
             for item in doc.items(pos)?.unwrap_or_default() {
                 match doc.item(item)?.0 {
-                    Item::Str(bytes, _) | Item::Sym(bytes) => items.push(String::from_utf8_lossy(bytes).into_owned()),
+                    Item::Str(bytes, _) | Item::Sym(bytes) => items.push(crate::store::lossy_text(bytes)),
                     _ => {}
                 }
             }

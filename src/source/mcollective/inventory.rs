@@ -11,6 +11,7 @@ use crate::mcollective::marshal_reader::{Doc, Events, Item, Pos, Scan};
 use crate::source::Observation;
 use crate::store::{Builder, ValueId, FALSE, NULL, TRUE};
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// What one pass made of a body.
 pub(super) enum Read {
@@ -63,11 +64,6 @@ pub(super) fn read(body: InnerBody, builder: &mut Builder) -> Read {
         // scan failed); two passes are the safe answer all the same.
         Facts::Undecided | Facts::Refused | Facts::Reading => return Read::TwoPasses,
         Facts::Read(id) => id,
-    };
-    let sorted = |mut items: Vec<String>| {
-        items.sort();
-        items.dedup();
-        items
     };
     let [classes, agents, collectives] = collected.items;
     let lists = Lists { classes: sorted(classes), agents: sorted(agents), collectives: sorted(collectives) };
@@ -130,11 +126,11 @@ struct Frame {
 }
 
 /// What the root Hash and its `:data` held besides the facts.
-struct Collected {
+struct Collected<'a> {
     root_is_hash: bool,
     root_seen: [bool; 3],
     data_seen: [bool; 5],
-    items: [Vec<String>; 3],
+    items: [Vec<Cow<'a, str>>; 3],
 }
 
 struct Reader<'a, 'b> {
@@ -146,7 +142,7 @@ struct Reader<'a, 'b> {
     statusmsg: Option<String>,
     facts: Facts,
     own_main: Option<&'a str>,
-    collected: Collected,
+    collected: Collected<'a>,
     failed: Option<Error>,
 }
 
@@ -287,7 +283,7 @@ impl<'a> Events<'a> for Reader<'a, '_> {
             Role::Facts => self.facts = Facts::NotAHash,
             Role::ListItem(list) => {
                 if let Item::Str(bytes, _) | Item::Sym(bytes) = item {
-                    self.collected.items[list as usize].push(crate::store::lossy_text(bytes).into_owned());
+                    self.collected.items[list as usize].push(crate::store::lossy_text(bytes));
                 }
             }
             Role::OwnMain => {
@@ -398,4 +394,11 @@ impl<'a> Events<'a> for Reader<'a, '_> {
             self.builder.push_child(id);
         }
     }
+}
+
+/// `items` sorted, without repeats.
+fn sorted(mut items: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
+    items.sort();
+    items.dedup();
+    items
 }
