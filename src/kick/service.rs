@@ -61,7 +61,7 @@ impl fmt::Display for KickError {
         match self {
             KickError::ReadState { path, source } => write!(f, "cannot read kick state {}: {source}", path.display()),
             KickError::UnreadableState { path, source } => {
-                write!(f, "ignoring unreadable kick state {}: {source}", path.display())
+                write!(f, "unreadable kick state {}: {source}", path.display())
             }
             KickError::StartDispatcher { source } => write!(f, "cannot start the kick dispatcher: {source}"),
         }
@@ -148,7 +148,7 @@ impl KickService {
             warnings.push(format!("kick state cannot be kept: {e}"));
         }
         let state = read_state(&state_path).unwrap_or_else(|e| {
-            warnings.push(e.to_string());
+            warnings.push(format!("{e}; starting without it"));
             PlannerState::default()
         });
         let planner = Planner::new(config.clone(), state);
@@ -750,7 +750,7 @@ mod tests {
             .expect("decoding overflowed the stack")
             .unwrap_err();
         assert!(matches!(error, KickError::UnreadableState { .. }), "{error:?}");
-        assert!(error.to_string().contains("ignoring unreadable kick state"), "{error}");
+        assert!(error.to_string().starts_with("unreadable kick state "), "{error}");
     }
 
     #[test]
@@ -767,8 +767,8 @@ mod tests {
         let log = service.take_log();
         assert_eq!(log.len(), 1, "{log:?}");
         assert_eq!(log[0].level, Level::Warning);
-        assert_eq!(log[0].message, err.to_string());
-        assert!(log[0].message.starts_with(&format!("ignoring unreadable kick state {}: ", path.display())));
+        assert_eq!(log[0].message, format!("{err}; starting without it"));
+        assert!(log[0].message.starts_with(&format!("unreadable kick state {}: ", path.display())));
     }
 
     #[test]
