@@ -1,35 +1,51 @@
-//! One MD5 block of each of 8 messages at once, in the 8 32-bit lanes of AVX2
-//! registers (the "multi-buffer" layout of Intel ISA-L's md5_mb): MD5 is a serial
-//! chain within a message, so the parallelism is across messages.
+//! One MD5 block of each of 8 messages per AVX2 register, one in each 32-bit lane
+//! (the "multi-buffer" layout of Intel ISA-L's md5_mb): MD5 is a serial chain within
+//! a message, so the parallelism is across messages. With SETS registers, their
+//! steps interleaved, one chain's latency hides behind the others' work.
 
 use super::rounds::{K, S, WORD};
 use std::arch::x86_64::{
     __m256i, _mm256_add_epi32, _mm256_and_si256, _mm256_andnot_si256, _mm256_loadu_si256, _mm256_or_si256,
     _mm256_permute2x128_si256, _mm256_set1_epi32, _mm256_slli_epi32, _mm256_srli_epi32, _mm256_storeu_si256,
     _mm256_unpackhi_epi32, _mm256_unpackhi_epi64, _mm256_unpacklo_epi32, _mm256_unpacklo_epi64, _mm256_xor_si256,
+    _mm_prefetch, _MM_HINT_T0,
 };
 
-/// Messages hashed at once.
+/// How far ahead of each lane its bytes are asked for.
+const AHEAD: usize = 512;
+
+/// Messages per register.
 pub(super) const LANES: usize = 8;
 
-/// The lanes' chaining values after one block each: `state[0]` holds the A words
-/// of the 8 lanes, then B, C, D. Lane `i` hashes `blocks[i]`.
+/// The N = 8 x SETS lanes' chaining values after one block each: `state[0]` holds
+/// the A words of the lanes, then B, C, D. Lane `i` hashes `blocks[i]`.
 #[target_feature(enable = "avx2")]
-pub(super) fn compress(state: &mut [[u32; LANES]; 4], blocks: &[&[u8; 64]; LANES]) {
-    let w = transposed(blocks);
-    let [mut a, mut b, mut c, mut d] = state.map(|row| load(row));
-    let (a0, b0, c0, d0) = (a, b, c, d);
+pub(super) fn compress<const N: usize, const SETS: usize>(state: &mut [[u32; N]; 4], blocks: &[&[u8; 64]; N]) {
+    const { assert!(N == LANES * SETS) };
+    let w: [[__m256i; 16]; SETS] =
+        std::array::from_fn(|s| transposed(blocks[LANES * s..][..LANES].try_into().expect("LANES blocks")));
+    let rows = |k: usize| -> [__m256i; SETS] {
+        std::array::from_fn(|s| {
+            let row: &[u32; LANES] = state[k][LANES * s..].first_chunk().expect("LANES words");
+            // SAFETY: `row` is LANES u32, the bytes read; loadu needs no alignment.
+            unsafe { _mm256_loadu_si256(row.as_ptr().cast()) }
+        })
+    };
+    let [mut a, mut b, mut c, mut d] = [rows(0), rows(1), rows(2), rows(3)];
+    let start = [a, b, c, d];
     // One step: a = b + rotl(a + f(b, c, d) + w[WORD[i]] + K[i], S[i]), i a constant;
     // a + w + K first, off the chain through b.
     macro_rules! step {
         ($f:ident, $a:ident, $b:ident, $c:ident, $d:ident, $i:expr) => {
-            let early = _mm256_add_epi32($a, _mm256_add_epi32(w[WORD[$i]], _mm256_set1_epi32(K[$i] as i32)));
-            let sum = $f(early, $b, $c, $d);
-            let rotated = _mm256_or_si256(
-                _mm256_slli_epi32::<{ S[$i] as i32 }>(sum),
-                _mm256_srli_epi32::<{ 32 - S[$i] as i32 }>(sum),
-            );
-            $a = _mm256_add_epi32($b, rotated);
+            for s in 0..SETS {
+                let early = _mm256_add_epi32($a[s], _mm256_add_epi32(w[s][WORD[$i]], _mm256_set1_epi32(K[$i] as i32)));
+                let sum = $f(early, $b[s], $c[s], $d[s]);
+                let rotated = _mm256_or_si256(
+                    _mm256_slli_epi32::<{ S[$i] as i32 }>(sum),
+                    _mm256_srli_epi32::<{ 32 - S[$i] as i32 }>(sum),
+                );
+                $a[s] = _mm256_add_epi32($b[s], rotated);
+            }
         };
     }
     macro_rules! four {
@@ -56,17 +72,13 @@ pub(super) fn compress(state: &mut [[u32; LANES]; 4], blocks: &[&[u8; 64]; LANES
     four!(i, 52);
     four!(i, 56);
     four!(i, 60);
-    let sums = [_mm256_add_epi32(a, a0), _mm256_add_epi32(b, b0), _mm256_add_epi32(c, c0), _mm256_add_epi32(d, d0)];
-    for (row, sum) in state.iter_mut().zip(sums) {
-        // SAFETY: `row` is 8 u32, the 32 bytes written; storeu needs no alignment.
-        unsafe { _mm256_storeu_si256(row.as_mut_ptr().cast(), sum) }
+    for (k, (now, before)) in [a, b, c, d].iter().zip(start).enumerate() {
+        for s in 0..SETS {
+            let row: &mut [u32; LANES] = state[k][LANES * s..].first_chunk_mut().expect("LANES words");
+            // SAFETY: `row` is LANES u32, the bytes written; storeu needs no alignment.
+            unsafe { _mm256_storeu_si256(row.as_mut_ptr().cast(), _mm256_add_epi32(now[s], before[s])) }
+        }
     }
-}
-
-#[target_feature(enable = "avx2")]
-fn load(row: [u32; LANES]) -> __m256i {
-    // SAFETY: `row` is 8 u32, the 32 bytes read; loadu needs no alignment.
-    unsafe { _mm256_loadu_si256(row.as_ptr().cast()) }
 }
 
 // `early` plus MD5's four functions of x, y, z (bitwise on each lane), each with the
@@ -97,6 +109,11 @@ fn i(early: __m256i, x: __m256i, y: __m256i, z: __m256i) -> __m256i {
 /// (two 8x8 transposes of 32-bit words; MD5's words are little-endian, as x86 is).
 #[target_feature(enable = "avx2")]
 fn transposed(blocks: &[&[u8; 64]; LANES]) -> [__m256i; 16] {
+    for block in blocks {
+        // Streams of 16 or 32 lanes outrun the hardware prefetcher: ask for each
+        // lane's data a few blocks ahead (past a message's end, a wasted hint).
+        _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(AHEAD).cast());
+    }
     let mut w = [_mm256_set1_epi32(0); 16];
     for half in 0..2 {
         // SAFETY: each block is 64 bytes; this reads bytes 32*half .. 32*half+32 of it,
