@@ -25,6 +25,7 @@
 
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
 use puppet_kicker::mcollective::marshal_reader::Doc;
+use puppet_kicker::mcollective::md5_lanes::{self, Engine};
 use puppet_kicker::mcollective::message::{Reply, ReplyRef, RpcStatus};
 use puppet_kicker::mcollective::psk;
 use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
@@ -93,6 +94,7 @@ fn main() {
     let mut new_samples: Vec<[Duration; 5]> = Vec::new();
     let mut scan_samples: Vec<Duration> = Vec::new();
     let mut two_pass_samples: Vec<Duration> = Vec::new();
+    let mut md5_samples: Vec<[Duration; 2]> = Vec::new();
     let bench_start = Instant::now();
     let mut warm = true;
     while warm || samples.len() < SAMPLES || bench_start.elapsed() < MIN_TIME {
@@ -156,6 +158,16 @@ fn main() {
             black_box(psk::sign(&s[0].0.body, PSK));
         }
         new_times[4] = t.elapsed();
+        // The same MD5s, one at a time with md-5 and in lanes, side by side.
+        let bodies: Vec<&[u8]> = servers.iter().map(|s| s[0].0.body.as_slice()).collect();
+        let t = Instant::now();
+        let one_at_a_time = md5_lanes::digests_with(Engine::OneAtATime, &bodies, PSK.as_bytes());
+        let one_time = t.elapsed();
+        let t = Instant::now();
+        let in_lanes = md5_lanes::digests(&bodies, PSK.as_bytes());
+        md5_samples.push([one_time, t.elapsed()]);
+        assert!(one_at_a_time == in_lanes);
+        drop(bodies);
         let t = Instant::now();
         for s in &servers {
             assert!(Doc::scan(&s[0].0.body, DecodeLimits::default()).is_ok());
@@ -192,6 +204,7 @@ fn main() {
             warm = false;
             scan_samples.clear();
             two_pass_samples.clear();
+            md5_samples.clear();
         } else {
             samples.push(times);
             new_samples.push(new_times);
@@ -260,6 +273,12 @@ fn main() {
         "of which: MD5 of the inner bodies (in 2') {}; the checking scan of the inner layers alone {}",
         ms(md5),
         ms(scan)
+    );
+    println!(
+        "MD5 of the 10,000 bodies: md-5 one at a time {}, {} lanes {}",
+        ms(median(md5_samples.iter().map(|s| s[0]).collect())),
+        Engine::detected().lanes(),
+        ms(median(md5_samples.iter().map(|s| s[1]).collect()))
     );
     let two_passes = median(two_pass_samples.clone());
     println!(
