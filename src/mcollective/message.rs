@@ -398,7 +398,8 @@ impl<'a> ReplyRef<'a> {
     /// same fields and checks, in the same order.
     pub fn decode_verified(outer: &'a [u8], psk: &str, limits: DecodeLimits) -> std::result::Result<Self, Unread> {
         let (reply, hash) = ReplyRef::decode_unverified(outer, limits)?;
-        reply.verified(psk::verify(reply.body, psk, hash), hash).map_err(Unread::Error)
+        let signature = psk::verify(reply.body, psk, hash).then(|| psk::signature_number(hash)).flatten();
+        reply.verified(signature).map_err(Unread::Error)
     }
 
     /// The outer layer read, every check of [`ReplyRef::decode_verified`] made but
@@ -444,16 +445,16 @@ impl<'a> ReplyRef<'a> {
         Ok((reply, text(5)?))
     }
 
-    /// This reply once its `:hash` was checked (`good`): with its signature, or the
-    /// error that names it.
-    fn verified(self, good: bool, hash: &str) -> Result<Self> {
-        if !good {
-            return Err(Error::Signature(format!(
+    /// This reply once its `:hash` was checked: with the signature it verified as,
+    /// or (`None`) the error that names it.
+    fn verified(self, signature: Option<u128>) -> Result<Self> {
+        match signature {
+            Some(_) => Ok(ReplyRef { signature, ..self }),
+            None => Err(Error::Signature(format!(
                 "reply from {} for request {} has a bad :hash",
                 self.senderid, self.requestid
-            )));
+            ))),
         }
-        Ok(ReplyRef { signature: psk::signature_number(hash), ..self })
     }
 
     pub fn to_owned(&self) -> Reply {
@@ -476,11 +477,11 @@ pub fn decode_replies_verified(outers: &[&[u8]], psk: &str, limits: DecodeLimits
         outers.iter().map(|outer| ReplyRef::decode_unverified(outer, limits)).collect();
     let signed: Vec<(&[u8], &str)> =
         read.iter().filter_map(|r| r.as_ref().ok()).map(|(r, hash)| (r.body, *hash)).collect();
-    let mut good = psk::verify_many(&signed, psk).into_iter();
+    let mut signatures = psk::verify_many(&signed, psk).into_iter();
     read.into_iter()
         .zip(outers)
         .map(|(r, outer)| match r {
-            Ok((reply, hash)) => reply.verified(good.next().unwrap_or(false), hash).map(|r| r.to_owned()),
+            Ok((reply, _)) => reply.verified(signatures.next().flatten()).map(|r| r.to_owned()),
             Err(Unread::Error(e)) => Err(e),
             Err(Unread::Unsupported) => Reply::decode_verified_via_values(outer, psk, limits),
         })

@@ -15,6 +15,7 @@ pub mod connector;
 pub mod error;
 pub mod marshal;
 pub mod marshal_reader;
+pub mod md5_lanes;
 pub mod message;
 pub mod psk;
 pub mod stomp;
