@@ -642,6 +642,44 @@ mod tests {
         Limits::default()
     }
 
+    /// Gives at most a few bytes per read, the count varying: a socket under load.
+    struct Uneven<'a> {
+        bytes: &'a [u8],
+        step: usize,
+    }
+
+    impl io::Read for Uneven<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.step = (self.step * 7 + 3) % 40_000 + 1;
+            let n = self.step.min(buf.len()).min(self.bytes.len());
+            buf[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn frames_of_every_size_around_a_read_come_out_whole_however_the_bytes_arrive() {
+        let sizes = [0, 1, 16_383, 16_384, 16_385, 40_000, 100_000, 1_000_000, 7];
+        let frames: Vec<Frame> =
+            sizes.iter().map(|&n| Frame::new("MESSAGE").body((0..n).map(|i| (i * 31 % 251) as u8).collect())).collect();
+        let mut stream = Vec::new();
+        for f in &frames {
+            stream.extend(encode(f, Version::V1_0).unwrap());
+            stream.extend(b"\n\n");
+        }
+        let limits = Limits { max_body: 2_000_000, ..lim() };
+        for step in [0, 1, 5000] {
+            let mut reader = FrameReader::new(Uneven { bytes: &stream, step }, limits);
+            for (f, &n) in frames.iter().zip(&sizes) {
+                let got = reader.read_frame().unwrap();
+                assert_eq!(got.body, f.body, "{n} bytes");
+            }
+            let end = reader.read_frame().unwrap_err();
+            assert!(end.to_string().contains("closed by peer"), "{end}");
+        }
+    }
+
     #[test]
     fn roundtrip_binary_body_with_nul() {
         let f = Frame::new("SEND").header("destination", "/queue/a").body(vec![4, 8, 0, 1, 0]);
