@@ -262,25 +262,40 @@ fn hostile_input_is_refused_by_the_reader_itself() {
 fn every_shape_of_a_strings_encoding_flag_reads_as_marshal_rs_reads_it() {
     // The reader takes `\x06 ; link flag` at once; every neighbour of that shape
     // must still give marshal-rs's answer (value or refusal).
-    let limits = DecodeLimits::default();
     let mut checked = 0;
-    for count in [0u8, 5, 6, 7] {
-        for link in [0u8, 1, 4, 5, 6, 7, 0x7f, 0x80, 0xfb, 0xff] {
-            for flag in [b'T', b'F', b'0', b'i', b'"'] {
-                for sep in [b';', b':'] {
-                    // Two strings: the first names `E`, the second links to a symbol.
-                    let mut b = b"\x04\x08[\x07I\"\x06a\x06:\x06ETI\"\x06b".to_vec();
-                    b.extend([count, sep, link, flag]);
-                    b.extend(b"\x06x");
-                    for cut in [b.len(), b.len() - 2, b.len() - 4] {
-                        assert!(same_as_marshal_rs(&b[..cut], limits), "{:?}", &b[..cut]);
-                        checked += 1;
+    // At the depth limit too: the Strings inside the Array are one level down.
+    let limited = [DecodeLimits::default(), DecodeLimits { max_depth: 0, ..DecodeLimits::default() }];
+    for limits in limited {
+        for count in [0u8, 5, 6, 7] {
+            for link in [0u8, 1, 4, 5, 6, 7, 0x7f, 0x80, 0xfb, 0xff] {
+                for flag in [b'T', b'F', b'0', b'i', b'"'] {
+                    for sep in [b';', b':'] {
+                        // Two strings: the first names `E`, the second links to a symbol.
+                        let mut b = b"\x04\x08[\x07I\"\x06a\x06:\x06ETI\"\x06b".to_vec();
+                        b.extend([count, sep, link, flag]);
+                        b.extend(b"\x06x");
+                        for cut in [b.len(), b.len() - 2, b.len() - 4] {
+                            assert!(same_as_marshal_rs(&b[..cut], limits), "{:?}", &b[..cut]);
+                            checked += 1;
+                        }
                     }
                 }
             }
         }
     }
-    assert_eq!(checked, 4 * 10 * 5 * 2 * 3);
+    assert_eq!(checked, 2 * 4 * 10 * 5 * 2 * 3);
+    // Both readers take the first and refuse the second, whose Strings are too deep.
+    let two = b"\x04\x08[\x07I\"\x06a\x06:\x06ETI\"\x06b\x06;\x00T";
+    assert!(marshal_reader::decode_with(two, DecodeLimits::default()).is_ok());
+    assert!(marshal_reader::decode_with(two, limited[1]).is_err());
+    // Links to Strings read the quick way find them in the object table.
+    for link in [0u8, 6, 7, 8] {
+        let mut b = b"\x04\x08[\x08I\"\x06a\x06:\x06ETI\"\x06b\x06;\x00T@".to_vec();
+        b.push(link);
+        assert!(same_as_marshal_rs(&b, DecodeLimits::default()), "link {link}");
+    }
+    let linked = b"\x04\x08[\x08I\"\x06a\x06:\x06ETI\"\x06b\x06;\x00T@\x07";
+    assert!(marshal_reader::decode_with(linked, DecodeLimits::default()).is_ok());
 }
 
 #[test]

@@ -303,8 +303,19 @@ impl<'a> Doc<'a> {
                 let (item, children) =
                     if tag == b'[' { (Item::Array(n as u32), n) } else { (Item::Hash(n as u32), n * 2) };
                 events.open(item, pos);
+                let deeper = depth < self.limits.max_depth;
                 for _ in 0..children {
-                    next = self.walk(next, depth + 1, first, events)?;
+                    // Most elements are Strings of mcollective's usual shape: read here,
+                    // as the walk would (object slot, limits, event), without a call.
+                    let usual = if deeper { self.usual_string(next, first) } else { None };
+                    next = match usual {
+                        Some((text, ivars, end)) => {
+                            self.take(text.len())?;
+                            events.leaf(Item::Str(text, Some(ivars)));
+                            end
+                        }
+                        None => self.walk(next, depth + 1, first, events)?,
+                    };
                 }
                 self.close(slot);
                 events.close(self);
@@ -353,6 +364,22 @@ impl<'a> Doc<'a> {
         if let Some(slot) = slot {
             self.objects[slot].1 = true;
         }
+    }
+
+    /// A String at `pos` in the shape nearly all of mcollective's have (`I"`, a
+    /// one-byte length, the bytes, one encoding flag through a symbol link): its
+    /// bytes, where its ivars start and where it ends; `first` registers it in the
+    /// object table, as [`Doc::walk`] does. `None` for any other value.
+    #[inline]
+    fn usual_string(&mut self, pos: Pos, first: bool) -> Option<(&'a [u8], Pos, Pos)> {
+        let &[b'I', b'"', lead @ 6..=0x7f] = self.bytes.get(pos..pos + 3)? else { return None };
+        let ivars = pos + 3 + usize::from(lead) - 5;
+        let text = self.bytes.get(pos + 3..ivars)?;
+        let end = self.one_linked_flag(ivars)?;
+        if first {
+            self.objects.push((pos as u32, true));
+        }
+        Some((text, ivars, end))
     }
 
     /// The ivars nearly every String mcollective sends carries, one encoding flag
