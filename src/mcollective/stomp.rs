@@ -543,20 +543,7 @@ impl<R: Read + SocketTimeouts> FrameReader<R> {
     /// frame one byte at a time cannot hold the caller past it. A partial frame
     /// stays buffered for the next call.
     pub fn read_frame_before(&mut self, deadline: Instant) -> Result<Option<Frame>> {
-        loop {
-            if let Some(frame) = self.try_frame()? {
-                return Ok(Some(frame));
-            }
-            let Some(left) = time_left(deadline) else {
-                return Ok(None);
-            };
-            self.inner.set_read_timeout(Some(left)).map_err(|e| Error::io("setting the read timeout", e))?;
-            match self.fill() {
-                Ok(()) => {}
-                Err(e) if e.is_timeout() => {}
-                Err(e) => return Err(e),
-            }
-        }
+        self.read_frame_until(deadline, true)
     }
 
     /// The next frame if its bytes are already here, buffered or waiting on the
@@ -564,6 +551,11 @@ impl<R: Read + SocketTimeouts> FrameReader<R> {
     /// Lets a caller hold frames that arrive together and handle them as a batch,
     /// and handle what it holds before it waits.
     pub fn read_frame_if_ready(&mut self, deadline: Instant) -> Result<Option<Frame>> {
+        self.read_frame_until(deadline, false)
+    }
+
+    /// A frame before `deadline`; without `wait`, only from bytes already here.
+    fn read_frame_until(&mut self, deadline: Instant, wait: bool) -> Result<Option<Frame>> {
         loop {
             if let Some(frame) = self.try_frame()? {
                 return Ok(Some(frame));
@@ -571,12 +563,13 @@ impl<R: Read + SocketTimeouts> FrameReader<R> {
             let Some(left) = time_left(deadline) else {
                 return Ok(None);
             };
-            if !self.inner.readable_now().map_err(|e| Error::io("polling the connection", e))? {
+            if !wait && !self.inner.readable_now().map_err(|e| Error::io("polling the connection", e))? {
                 return Ok(None);
             }
             self.inner.set_read_timeout(Some(left)).map_err(|e| Error::io("setting the read timeout", e))?;
             match self.fill() {
                 Ok(()) => {}
+                Err(e) if e.is_timeout() && wait => {}
                 Err(e) if e.is_timeout() => return Ok(None),
                 Err(e) => return Err(e),
             }
