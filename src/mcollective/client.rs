@@ -7,9 +7,7 @@
 //! dropped is counted in [`ClientStats`] so operators can see tampering or
 //! crossed wires.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::BuildHasher;
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -147,9 +145,6 @@ struct Kept {
     /// The senders of each body signature; bodies are compared in full when
     /// signatures agree, so a crafted MD5 collision makes nobody ambiguous.
     by_signature: HashMap<u128, Vec<String>>,
-    /// Keys the bodies of replies without a signature; per collect, so nobody
-    /// can aim collisions.
-    digest: RandomState,
     bytes: usize,
 }
 
@@ -209,10 +204,9 @@ impl Kept {
 
     /// Marks `reply`'s sender, and the first to send the same body, ambiguous.
     fn note_body(&mut self, reply: &Reply) {
-        // Every verified reply has a signature; a reply built here has none and
-        // is keyed by a hash of its body instead (compared in full all the same).
-        let key = reply.signature.unwrap_or_else(|| u128::from(self.digest.hash_one(&reply.body)));
-        let senders = self.by_signature.entry(key).or_default();
+        // Every verified reply carries its signature; the full compare below
+        // decides either way.
+        let senders = self.by_signature.entry(reply.signature.unwrap_or_default()).or_default();
         let twin = senders.iter().find(|s| self.replies.get(*s).is_some_and(|r| r.body == reply.body));
         if let Some(first) = twin {
             self.ambiguous.insert(first.clone());

@@ -490,15 +490,12 @@ pub fn observation(
         None => return Err(InventoryError::NoFacts),
     };
     let list = |name: &str| -> Vec<Cow<'static, str>> {
-        let mut items: Vec<Cow<'static, str>> = match reply.data.get_sym(name).map(to_json) {
+        sorted(match reply.data.get_sym(name).map(to_json) {
             Some(Value::Array(items)) => {
                 items.into_iter().filter_map(|i| i.as_str().map(|s| Cow::Owned(s.to_string()))).collect()
             }
             _ => Vec::new(),
-        };
-        items.sort();
-        items.dedup();
-        items
+        })
     };
     let lists = Lists { classes: list("classes"), agents: list("agents"), collectives: list("collectives") };
     let own_main = reply.data.get_sym("main_collective").and_then(mco::Value::as_str);
@@ -512,6 +509,13 @@ struct Lists<'a> {
     classes: Vec<Cow<'a, str>>,
     agents: Vec<Cow<'a, str>>,
     collectives: Vec<Cow<'a, str>>,
+}
+
+/// `items` sorted, without repeats: a list as [`Lists`] keeps it.
+fn sorted(mut items: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
+    items.sort();
+    items.dedup();
+    items
 }
 
 /// The observation of a reply whose facts are in the store: the lists go after them.
@@ -876,9 +880,7 @@ pub fn observation_two_passes(body: InnerBody, builder: &mut Builder) -> std::re
                 }
             }
         }
-        items.sort();
-        items.dedup();
-        Ok(items)
+        Ok(sorted(items))
     };
     let lists = Lists { classes: list(classes)?, agents: list(agents)?, collectives: list(collectives)? };
     let own_main = match own_main {

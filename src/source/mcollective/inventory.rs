@@ -4,7 +4,7 @@
 //! (check, then read in place) of [`super::observation_two_passes`], which still reads
 //! a body whose status comes after its facts.
 
-use super::{convert, finish, valid_identity, BodyError, InnerBody, InventoryError, Lists, MAX_DEPTH};
+use super::{convert, finish, sorted, valid_identity, BodyError, InnerBody, InventoryError, Lists, MAX_DEPTH};
 use crate::mcollective::error::Error;
 use crate::mcollective::marshal::Value as Ruby;
 use crate::mcollective::marshal_reader::{Doc, Events, Item, Pos, Scan};
@@ -394,11 +394,4 @@ impl<'a> Events<'a> for Reader<'a, '_> {
             self.builder.push_child(id);
         }
     }
-}
-
-/// `items` sorted, without repeats.
-fn sorted(mut items: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
-    items.sort();
-    items.dedup();
-    items
 }
