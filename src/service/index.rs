@@ -139,6 +139,7 @@ impl IndexService {
             refresh_state: Mutex::new(RefreshState {
                 in_flight: false,
                 waiters: Vec::new(),
+                failure_reported: false,
                 ticket: 0,
                 since: None,
                 stuck_after,
@@ -259,9 +260,10 @@ impl IndexService {
     }
 
     /// Starts a refresh, or joins the one in flight; the receiver hears when it ended
-    /// (its record is then [`Self::last_refresh`]).
+    /// (its record is then [`Self::last_refresh`]). The caller reports a failure
+    /// itself: the refresh thread does not warn of it.
     pub fn start_refresh(&self) -> crossbeam_channel::Receiver<()> {
-        refresh::start_and_notify(&self.shared, &self.refresh)
+        refresh::start_and_notify(&self.shared, &self.refresh, true)
     }
 
     /// Servers read so far by the refresh in flight.
@@ -311,12 +313,6 @@ impl IndexService {
             warnings.left_out = 0;
         }
         pending
-    }
-
-    /// Drops the pending warnings `unwanted` accepts: what the caller reports itself
-    /// (`puppet kicker refresh` makes its failed refresh its error).
-    pub fn drop_warnings(&self, unwanted: impl Fn(&str) -> bool) {
-        lock(&self.shared.warnings).pending.retain(|w| !unwanted(w));
     }
 
     pub fn status(&self) -> Status {

@@ -83,6 +83,9 @@ pub(super) struct Refresh(pub(super) u64);
 pub(super) struct RefreshState {
     pub(super) in_flight: bool,
     pub(super) waiters: Vec<Sender<()>>,
+    /// A waiter reports the refresh in flight's failure itself (`puppet kicker
+    /// refresh` as its error): no warning then, so it is said once.
+    pub(super) failure_reported: bool,
     /// The number of the latest refresh requested; an older one that finishes late
     /// (declared hung) changes nothing.
     pub(super) ticket: u64,
@@ -128,18 +131,29 @@ pub(super) fn start_refresh_thread(shared: &Arc<Shared>) -> std::io::Result<()> 
 }
 
 pub(super) fn refresh_and_wait(shared: &Arc<Shared>, refresh: &Sender<Refresh>, timeout: Duration) -> bool {
-    start_and_notify(shared, refresh).recv_timeout(timeout).is_ok()
+    start_and_notify(shared, refresh, false).recv_timeout(timeout).is_ok()
 }
 
 /// Starts a refresh (or joins the one in flight); the receiver hears when it ends.
-pub(super) fn start_and_notify(shared: &Arc<Shared>, refresh: &Sender<Refresh>) -> Receiver<()> {
+/// With `reports_failure`, the caller reports a failure itself, and the refresh
+/// thread does not warn of it.
+pub(super) fn start_and_notify(shared: &Arc<Shared>, refresh: &Sender<Refresh>, reports_failure: bool) -> Receiver<()> {
     let (done, finished) = crossbeam_channel::bounded(1);
-    lock(&shared.refresh_state).waiters.push(done);
+    let mut state = lock(&shared.refresh_state);
+    state.waiters.push(done);
+    state.failure_reported |= reports_failure;
+    drop(state);
     request_refresh(shared, refresh);
     finished
 }
 
 impl Shared {
+    fn warn_opt(&self, warning: Option<String>) {
+        if let Some(warning) = warning {
+            self.warn(warning);
+        }
+    }
+
     pub(super) fn warn(&self, warning: String) {
         let mut warnings = lock(&self.warnings);
         if warnings.pending.len() < MAX_PENDING_WARNINGS {
@@ -315,6 +329,7 @@ fn refresh_loop(shared: &Shared) {
             return;
         }
         let mut last_error = lock(&shared.last_error);
+        let mut failure_warning = None;
         match &outcome {
             Ok(_) => {
                 *last_error = None;
@@ -330,7 +345,7 @@ fn refresh_loop(shared: &Shared) {
                 } else {
                     "no snapshot to serve yet"
                 };
-                shared.warn(format!(
+                failure_warning = Some(format!(
                     "puppet-kicker refresh failed ({failures} in a row; {serving}; next try in {delay}s at the earliest): {e}"
                 ));
                 *last_error = Some(e.to_string());
@@ -344,12 +359,21 @@ fn refresh_loop(shared: &Shared) {
             if state.ticket != ticket {
                 // Declared hung just now: the newer refresh wakes the waiters.
                 state.abandoned = state.abandoned.saturating_sub(1);
+                drop(state);
+                shared.warn_opt(failure_warning);
                 return;
             }
             state.in_flight = false;
             state.since = None;
+            // Decided with the waiters taken: one who joins later starts a new refresh.
+            if std::mem::take(&mut state.failure_reported) {
+                failure_warning = None;
+            }
             std::mem::take(&mut state.waiters)
         };
+        // Before the waiters wake: a caller that polls sees this refresh's end
+        // with its warning, never the warning first.
+        shared.warn_opt(failure_warning);
         for waiter in waiters {
             let _ = waiter.send(());
         }
