@@ -236,7 +236,7 @@ pub fn decode(bytes: &[u8], version: Version, limits: Limits) -> Result<Frame> {
     let mut reader = FrameReader::new(bytes, limits);
     reader.set_version(version);
     let frame = reader.read_frame()?;
-    let rest = &reader.buf[reader.start..];
+    let rest = &reader.buf[reader.start..reader.end];
     if skip_heartbeats(rest) != rest.len() || !reader.inner.is_empty() {
         return Err(Error::Frame(format!("{} frame is followed by unexpected bytes", frame.command)));
     }
@@ -403,14 +403,19 @@ fn time_left(deadline: Instant) -> Option<Duration> {
     (!left.is_zero()).then(|| left.max(Duration::from_millis(1)))
 }
 
+/// Room a [`FrameReader`] leaves for each read.
+const READ_ROOM: usize = 64 * 1024;
+
 /// Reads frames from any byte stream (TCP socket, file, slice).
 ///
 /// Buffered internally; keeps partial frames across `WouldBlock`/`TimedOut`
 /// errors so a read timeout can be used as a poll interval.
 pub struct FrameReader<R> {
     inner: R,
+    /// Read into in place; bytes `start..end` are buffered, the rest is room.
     buf: Vec<u8>,
     start: usize,
+    end: usize,
     /// Bytes after `start` known not to end the command and headers, so a head
     /// arriving in small reads is scanned once, not once per read.
     head_scanned: usize,
@@ -422,7 +427,16 @@ pub struct FrameReader<R> {
 impl<R: Read> FrameReader<R> {
     /// A reader speaking STOMP 1.0 until [`FrameReader::set_version`].
     pub fn new(inner: R, limits: Limits) -> FrameReader<R> {
-        FrameReader { inner, buf: Vec::new(), start: 0, head_scanned: 0, pending: None, version: Version::V1_0, limits }
+        FrameReader {
+            inner,
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            head_scanned: 0,
+            pending: None,
+            version: Version::V1_0,
+            limits,
+        }
     }
 
     /// Switches header unescaping after negotiation.
@@ -445,11 +459,32 @@ impl<R: Read> FrameReader<R> {
         }
     }
 
+    /// The next frame, or `None` when the stream ends between frames (a stream
+    /// that ends inside one is an error).
+    pub fn read_frame_or_end(&mut self) -> Result<Option<Frame>> {
+        loop {
+            if let Some(frame) = self.try_frame()? {
+                return Ok(Some(frame));
+            }
+            match self.fill() {
+                Ok(()) => {}
+                Err(Error::Io { source, .. })
+                    if source.kind() == io::ErrorKind::UnexpectedEof
+                        && self.start == self.end
+                        && self.pending.is_none() =>
+                {
+                    return Ok(None)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Tries to cut one frame out of the buffered bytes.
     fn try_frame(&mut self) -> Result<Option<Frame>> {
         if self.pending.is_none() {
-            self.start += skip_heartbeats(&self.buf[self.start..]);
-            let head = &self.buf[self.start..];
+            self.start += skip_heartbeats(&self.buf[self.start..self.end]);
+            let head = &self.buf[self.start..self.end];
             match head_end(head, self.head_scanned) {
                 Some(_) => {}
                 None if head.len() > self.limits.max_header_bytes => {}
@@ -459,7 +494,7 @@ impl<R: Read> FrameReader<R> {
                 }
             }
             self.head_scanned = 0;
-            match parse_head(&self.buf[self.start..], self.version, &self.limits)? {
+            match parse_head(&self.buf[self.start..self.end], self.version, &self.limits)? {
                 None => return Ok(None),
                 Some((frame, end, used)) => {
                     self.start += used;
@@ -467,7 +502,7 @@ impl<R: Read> FrameReader<R> {
                 }
             }
         }
-        let avail = &self.buf[self.start..];
+        let avail = &self.buf[self.start..self.end];
         let Some((frame, end)) = self.pending.as_mut() else {
             return Ok(None);
         };
@@ -509,17 +544,26 @@ impl<R: Read> FrameReader<R> {
         Ok(Some(frame))
     }
 
-    /// Reads more bytes; keeps everything buffered on error.
+    /// Reads more bytes straight into the buffer's room, at least [`READ_ROOM`] of
+    /// it (a burst of replies takes a few reads, and no copy through the stack);
+    /// keeps everything buffered on error.
     fn fill(&mut self) -> Result<()> {
-        if self.start > 0 {
-            self.buf.drain(..self.start);
-            self.start = 0;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
         }
-        let mut chunk = [0u8; 16 * 1024];
+        if self.buf.len() - self.end < READ_ROOM {
+            // What is left is at most one frame not read whole: moved to the front.
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+            let needed = self.end + READ_ROOM;
+            if self.buf.len() < needed {
+                self.buf.resize(needed.max(2 * self.buf.len()), 0);
+            }
+        }
         loop {
-            match self.inner.read(&mut chunk) {
+            match self.inner.read(&mut self.buf[self.end..]) {
                 Ok(0) => {
-                    let what = if self.buf.is_empty() && self.pending.is_none() {
+                    let what = if self.start == self.end && self.pending.is_none() {
                         "connection closed by peer"
                     } else {
                         "connection closed in the middle of a frame"
@@ -527,7 +571,7 @@ impl<R: Read> FrameReader<R> {
                     return Err(Error::io("reading STOMP frame", io::Error::new(io::ErrorKind::UnexpectedEof, what)));
                 }
                 Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
+                    self.end += n;
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
