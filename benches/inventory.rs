@@ -14,21 +14,24 @@
 //! observation (facts and classes to JSON values); (5) build the index. One warm-up, then at least five samples; the
 //! median of each stage is reported.
 //!
-//! The new path runs beside it in the same samples, on the same frames: (2') the outer
-//! layer read in place (`ReplyRef`), the PSK checked on the body's bytes in batches as
-//! the client checks a burst (`decode_replies_verified`), and copied out as the
-//! client keeps it; (3'+4') the inner layer read in place straight into the
+//! The new path runs beside it in the same samples, from the same bytes: (1'+2') the
+//! replies received as the client receives a burst (`Client::collect_recorded`, the
+//! client's own collect loop reading the bytes in place of a broker): frames read,
+//! outer layers read in place (`ReplyRef`), PSK signatures checked on the bodies'
+//! bytes in batches (`decode_replies_verified`), each reply kept by sender with its
+//! frame's bytes as its body; (3'+4') the inner layer read in place straight into the
 //! store (`observe_replies`), on one thread and on two, and beside them, as before
 //! the one pass, the body checked then read (`observation_two_passes`, one thread);
 //! (5') the index. Then the
 //! incremental case: 10 of the 10,000 replies with a new body, the rest as last time
 //! (`observe_since` on a builder resumed on the last index's store).
 
-use puppet_kicker::mcollective::client::VERIFY_BATCH;
+use puppet_kicker::mcollective::client::{Client, VERIFY_BATCH};
+use puppet_kicker::mcollective::config::{BrokerHost, Config, Overrides};
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
 use puppet_kicker::mcollective::marshal_reader::Doc;
 use puppet_kicker::mcollective::md5_lanes::{self, Engine};
-use puppet_kicker::mcollective::message::{self, Reply, RpcStatus};
+use puppet_kicker::mcollective::message::{Reply, RpcStatus};
 use puppet_kicker::mcollective::stomp::{self, Frame, FrameReader, Limits, Version};
 use puppet_kicker::mcollective::RpcReply;
 use puppet_kicker::source::mcollective::{
@@ -45,6 +48,7 @@ use std::io::Cursor;
 use std::time::{Duration, Instant};
 
 const SERVERS: usize = 10_000;
+const REQUEST_ID: &str = "0123456789abcdef0123456789abcdef";
 const SEED: u64 = 1;
 const PSK: &str = "bench-psk";
 const SAMPLES: usize = 5;
@@ -65,10 +69,10 @@ fn main() {
         inner_bytes += inner.len();
         let outer = Reply {
             senderid: node.certname.clone(),
-            requestid: "0123456789abcdef0123456789abcdef".into(),
+            requestid: REQUEST_ID.into(),
             senderagent: "rpcutil".into(),
             msgtime: built_at,
-            body: inner,
+            body: inner.into(),
             signature: None,
         }
         .encode(PSK)
@@ -90,6 +94,27 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     let limits = Limits::default();
+    let client = Client::new(
+        Config::resolve(
+            "",
+            None,
+            &Overrides {
+                no_config_file: true,
+                psk: Some(PSK.into()),
+                // Never connected to: the replies are read from the bytes.
+                pool: Some(vec![BrokerHost {
+                    host: "127.0.0.1".into(),
+                    port: 61613,
+                    user: String::new(),
+                    password: String::new(),
+                    tls: None,
+                }]),
+                ..Overrides::default()
+            },
+            None,
+        )
+        .unwrap(),
+    );
 
     let mut samples: Vec<[Duration; 5]> = Vec::new();
     let mut new_samples: Vec<[Duration; 4]> = Vec::new();
@@ -113,18 +138,18 @@ fn main() {
             .collect();
         times[1] = t.elapsed();
 
-        // The new path, on the same frames: [outer, inner on 1 thread, inner on 2, index].
+        drop(frames);
+        // The new path, from the same bytes: [received, inner on 1 thread, inner on 2, index].
         let mut new_times = [Duration::ZERO; 4];
         let t = Instant::now();
-        // As the client checks a burst: batches of VERIFY_BATCH, signatures together.
-        let bodies: Vec<&[u8]> = frames.iter().map(|f| f.body.as_slice()).collect();
-        let servers: Vec<Vec<(Reply, i64)>> = bodies
-            .chunks(VERIFY_BATCH)
-            .flat_map(|batch| message::decode_replies_verified(batch, PSK, DecodeLimits::default()))
-            .map(|reply| vec![(reply.unwrap(), built_at)])
-            .collect();
+        // As the client receives a burst (frames read, checked in batches of
+        // VERIFY_BATCH with their signatures together, kept by sender), then one
+        // list of replies per server, as the source makes them.
+        let received = client.collect_recorded(&stream, REQUEST_ID, "rpcutil", built_at, Some(SERVERS)).unwrap();
+        let servers: Vec<Vec<(Reply, i64)>> =
+            received.replies.into_iter().map(|reply| vec![(reply, built_at)]).collect();
         new_times[0] = t.elapsed();
-        drop(frames);
+        assert_eq!(servers.len(), SERVERS);
         let t = Instant::now();
         let mut one = Harvest::default();
         let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 1, &mut one.builder);
@@ -156,7 +181,7 @@ fn main() {
         drop(before);
         // Where the time goes: the MD5s (one at a time with md-5 and in lanes, side
         // by side), and the checking scan of the inner layer alone.
-        let bodies: Vec<&[u8]> = servers.iter().map(|s| s[0].0.body.as_slice()).collect();
+        let bodies: Vec<&[u8]> = servers.iter().map(|s| &s[0].0.body[..]).collect();
         let t = Instant::now();
         let one_at_a_time = md5_lanes::digests_with(Engine::OneAtATime, &bodies, PSK.as_bytes());
         let one_time = t.elapsed();
@@ -242,9 +267,8 @@ fn main() {
         v.sort();
         v[v.len() / 2]
     };
-    let frames_median = median(samples.iter().map(|s| s[0]).collect());
     let new_stages = [
-        "2'. the outer layer read in place, PSK on the body's bytes, copied out",
+        "1'+2'. received as the client receives a burst: frames read, the outer layers read in place and their PSK checked in batches, kept by sender",
         "3'+4'. the inner layer read in place into the store, 1 thread",
         "3'+4'. the inner layer read in place into the store, 2 threads",
         "5'. build the index",
@@ -253,14 +277,11 @@ fn main() {
     println!("New path (borrowed Marshal reader), same samples; median per stage:");
     println!("| Stage | 10,000 replies | per reply |");
     println!("| --- | ---: | ---: |");
-    println!("| 1. read STOMP frames (as above) | {} | {} |", ms(frames_median), us(frames_median));
     for (i, stage) in new_stages.iter().enumerate() {
         let m = median(new_samples.iter().map(|s| s[i]).collect());
         println!("| {stage} | {} | {} |", ms(m), us(m));
     }
-    let new_total = |threads_stage: usize| {
-        median(samples.iter().zip(&new_samples).map(|(o, n)| o[0] + n[0] + n[threads_stage] + n[3]).collect())
-    };
+    let new_total = |threads_stage: usize| median(new_samples.iter().map(|n| n[0] + n[threads_stage] + n[3]).collect());
     println!("| **total, 1 thread** (median of sums) | **{}** | **{}** |", ms(new_total(1)), us(new_total(1)));
     println!("| **total, 2 threads** (median of sums) | **{}** | **{}** |", ms(new_total(2)), us(new_total(2)));
     println!("old total {} -> new total {} (2 threads)", ms(median_total), ms(new_total(2)));

@@ -303,7 +303,7 @@ fn replies_re_encode_like_the_daemons() {
         let inner = reply.inner(DecodeLimits::default()).unwrap();
         let again = marshal::encode(&inner).unwrap();
         assert_eq!(marshal::decode(&again).unwrap(), inner);
-        if again == reply.body {
+        if again[..] == *reply.body {
             exact += 1;
         }
         total += 1;
@@ -386,7 +386,8 @@ fn tampered_or_foreign_replies_are_refused() {
         data: Value::Hash(vec![(Value::sym("value"), Value::str("evil"))]),
     }
     .encode()
-    .unwrap();
+    .unwrap()
+    .into();
     let forged = reply.encode("attacker-key").unwrap();
     assert!(matches!(Reply::decode_verified(&forged, PSK, DecodeLimits::default()), Err(Error::Signature(_))));
     // Swap the hash string bytes in the captured stream: signature fails.
@@ -446,7 +447,13 @@ fn replies_checked_in_a_batch_get_the_answers_they_get_one_by_one() {
         for size in [1, 7, 8, 9, 64, refs.len()] {
             let batched: Vec<_> = refs
                 .chunks(size)
-                .flat_map(|chunk| message::decode_replies_verified(chunk, psk, DecodeLimits::default()))
+                .flat_map(|chunk| {
+                    message::decode_replies_verified(
+                        chunk.iter().map(|o| o.to_vec()).collect(),
+                        psk,
+                        DecodeLimits::default(),
+                    )
+                })
                 .map(answer)
                 .collect();
             assert_eq!(batched, one_by_one, "batches of {size}, psk {psk}");
@@ -590,4 +597,102 @@ fn heartbeats_between_captured_frames_are_skipped() {
         assert_eq!(r.read_frame().unwrap(), c.frame);
     }
     assert!(r.read_frame().is_err());
+}
+
+/// A client that reads recordings only (its broker is never connected to).
+fn recording_client() -> puppet_kicker::mcollective::Client {
+    use puppet_kicker::mcollective::config::{Config, Overrides};
+    let broker =
+        BrokerHost { host: "127.0.0.1".into(), port: 61613, user: String::new(), password: String::new(), tls: None };
+    let o = Overrides { no_config_file: true, psk: Some(PSK.into()), pool: Some(vec![broker]), ..Overrides::default() };
+    puppet_kicker::mcollective::Client::new(Config::resolve("", None, &o, None).unwrap())
+}
+
+/// One MESSAGE frame of a reply, as a broker delivers it.
+fn reply_frame(senderid: &str, requestid: &str, msgtime: i64, data: &str, psk: &str) -> Vec<u8> {
+    let inner = RpcStatus {
+        statuscode: 0,
+        statusmsg: "OK".into(),
+        data: Value::Hash(vec![(Value::sym("value"), Value::str(data))]),
+    }
+    .encode()
+    .unwrap();
+    let outer = Reply {
+        senderid: senderid.into(),
+        requestid: requestid.into(),
+        senderagent: "rpcutil".into(),
+        msgtime,
+        body: inner.into(),
+        signature: None,
+    }
+    .encode(psk)
+    .unwrap();
+    let frame = Frame::new("MESSAGE")
+        .header("destination", "/reply-queue/amq.gen-test")
+        .header("content-length", outer.len().to_string())
+        .body(outer);
+    stomp::encode(&frame, Version::V1_0).unwrap()
+}
+
+/// `Client::collect_recorded` runs the client's own collect loop over recorded
+/// frames: three batches and more, forged, foreign, duplicate and ambiguous
+/// replies among them, each refused and counted as on a socket; the count stops
+/// it; an ERROR frame ends it unless the count is met; a recording cut inside a
+/// frame is an error.
+#[test]
+fn a_recorded_burst_is_collected_as_the_client_collects_one() {
+    const REQUEST: &str = "0123456789abcdef0123456789abcdef";
+    let sent = puppet_kicker::time::now();
+    let mut stream = Vec::new();
+    let mut good = Vec::new();
+    for i in 0..150 {
+        let sender = format!("node{i:03}.example.com");
+        stream.extend(reply_frame(&sender, REQUEST, sent, &format!("v{i}"), PSK));
+        good.push(sender);
+        if i % 50 == 7 {
+            stream.extend(b"\n");
+        }
+    }
+    stream.extend(reply_frame("forged.example.com", REQUEST, sent, "x", "another-psk"));
+    stream.extend(reply_frame("foreign.example.com", "ffffffffffffffffffffffffffffffff", sent, "x", PSK));
+    stream.extend(reply_frame("node001.example.com", REQUEST, sent, "again", PSK));
+    stream.extend(reply_frame("old.example.com", REQUEST, sent - 3600, "x", PSK));
+    // The same signed body under a second sender: the psk cannot say who sent it.
+    stream.extend(reply_frame("twin.example.com", REQUEST, sent, "v3", PSK));
+
+    let client = recording_client();
+    let got = client.collect_recorded(&stream, REQUEST, "rpcutil", sent, None).unwrap();
+    let mut expected = good.clone();
+    expected.push("twin.example.com".into());
+    expected.sort();
+    let senders: Vec<&str> = got.replies.iter().map(|r| r.senderid.as_str()).collect();
+    assert_eq!(senders, expected);
+    assert_eq!(got.ambiguous, ["node003.example.com", "twin.example.com"]);
+    let node7 = got.replies.iter().find(|r| r.senderid == "node007.example.com").unwrap();
+    let alone = Reply::decode_verified(
+        &stomp::decode(&reply_frame("node007.example.com", REQUEST, sent, "v7", PSK), Version::V1_0, Limits::default())
+            .unwrap()
+            .body,
+        PSK,
+        DecodeLimits::default(),
+    )
+    .unwrap();
+    assert_eq!(node7, &alone, "kept with its frame's bytes, the reply it is alone");
+    let stats = client.stats();
+    assert_eq!((stats.bad_hash, stats.foreign_requestid, stats.duplicate, stats.bad_msgtime), (1, 1, 1, 1));
+
+    let first_100 = client.collect_recorded(&stream, REQUEST, "rpcutil", sent, Some(100)).unwrap();
+    assert_eq!(first_100.replies.len(), 100);
+
+    let mut erred = stream[..stream.len() / 2].to_vec();
+    let cut = erred.iter().rposition(|&b| b == 0).unwrap() + 1;
+    erred.truncate(cut);
+    erred.extend(stomp::encode(&Frame::new("ERROR").header("message", "queue deleted"), Version::V1_0).unwrap());
+    let met = client.collect_recorded(&erred, REQUEST, "rpcutil", sent, Some(10)).unwrap();
+    assert_eq!(met.replies.len(), 10, "the count was met before the ERROR");
+    let unmet = client.collect_recorded(&erred, REQUEST, "rpcutil", sent, None).unwrap_err().to_string();
+    assert!(unmet.contains("queue deleted") && unmet.contains("the recording"), "{unmet}");
+
+    let cut_short = &stream[..stream.len() - 10];
+    assert!(client.collect_recorded(cut_short, REQUEST, "rpcutil", sent, None).is_err());
 }

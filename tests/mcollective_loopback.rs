@@ -277,7 +277,7 @@ fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mu
             requestid: requestid.into(),
             senderagent: req.agent.clone(),
             msgtime: puppet_kicker::time::now(),
-            body,
+            body: body.into(),
             signature: None,
         }
         .encode(psk)
@@ -290,7 +290,7 @@ fn answer(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>, raw: &mu
             requestid: req.requestid.clone(),
             senderagent: "other".into(),
             msgtime: 0,
-            body: reply_body.clone(),
+            body: reply_body.clone().into(),
             signature: None,
         }
         .encode(PSK)?;
@@ -383,7 +383,7 @@ fn flood(frame: &Frame, sc: &Scenario, w: &mut FrameWriter<TcpStream>) -> Result
             requestid: req.requestid.clone(),
             senderagent: req.agent.clone(),
             msgtime: puppet_kicker::time::now(),
-            body,
+            body: body.into(),
             signature: None,
         }
         .encode(PSK)?;
@@ -808,7 +808,7 @@ fn flood_reply_size(pad: usize) -> usize {
         requestid: "0".repeat(32),
         senderagent: "rpcutil".into(),
         msgtime: puppet_kicker::time::now(),
-        body,
+        body: body.into(),
         signature: None,
     };
     reply.encode(PSK).unwrap().len()

@@ -38,7 +38,7 @@ fn captured_bodies() -> Vec<(String, Vec<u8>)> {
             }
             let name = format!("{broker}/{}", path.file_name().unwrap().to_string_lossy());
             if let Ok(reply) = Reply::decode_verified_via_values(&frame.body, PSK, DecodeLimits::default()) {
-                out.push((format!("{name} (inner)"), reply.body));
+                out.push((format!("{name} (inner)"), reply.body.to_vec()));
             }
             out.push((name, frame.body));
         }
@@ -169,7 +169,7 @@ fn fleet_replies(count: usize) -> Vec<Vec<u8>> {
                 requestid: "0123456789abcdef0123456789abcdef".into(),
                 senderagent: "rpcutil".into(),
                 msgtime: 1_700_000_000,
-                body: inner,
+                body: inner.into(),
                 signature: None,
             }
             .encode(PSK)
@@ -394,7 +394,7 @@ fn unchanged_bodies_are_given_again(signed: bool) {
     for (i, from) in [(10, 600), (20, 8 + 211 * 2), (30, 9 + 301)] {
         let theirs = ReplyRef::decode_verified(&other[from], PSK, limits).unwrap();
         let mine = ReplyRef::decode_verified(&outers[i], PSK, limits).unwrap();
-        outers[i] = Reply { body: theirs.body.to_vec(), ..mine.to_owned() }.encode(PSK).unwrap();
+        outers[i] = Reply { body: theirs.body.to_vec().into(), ..mine.to_owned() }.encode(PSK).unwrap();
     }
     let later = servers(&outers, 1_700_000_100);
     let mut resumed = Builder::resume(index.store(), tables);
@@ -427,7 +427,7 @@ fn same_observation(sender: &str, body: &[u8], limits: DecodeLimits, what: &str)
         requestid: "0123456789abcdef0123456789abcdef".into(),
         senderagent: "rpcutil".into(),
         msgtime: 1_700_000_000,
-        body: body.to_vec(),
+        body: body.to_vec().into(),
         signature: None,
     };
     let Ok(rpc) = RpcReply::from_reply(reply, limits) else {
@@ -451,7 +451,7 @@ fn mutated_inventories_read_in_one_pass_as_through_values() {
         .iter()
         .enumerate()
         .filter(|(i, _)| i % 97 == 5 || i % 211 == 7 || i % 211 == 8 || i % 10 == 0)
-        .map(|(_, o)| Reply::decode_verified(o, PSK, limits).unwrap().body)
+        .map(|(_, o)| Reply::decode_verified(o, PSK, limits).unwrap().body.to_vec())
         .collect();
     // The facts before the status: read in two passes, with the same result.
     let facts = Value::Hash(vec![(Value::str("role"), Value::str("node"))]);

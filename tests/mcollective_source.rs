@@ -445,7 +445,7 @@ impl Rogue {
                         requestid: request.requestid.clone(),
                         senderagent: request.agent.clone(),
                         msgtime: puppet_kicker::time::now(),
-                        body,
+                        body: body.into(),
                         signature: None,
                     };
                     let bytes = reply.encode(psk).unwrap();

@@ -184,7 +184,7 @@ fn serve(tls: Tls, seen: &Mutex<Seen>) -> Result<(), String> {
                     requestid: req.requestid,
                     senderagent: req.agent,
                     msgtime: puppet_kicker::time::now(),
-                    body: marshal::encode(&Value::str("pong")).unwrap(),
+                    body: marshal::encode(&Value::str("pong")).unwrap().into(),
                     signature: None,
                 }
                 .encode(PSK)

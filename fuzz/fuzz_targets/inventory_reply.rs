@@ -41,7 +41,7 @@ fuzz_target!(|input: &[u8]| {
             requestid: "0123456789abcdef0123456789abcdef".into(),
             senderagent: "rpcutil".into(),
             msgtime: 1_700_000_000,
-            body: rest.to_vec(),
+            body: rest.to_vec().into(),
             signature: None,
         };
         reply.encode(PSK).expect("a reply with fixed fields encodes")

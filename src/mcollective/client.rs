@@ -504,7 +504,7 @@ impl Client {
     /// together are held (up to [`VERIFY_BATCH`]) and checked as one batch, their
     /// PSK signatures several at a time; what is held is checked before waiting on
     /// the broker, so a reply is never held back by a quiet connection.
-    fn collect(&self, session: &mut Session, expect: &Expect<'_>) -> Result<Collected> {
+    fn collect(&self, session: &mut impl Frames, expect: &Expect<'_>) -> Result<Collected> {
         let mut kept = Kept::default();
         if expect.count == Some(0) {
             return Ok(kept.collected());
@@ -531,7 +531,7 @@ impl Client {
                     if self.accept_held(&mut held, &mut kept, expect) {
                         break;
                     }
-                    return Err(Error::Broker { host: session.host.clone(), message: error_text(&frame) });
+                    return Err(Error::Broker { host: session.host().to_string(), message: error_text(&frame) });
                 }
                 _ => bump(&self.counters.other_frames),
             }
@@ -550,17 +550,44 @@ impl Client {
         if held.is_empty() {
             return false;
         }
-        let outers: Vec<&[u8]> = held.iter().map(Vec::as_slice).collect();
-        let decoded = message::decode_replies_verified(&outers, &self.config.psk, self.config.marshal_limits);
-        let mut done = false;
-        for (reply, outer) in decoded.into_iter().zip(&outers) {
-            if kept.accept(reply, outer.len(), expect, &self.counters, self.config.reply_limits) {
-                done = true;
-                break;
+        let sizes: Vec<usize> = held.iter().map(Vec::len).collect();
+        let outers = std::mem::replace(held, Vec::with_capacity(VERIFY_BATCH));
+        let decoded = message::decode_replies_verified(outers, &self.config.psk, self.config.marshal_limits);
+        for (reply, size) in decoded.into_iter().zip(sizes) {
+            if kept.accept(reply, size, expect, &self.counters, self.config.reply_limits) {
+                return true;
             }
         }
-        held.clear();
-        done
+        false
+    }
+
+    /// What [`Client::rpc_broadcast_raw`] keeps of the replies in `recorded` (STOMP
+    /// frames as a broker delivered them) to request `requestid` for `agent`, sent
+    /// at `sent`: the same collect loop, reading the recording in place of a
+    /// broker; its end is the deadline. For benchmarks and recorded traffic.
+    pub fn collect_recorded(
+        &self,
+        recorded: &[u8],
+        requestid: &str,
+        agent: &str,
+        sent: i64,
+        expected: Option<usize>,
+    ) -> Result<RawOutcome> {
+        let expect = Expect {
+            requestid,
+            agent,
+            sent,
+            ttl: i64::from(self.config.ttl),
+            count: expected,
+            only: None,
+            deadline: deadline_after(Duration::from_secs(3600)),
+        };
+        let mut reader = FrameReader::new(recorded, self.config.stomp_limits);
+        let collected = self.collect(&mut reader, &expect)?;
+        Ok(RawOutcome {
+            replies: collected.replies.into_values().collect(),
+            ambiguous: collected.ambiguous.into_iter().collect(),
+        })
     }
 
     /// Connects to the first pool host that completes the STOMP handshake.
@@ -710,6 +737,45 @@ struct Session {
     writer: FrameWriter<BrokerStream>,
     version: Version,
     host: String,
+}
+
+/// Where [`Client::collect`] reads frames: a broker's session, or a recording.
+trait Frames {
+    /// The next frame if it is already here, without waiting.
+    fn frame_if_ready(&mut self, deadline: Instant) -> Result<Option<Frame>>;
+    /// The next frame, or `None` once `deadline` has passed.
+    fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>>;
+    /// Who sent the frames, for errors.
+    fn host(&self) -> &str;
+}
+
+impl Frames for Session {
+    fn frame_if_ready(&mut self, deadline: Instant) -> Result<Option<Frame>> {
+        Session::frame_if_ready(self, deadline)
+    }
+
+    fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>> {
+        Session::next_frame(self, deadline)
+    }
+
+    fn host(&self) -> &str {
+        &self.host
+    }
+}
+
+/// A recording: every frame is here at once, and its end is the deadline.
+impl Frames for FrameReader<&[u8]> {
+    fn frame_if_ready(&mut self, _deadline: Instant) -> Result<Option<Frame>> {
+        self.read_frame_or_end()
+    }
+
+    fn next_frame(&mut self, _deadline: Instant) -> Result<Option<Frame>> {
+        self.read_frame_or_end()
+    }
+
+    fn host(&self) -> &str {
+        "the recording"
+    }
 }
 
 impl Session {

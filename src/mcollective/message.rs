@@ -307,7 +307,7 @@ pub struct Reply {
     pub requestid: String,
     pub senderagent: String,
     pub msgtime: i64,
-    pub body: Vec<u8>,
+    pub body: Body,
     /// The verified PSK signature (MD5 of body and key) as a number: equal bodies
     /// have equal signatures, so a refresh knows an unchanged body without reading
     /// it again. `None` for a reply this process built.
@@ -335,7 +335,7 @@ impl Reply {
             requestid: text(&v, "requestid")?,
             senderagent: text(&v, "senderagent")?,
             msgtime: int(&v, "msgtime")?,
-            body: bytes(&v, "body")?,
+            body: bytes(&v, "body")?.into(),
             signature: None,
         };
         let hash = text(&v, "hash")?;
@@ -355,7 +355,7 @@ impl Reply {
             (Value::sym("requestid"), Value::ascii(self.requestid.as_str())),
             (Value::sym("senderagent"), Value::str(self.senderagent.as_str())),
             (Value::sym("msgtime"), Value::Int(self.msgtime)),
-            (Value::sym("body"), Value::binary(self.body.clone())),
+            (Value::sym("body"), Value::binary(self.body.to_vec())),
             (Value::sym("hash"), Value::ascii(psk::sign(&self.body, psk))),
         ]))
     }
@@ -363,6 +363,51 @@ impl Reply {
     /// The decoded inner body.
     pub fn inner(&self, limits: DecodeLimits) -> Result<Value> {
         marshal::decode_with(&self.body, limits)
+    }
+}
+
+/// A reply's inner body where it arrived: a range of the outer message's bytes,
+/// which it keeps. A burst of 10,000 inventories is 140 MB of bodies; a reply kept
+/// this way costs no second copy of them.
+#[derive(Clone, Default)]
+pub struct Body {
+    outer: Vec<u8>,
+    range: std::ops::Range<usize>,
+}
+
+impl Body {
+    /// The body at `range` of `outer`.
+    fn within(outer: Vec<u8>, range: std::ops::Range<usize>) -> Body {
+        assert!(range.start <= range.end && range.end <= outer.len(), "a body lies within its message");
+        Body { outer, range }
+    }
+}
+
+impl From<Vec<u8>> for Body {
+    fn from(bytes: Vec<u8>) -> Body {
+        let range = 0..bytes.len();
+        Body { outer: bytes, range }
+    }
+}
+
+impl std::ops::Deref for Body {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.outer[self.range.clone()]
+    }
+}
+
+impl PartialEq for Body {
+    fn eq(&self, other: &Body) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Body {}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        <[u8] as std::fmt::Debug>::fmt(self, f)
     }
 }
 
@@ -458,12 +503,17 @@ impl<'a> ReplyRef<'a> {
     }
 
     pub fn to_owned(&self) -> Reply {
+        self.with_body(self.body.to_vec().into())
+    }
+
+    /// This reply owned, with `body` for its body.
+    fn with_body(&self, body: Body) -> Reply {
         Reply {
             senderid: self.senderid.to_string(),
             requestid: self.requestid.to_string(),
             senderagent: self.senderagent.to_string(),
             msgtime: self.msgtime,
-            body: self.body.to_vec(),
+            body,
             signature: self.signature,
         }
     }
@@ -471,19 +521,32 @@ impl<'a> ReplyRef<'a> {
 
 /// [`Reply::decode_verified`] of each of `outers`, in order, with the signatures
 /// checked together: a batch of replies that arrived together costs the PSK's MD5
-/// several bodies at a time.
-pub fn decode_replies_verified(outers: &[&[u8]], psk: &str, limits: DecodeLimits) -> Vec<Result<Reply>> {
+/// several bodies at a time. Each reply keeps its outer bytes as its [`Body`].
+pub fn decode_replies_verified(outers: Vec<Vec<u8>>, psk: &str, limits: DecodeLimits) -> Vec<Result<Reply>> {
     let read: Vec<std::result::Result<(ReplyRef<'_>, &str), Unread>> =
         outers.iter().map(|outer| ReplyRef::decode_unverified(outer, limits)).collect();
     let signed: Vec<(&[u8], &str)> =
         read.iter().filter_map(|r| r.as_ref().ok()).map(|(r, hash)| (r.body, *hash)).collect();
     let mut signatures = psk::verify_many(&signed, psk).into_iter();
-    read.into_iter()
+    // The replies with their bodies' places, until the outer bytes can be moved.
+    let placed: Vec<std::result::Result<(Reply, std::ops::Range<usize>), Unread>> = read
+        .into_iter()
+        .zip(&outers)
+        .map(|(r, outer)| {
+            let (reply, _) = r?;
+            let start = reply.body.as_ptr() as usize - outer.as_ptr() as usize;
+            let range = start..start + reply.body.len();
+            let verified = reply.verified(signatures.next().flatten())?;
+            Ok((verified.with_body(Body::default()), range))
+        })
+        .collect();
+    placed
+        .into_iter()
         .zip(outers)
-        .map(|(r, outer)| match r {
-            Ok((reply, _)) => reply.verified(signatures.next().flatten()).map(|r| r.to_owned()),
+        .map(|(placed, outer)| match placed {
+            Ok((reply, range)) => Ok(Reply { body: Body::within(outer, range), ..reply }),
             Err(Unread::Error(e)) => Err(e),
-            Err(Unread::Unsupported) => Reply::decode_verified_via_values(outer, psk, limits),
+            Err(Unread::Unsupported) => Reply::decode_verified_via_values(&outer, psk, limits),
         })
         .collect()
 }

@@ -620,7 +620,7 @@ pub fn observe_since(
         };
         let hash = match reply.signature {
             Some(signature) => BodyKey::Signed(signature),
-            None => BodyKey::Hashed(hasher.hash_one(&reply.body)),
+            None => BodyKey::Hashed(hasher.hash_one(&*reply.body)),
         };
         let hit = memo.servers.get(&reply.senderid).filter(|(last, _)| *last == hash).map(|(_, o)| Observation {
             timestamp: if reply.msgtime > 0 { reply.msgtime.min(*at) } else { *at },
