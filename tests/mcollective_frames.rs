@@ -643,22 +643,24 @@ fn reply_frame(senderid: &str, requestid: &str, msgtime: i64, data: &str, psk: &
 fn a_recorded_burst_is_collected_as_the_client_collects_one() {
     const REQUEST: &str = "0123456789abcdef0123456789abcdef";
     let sent = puppet_kicker::time::now();
-    let mut stream = Vec::new();
+    // Frames (and heart-beats) one by one, so a recording can be cut between two.
+    let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut good = Vec::new();
     for i in 0..150 {
         let sender = format!("node{i:03}.example.com");
-        stream.extend(reply_frame(&sender, REQUEST, sent, &format!("v{i}"), PSK));
+        frames.push(reply_frame(&sender, REQUEST, sent, &format!("v{i}"), PSK));
         good.push(sender);
         if i % 50 == 7 {
-            stream.extend(b"\n");
+            frames.push(b"\n".to_vec());
         }
     }
-    stream.extend(reply_frame("forged.example.com", REQUEST, sent, "x", "another-psk"));
-    stream.extend(reply_frame("foreign.example.com", "ffffffffffffffffffffffffffffffff", sent, "x", PSK));
-    stream.extend(reply_frame("node001.example.com", REQUEST, sent, "again", PSK));
-    stream.extend(reply_frame("old.example.com", REQUEST, sent - 3600, "x", PSK));
+    frames.push(reply_frame("forged.example.com", REQUEST, sent, "x", "another-psk"));
+    frames.push(reply_frame("foreign.example.com", "ffffffffffffffffffffffffffffffff", sent, "x", PSK));
+    frames.push(reply_frame("node001.example.com", REQUEST, sent, "again", PSK));
+    frames.push(reply_frame("old.example.com", REQUEST, sent - 3600, "x", PSK));
     // The same signed body under a second sender: the psk cannot say who sent it.
-    stream.extend(reply_frame("twin.example.com", REQUEST, sent, "v3", PSK));
+    frames.push(reply_frame("twin.example.com", REQUEST, sent, "v3", PSK));
+    let stream = frames.concat();
 
     let client = recording_client();
     let got = client.collect_recorded(&stream, REQUEST, "rpcutil", sent, None).unwrap();
@@ -684,9 +686,7 @@ fn a_recorded_burst_is_collected_as_the_client_collects_one() {
     let first_100 = client.collect_recorded(&stream, REQUEST, "rpcutil", sent, Some(100)).unwrap();
     assert_eq!(first_100.replies.len(), 100);
 
-    let mut erred = stream[..stream.len() / 2].to_vec();
-    let cut = erred.iter().rposition(|&b| b == 0).unwrap() + 1;
-    erred.truncate(cut);
+    let mut erred = frames[..frames.len() / 2].concat();
     erred.extend(stomp::encode(&Frame::new("ERROR").header("message", "queue deleted"), Version::V1_0).unwrap());
     let met = client.collect_recorded(&erred, REQUEST, "rpcutil", sent, Some(10)).unwrap();
     assert_eq!(met.replies.len(), 10, "the count was met before the ERROR");
