@@ -66,8 +66,8 @@ module KickE2E
       File.exist?(path) ? File.read(path) : "(no #{path})"
     end
 
-    def node_file(id, name)
-      File.join(@stack, 'nodes', id, name)
+    def longest_wait
+      WAIT
     end
 
     def sh(*cmd, allow_fail: false)
@@ -128,25 +128,6 @@ module KickE2E
       out = sh('mco', 'rpc', 'puppet', 'runonce', '-I', id, '--dt', '1', '--config', @client_cfg, '--json')
       replies = JSON.parse(out)
       expect(replies.map { |r| [r['sender'], r['statuscode']] }).to eq([[id, 0]]), "runonce #{id}: #{out}"
-    end
-
-    def wait_for(what, timeout = WAIT)
-      deadline = Time.now + timeout
-      until (result = yield)
-        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
-
-        sleep 0.2
-      end
-      result
-    end
-
-    # A run holds the agent's lock file (with its pid) from the runonce until it ends.
-    def running?(id)
-      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
-      Process.kill(0, pid)
-      true
-    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
-      false
     end
 
     # Nothing runs and no kick is pending or running.

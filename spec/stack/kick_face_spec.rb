@@ -49,8 +49,8 @@ module KickFaceE2E
       @runs_before = SERVERS.to_h { |id| [id, all_runs(id).size] }
     end
 
-    def node_file(id, name)
-      File.join(@stack, 'nodes', id, name)
+    def longest_wait
+      WAIT
     end
 
     def sh(*cmd)
@@ -58,24 +58,6 @@ module KickFaceE2E
       raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless status.success?
 
       out
-    end
-
-    def wait_for(what, timeout = WAIT)
-      deadline = Time.now + timeout
-      until (result = yield)
-        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
-
-        sleep 0.2
-      end
-      result
-    end
-
-    def running?(id)
-      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
-      Process.kill(0, pid)
-      true
-    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
-      false
     end
 
     # The table's rows (after the kick's log lines, before the count), split in cells.

@@ -71,8 +71,8 @@ module Masterless
       File.exist?(path) ? File.readlines(path).last(lines).join : "(no #{path})"
     end
 
-    def node_file(id, name)
-      File.join(@stack, 'nodes', id, name)
+    def longest_wait
+      WAIT
     end
 
     def sh(*cmd, allow_fail: false, env: {})
@@ -124,24 +124,6 @@ module Masterless
       env = { 'PK_PUPPET_IDENTITY' => id, 'PK_PUPPET_STATEDIR' => File.join(@stack, 'nodes', id),
               'PK_PUPPET_OPTIONS' => '--cron', }
       sh(File.join(ROOT, 'spec/fixtures/kick_e2e/run-puppet'), env: env)
-    end
-
-    def wait_for(what, timeout = WAIT)
-      deadline = Time.now + timeout
-      until (result = yield)
-        raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
-
-        sleep 0.2
-      end
-      result
-    end
-
-    def running?(id)
-      pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
-      Process.kill(0, pid)
-      true
-    rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
-      false
     end
 
     def helper_pid

@@ -1,10 +1,35 @@
 # frozen_string_literal: true
 
 # What the stack specs read back from a test node's own files: its puppet runs
-# (runs.log, written by spec/fixtures/kick_e2e/run-puppet) and its puppet log.
-# The including spec defines `node_file(id, name)` and sets `@runs_before` and
-# `@log_before` (per node: runs and log bytes before the current scenario).
+# (runs.log, written by spec/fixtures/kick_e2e/run-puppet), whether one is running,
+# and its puppet log; and waiting for any of it. The including spec sets `@stack`
+# (script/mco-stack's directory), `@runs_before` and `@log_before` (per node: runs
+# and log bytes before the current scenario), and defines `longest_wait` (seconds).
 module NodeRuns
+  def node_file(id, name)
+    File.join(@stack, 'nodes', id, name)
+  end
+
+  # The block's first truthy answer, asked every 0.2 s; an error after `timeout` s.
+  def wait_for(what, timeout = longest_wait)
+    deadline = Time.now + timeout
+    until (result = yield)
+      raise "timed out after #{timeout}s waiting for #{what}" if Time.now > deadline
+
+      sleep 0.2
+    end
+    result
+  end
+
+  # A run holds the agent's lock file (with its pid) from the runonce until it ends.
+  def running?(id)
+    pid = Integer(File.read(node_file(id, 'agent_catalog_run.lock')).strip)
+    Process.kill(0, pid)
+    true
+  rescue Errno::ENOENT, Errno::ESRCH, ArgumentError
+    false
+  end
+
   # Runs from runs.log: start/end lines, in order (a server runs one at a time).
   def all_runs(id)
     path = node_file(id, 'runs.log')
