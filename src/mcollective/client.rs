@@ -133,6 +133,15 @@ struct Collected {
     ambiguous: BTreeSet<String>,
 }
 
+impl From<Collected> for RawOutcome {
+    fn from(collected: Collected) -> RawOutcome {
+        RawOutcome {
+            replies: collected.replies.into_values().collect(),
+            ambiguous: collected.ambiguous.into_iter().collect(),
+        }
+    }
+}
+
 /// Replies in hand are checked in batches of up to this many (a burst of
 /// replies fills them; a trickle is checked one by one, as it arrives).
 pub const VERIFY_BATCH: usize = 64;
@@ -334,11 +343,7 @@ impl Client {
         expected: Option<usize>,
         timeout: Duration,
     ) -> Result<RawOutcome> {
-        let collected = self.broadcast(collective, agent, action, inputs, filter, expected, timeout)?;
-        Ok(RawOutcome {
-            replies: collected.replies.into_values().collect(),
-            ambiguous: collected.ambiguous.into_iter().collect(),
-        })
+        Ok(self.broadcast(collective, agent, action, inputs, filter, expected, timeout)?.into())
     }
 
     /// What both broadcasts do: the names checked, the request sent to every node
@@ -583,11 +588,7 @@ impl Client {
             deadline: deadline_after(Duration::from_secs(3600)),
         };
         let mut reader = FrameReader::new(recorded, self.config.stomp_limits);
-        let collected = self.collect(&mut reader, &expect)?;
-        Ok(RawOutcome {
-            replies: collected.replies.into_values().collect(),
-            ambiguous: collected.ambiguous.into_iter().collect(),
-        })
+        Ok(self.collect(&mut reader, &expect)?.into())
     }
 
     /// Connects to the first pool host that completes the STOMP handshake.
