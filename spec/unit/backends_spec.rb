@@ -28,6 +28,17 @@ describe 'the two backends' do
     'web1.example.com' => { 'fqdn' => 'web1.example.com', 'role' => 'web', 'hostname' => 'web1', 'uptime_days' => 30 },
     'api1.example.com' => { 'role' => 'api', 'hostname' => 'api1', 'environment' => 'staging' },
   }
+  # Servers with the same fact names, more than 8 (MRI's array tables), at the top and
+  # nested: the magnus backend copies the first such Hash for the next ones (db3's
+  # `networking` has one name more, so it is built anew).
+  db = lambda do |n|
+    networking = (1..10).to_h { |i| ["field#{i}", i == 5 ? n * 10 : "#{n}-#{i}"] }
+    networking['extra'] = { 'nested' => n } if n == 3
+    { 'fqdn' => "db#{n}.example.com", 'role' => 'db', 'hostname' => "db#{n}", 'uptime_days' => n * 7,
+      'memorysize_mb' => 1024.5 * n, 'is_virtual' => n.odd?, 'kernel' => 'Linux', 'timezone' => nil,
+      'ipaddress' => "10.0.0.#{n}", 'mounts' => ['/', "/srv/#{n}"], 'networking' => networking, }
+  end
+  (1..3).each { |n| servers["db#{n}.example.com"] = db.call(n) }
 
   before(:all) do
     @dir = Dir.mktmpdir('puppet-kicker-backends')
@@ -85,6 +96,21 @@ describe 'the two backends' do
     expect(odd.first['strings']).to eq(exotic['strings'])
     expect(odd.first['certname']).to eq('odd-certname-from-a-fact')
     expect(odd.first['deep'].to_s).to include('bottom')
+  end
+
+  it 'builds servers with the same fact names alike, each the Hash of its facts, every name found by lookup' do
+    dbs = expect_identical { |n| n.servers_with_role(['db'], 'production') }
+    expect(dbs.map { |s| s['hostname'] }).to eq(%w[db1 db2 db3])
+    dbs.each.with_index(1) do |server, n|
+      facts = db.call(n).merge('certname' => "db#{n}.example.com")
+      expect(server).to eq(facts)
+      expect(server.keys).to eq(facts.keys.sort - ['certname'] + ['certname'])
+      server.each { |name, value| expect(server[name]).to equal(value) }
+      server['networking'].each { |name, value| expect(server['networking'][name]).to equal(value) }
+      expect(server.key?('field1')).to be(false)
+      expect(server).to be_frozen
+      expect(server['networking']).to be_frozen
+    end
   end
 
   it 'answers every query identically' do

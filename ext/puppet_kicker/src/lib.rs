@@ -7,6 +7,7 @@
 
 mod convert;
 mod gvl;
+mod template;
 
 use convert::Converter;
 
@@ -245,6 +246,7 @@ mod tests {
         a_panic_in_the_core_without_the_gvl_is_a_puppet_kicker_error(&ruby);
         a_server_past_the_end_of_its_index_is_a_puppet_kicker_error(&ruby);
         a_panic_or_a_ruby_exception_while_converting_is_an_error_and_leaves_the_stack_empty(&ruby);
+        template::tests::a_copy_is_the_hash_insertion_builds(&ruby);
     }
 
     fn each_failure_kind_raises_the_class_the_facade_lists(ruby: &Ruby) {
