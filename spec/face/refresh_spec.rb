@@ -62,5 +62,11 @@ describe 'puppet kicker refresh', type: :face do
     expect(status['backoff']['failures']).to eq(1)
     query = kicker(dir, 'query', '--role', 'node')
     expect(query.exitstatus).to eq(0), query.to_s
+    # Each `puppet kicker` is a process of its own: the row is counted from the
+    # cache dir's record, not from 1 again.
+    again = kicker(dir, 'refresh', '--wait')
+    expect(again.exitstatus).to eq(1), again.to_s
+    expect(again.stderr).to include('(2 in a row; ')
+    expect(kicker(dir, 'status', '--render-as', 'json').json['last_refresh']).to include('failures' => 2)
   end
 end

@@ -102,7 +102,7 @@ pub fn progress(service: &Service, args: ProgressArgs) -> Result<Value> {
 mod tests {
     use super::*;
     use crate::config::PuppetSettings;
-    use crate::service::{Recorded, RECORD_FILE};
+    use crate::service::{Recorded, RefreshRecord, RECORD_FILE};
     use std::fs;
 
     /// How the refresh thread's warning of a failed refresh begins (`service::refresh`).
@@ -176,6 +176,41 @@ mod tests {
         let failed = status(None);
         assert_eq!(failed["last_refresh"]["outcome"], "failed");
         assert_eq!((failed["index"]["servers"].as_u64(), failed["backoff"]["failures"].as_u64()), (Some(30), Some(1)));
+
+        // The row is the cache dir's: other processes' failures of this source count,
+        // another process's success breaks it, another source's record is not this row.
+        let Recorded::Found(mine) = service.recorded_refresh() else { panic!("the failure is recorded") };
+        let fail_after = |other: Option<RefreshRecord>| {
+            if let Some(other) = other {
+                fs::write(cache.join(RECORD_FILE), serde_json::to_vec(&other).unwrap()).unwrap();
+            }
+            let ticket = start(&service, StartArgs {}).unwrap()["ticket"].as_u64().unwrap();
+            let error = until_done(&service, ticket).unwrap_err().to_string();
+            let recorded = match service.recorded_refresh() {
+                Recorded::Found(r) => r.failures,
+                other => panic!("{other:?}"),
+            };
+            (error, recorded, status(None)["backoff"]["failures"].as_u64())
+        };
+        let other = |outcome, failures, source: &str| RefreshRecord {
+            pid: mine.pid.wrapping_add(1),
+            outcome,
+            failures,
+            source: source.into(),
+            ..mine.clone()
+        };
+        let (error, recorded, backoff) = fail_after(None);
+        assert!(error.contains("2 in a row"), "{error}");
+        assert_eq!((recorded, backoff), (2, Some(2)));
+        let (error, recorded, backoff) = fail_after(Some(other(Outcome::Failed, 6, "puppet_cache")));
+        assert!(error.contains("7 in a row"), "after another process's sixth: {error}");
+        assert_eq!((recorded, backoff), (7, Some(7)));
+        let (error, recorded, _) = fail_after(Some(other(Outcome::Ok, 0, "puppet_cache")));
+        assert!(error.contains("1 in a row"), "another process's success broke the row: {error}");
+        assert_eq!(recorded, 1);
+        let (error, recorded, _) = fail_after(Some(other(Outcome::Failed, 40, "mcollective")));
+        assert!(error.contains("2 in a row"), "another source's row is not this one: {error}");
+        assert_eq!(recorded, 2);
         let _ = fs::remove_dir_all(&root);
     }
 }

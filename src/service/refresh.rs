@@ -337,7 +337,8 @@ fn refresh_loop(shared: &Shared) {
                 shared.retry_at.store(0, Ordering::SeqCst);
             }
             Err(e) => {
-                let failures = shared.failures.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+                let failures = shared.failures_in_a_row();
+                shared.failures.store(failures, Ordering::SeqCst);
                 let delay = backoff(failures, shared.config.retry_min, shared.config.retry_max);
                 shared.retry_at.store(now().saturating_add(delay as i64), Ordering::SeqCst);
                 let serving = if shared.current.load().as_ref().is_some_and(|i| !i.is_empty()) {
@@ -381,6 +382,28 @@ fn refresh_loop(shared: &Shared) {
 }
 
 impl Shared {
+    /// Refreshes failed in a row, the one just failed included, as the processes
+    /// sharing the cache dir count them: after the record on disk when it is a
+    /// failure of this source (another process's `puppet kicker refresh` or
+    /// masterless run may have failed since this one last did, or this process is
+    /// new), 1 when it is another process's success (the row was broken), else after
+    /// this process's own count. Two processes failing at once may count the same failure twice
+    /// over; the row stays a row.
+    fn failures_in_a_row(&self) -> u32 {
+        let own = self.failures.load(Ordering::SeqCst);
+        let before = match record::read(&self.config.cache_dir) {
+            record::Recorded::Found(r) if r.source == source_name(self.config.source) => match r.outcome {
+                Outcome::Failed => r.failures.max(own),
+                // This process's own success is older than its own failures, which
+                // it could not record.
+                Outcome::Ok | Outcome::Adopted if r.pid == std::process::id() => own,
+                Outcome::Ok | Outcome::Adopted => 0,
+            },
+            _ => own,
+        };
+        before.saturating_add(1)
+    }
+
     /// Writes what refresh `outcome` did to [`record::RECORD_FILE`] for the processes
     /// sharing the cache dir, and keeps it for this one.
     fn record(&self, outcome: &Result<(Outcome, Counts)>, started_ms: i64, took: Duration) {
