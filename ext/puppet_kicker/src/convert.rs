@@ -102,9 +102,6 @@ impl<'r> Converter<'r> {
 
     /// The server at `position` of `selected`'s index as a deep-frozen Hash.
     pub fn server(&mut self, selected: &Selected, position: u32) -> Result<Value, Error> {
-        for cache in [&mut self.servers, &mut self.values, &mut self.keys] {
-            cache.refresh();
-        }
         let kept = self.servers.get(position as usize);
         if kept != Qnil as VALUE {
             return Ok(unsafe { Value::from_raw(kept) });
@@ -239,9 +236,9 @@ impl Drop for Converter<'_> {
 
 /// One of the per-generation caches, read in place rather than through
 /// `rb_ary_entry` (a call for each of the ~460 lookups of a server's first
-/// conversion): its elements' address and length, taken again at the start of each
-/// server and after each store (which may move them). Nothing else writes the
-/// caches, and the GC, which could move elements too, is off while converting.
+/// conversion): its elements' address and length, taken when the converter is made
+/// and again after each store (which may move them). Nothing else writes the caches
+/// while a converter lives, and the GC, which could move elements too, is off.
 struct Cache {
     array: RArray,
     elements: *const VALUE,

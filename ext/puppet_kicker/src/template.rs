@@ -30,7 +30,7 @@ use rb_sys::{rb_ary_entry, rb_ary_push, rb_gc_writebarrier, rb_hash_dup, VALUE};
 use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 use std::os::raw::{c_char, c_int, c_long};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{LazyLock, Mutex, OnceLock};
 
 /// The most entries MRI keeps in an array table (`RHASH_AR_TABLE_MAX_SIZE`, 8 in
 /// Ruby 2.7 to 3.4); a bigger Hash has an st table.
@@ -46,13 +46,13 @@ static HASHES: Lazy<RArray> = Lazy::new(|ruby| ruby.ary_new());
 
 /// Each key sequence's template, by its index in `HASHES`. At most one entry per
 /// Hash converted in the generation, each far smaller than its Hash.
-static BY_KEYS: Mutex<Option<FxHashMap<Box<[StrId]>, c_long>>> = Mutex::new(None);
+static BY_KEYS: LazyLock<Mutex<FxHashMap<Box<[StrId]>, c_long>>> = LazyLock::new(Mutex::default);
 
 /// Forgets the templates of an earlier generation.
 pub fn clear(ruby: &Ruby) -> Result<(), magnus::Error> {
     ruby.get_inner(&HASHES).clear()?;
     if let Ok(mut by_keys) = BY_KEYS.lock() {
-        *by_keys = None;
+        *by_keys = FxHashMap::default();
     }
     Ok(())
 }
@@ -66,7 +66,7 @@ pub fn copy(ruby: &Ruby, keys: &[StrId], pairs: &[VALUE]) -> Option<VALUE> {
         return None;
     }
     let mri = Mri::found()?;
-    let index = *BY_KEYS.lock().ok()?.as_ref()?.get(keys)?;
+    let index = *BY_KEYS.lock().ok()?.get(keys)?;
     // SAFETY: the Array is ours; index came from pushing onto it this generation.
     let template = unsafe { rb_ary_entry(ruby.get_inner(&HASHES).as_raw(), index) };
     // SAFETY: template is a Hash this module kept; rb_hash_dup makes an unfrozen
@@ -87,8 +87,7 @@ pub fn keep(ruby: &Ruby, keys: &[StrId], hash: VALUE) {
     if keys.len() <= ARRAY_TABLE_MAX || Mri::found().is_none() {
         return;
     }
-    let known = |by_keys: &Option<FxHashMap<_, _>>| by_keys.as_ref().is_some_and(|m| m.contains_key(keys));
-    if BY_KEYS.lock().map_or(true, |by_keys| known(&by_keys)) {
+    if BY_KEYS.lock().map_or(true, |by_keys| by_keys.contains_key(keys)) {
         return;
     }
     // No lock is held here: rb_ary_push may raise (NoMemoryError only, on an Array
@@ -98,7 +97,7 @@ pub fn keep(ruby: &Ruby, keys: &[StrId], hash: VALUE) {
     let hashes = ruby.get_inner(&HASHES);
     unsafe { rb_ary_push(hashes.as_raw(), hash) };
     if let Ok(mut by_keys) = BY_KEYS.lock() {
-        by_keys.get_or_insert_with(FxHashMap::default).insert(keys.into(), hashes.len() as c_long - 1);
+        by_keys.insert(keys.into(), hashes.len() as c_long - 1);
     }
 }
 
