@@ -103,7 +103,10 @@ impl<'a> Doc<'a> {
         if bytes.get(..2) != Some(&[4, 8][..]) {
             return bad("not a Marshal 4.8 byte stream (bad 2-byte header)");
         }
-        let mut doc = Doc { bytes, symbols: Vec::new(), objects: Vec::new(), limits, values: 0, string_bytes: 0 };
+        // The object table sized at once (an inventory has an object every ~14
+        // bytes), not grown ten times over.
+        let (symbols, objects) = (Vec::with_capacity(64), Vec::with_capacity((bytes.len() / 12).min(4096)));
+        let mut doc = Doc { bytes, symbols, objects, limits, values: 0, string_bytes: 0 };
         let end = doc.walk(2, 0, true, events)?;
         if end != bytes.len() {
             return bad(format!("unexpected data after the value, at byte {end}"));

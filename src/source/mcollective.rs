@@ -513,7 +513,8 @@ struct Lists<'a> {
 
 /// `items` sorted, without repeats: a list as [`Lists`] keeps it.
 fn sorted(mut items: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
-    items.sort();
+    // Equal items are the same text: no order among them to keep.
+    items.sort_unstable();
     items.dedup();
     items
 }

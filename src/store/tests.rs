@@ -348,3 +348,46 @@ fn bytes_repaired_as_text_are_never_taken_for_utf8_later() {
     let value = builder.string_value_lossy(b"ok");
     assert_eq!((builder.string_value_checked(b"ok"), builder.string_value("ok")), (Some(value), value));
 }
+
+#[test]
+fn text_is_checked_as_utf8_whether_ascii_or_not() {
+    let mut builder = Builder::new();
+    // ASCII at every length around a word, multi-byte text, and bytes that are not
+    // UTF-8 after an ASCII start (the word-at-a-time check must not pass them).
+    for len in 0..=17 {
+        let ascii = "k".repeat(len);
+        let id = builder.string_checked(ascii.as_bytes()).expect("ASCII is UTF-8");
+        assert_eq!(builder.store().str(id), ascii);
+    }
+    let id = builder.string_checked("größe ✓ of a long string".as_bytes()).expect("UTF-8");
+    assert_eq!(builder.store().str(id), "größe ✓ of a long string");
+    assert_eq!(builder.string_checked(b"eight by\xfftes more"), None);
+    assert_eq!(lossy_text(b"eight by\xfftes more"), "eight by\u{fffd}tes more");
+}
+
+#[test]
+fn objects_come_out_sorted_by_key_whatever_pairs_were_seen_in_order_before() {
+    let object = |builder: &mut Builder, keys: &[&str]| {
+        let mark = builder.open();
+        for (i, key) in keys.iter().enumerate() {
+            let key = builder.string(key);
+            let value = builder.int(i as i64);
+            builder.push_child(key);
+            builder.push_child(value);
+        }
+        let id = builder.close_object(mark);
+        let store = builder.store();
+        // The stored order (`to_json` would sort them again).
+        let Kind::Object(pairs) = store.view(id).kind() else { panic!("not an object") };
+        pairs.ids().map(|(key, _)| store.str(key).to_string()).collect::<Vec<_>>()
+    };
+    let mut builder = Builder::new();
+    assert_eq!(object(&mut builder, &["a", "b", "c"]), ["a", "b", "c"]);
+    // The same keys again, out of order: the pairs known in order do not hide the one that is not.
+    assert_eq!(object(&mut builder, &["a", "c", "b"]), ["a", "b", "c"]);
+    assert_eq!(object(&mut builder, &["c", "b", "a"]), ["a", "b", "c"]);
+    // After a clear, the same ids are other strings, in the other order.
+    builder.clear();
+    assert_eq!(object(&mut builder, &["z", "y"]), ["y", "z"]);
+    assert_eq!(object(&mut builder, &["y", "z"]), ["y", "z"]);
+}

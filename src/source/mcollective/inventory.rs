@@ -151,7 +151,7 @@ impl<'a, 'b> Reader<'a, 'b> {
         Reader {
             identity_ok,
             builder,
-            stack: Vec::new(),
+            stack: Vec::with_capacity(16),
             started: false,
             statuscode: None,
             statusmsg: None,
@@ -161,7 +161,8 @@ impl<'a, 'b> Reader<'a, 'b> {
                 root_is_hash: false,
                 root_seen: [false; 3],
                 data_seen: [false; 5],
-                items: [Vec::new(), Vec::new(), Vec::new()],
+                // An inventory's usual sizes: tens of classes, a few agents and collectives.
+                items: [Vec::with_capacity(64), Vec::with_capacity(16), Vec::with_capacity(8)],
             },
             failed: None,
         }
