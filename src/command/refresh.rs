@@ -213,4 +213,36 @@ mod tests {
         assert_eq!(recorded, 2);
         let _ = fs::remove_dir_all(&root);
     }
+
+    /// Two processes sharing a cache dir whose refreshes fail at the same moment:
+    /// each failure is counted once in the row on disk (each reads the other's
+    /// record under the refresh lock), however their refreshes interleave.
+    #[test]
+    fn failures_at_once_in_two_processes_are_each_counted() {
+        const ROUNDS: u64 = 12;
+        let root = crate::snapshot::tests::tempdir("command-refresh-at-once");
+        let (etc, cache) = (root.join("etc"), root.join("cache"));
+        fs::create_dir_all(&etc).unwrap();
+        let missing = root.join("no-such-facts");
+        let config = format!("puppet_cache:\n  dirs: [{}]\ncache:\n  dir: {}\n", missing.display(), cache.display());
+        fs::write(etc.join("puppet_kicker.yaml"), config).unwrap();
+        // Two services on one configuration: two processes, as far as the cache dir
+        // can tell (flock locks belong to open files, not to processes).
+        let settings = || PuppetSettings { confdir: etc.clone(), vardir: root.join("var"), ..Default::default() };
+        let (first, second) = (Service::start(settings()).unwrap(), Service::start(settings()).unwrap());
+        for _ in 0..ROUNDS {
+            let tickets = [&first, &second].map(|s| start(s, StartArgs {}).unwrap()["ticket"].as_u64().unwrap());
+            for (service, ticket) in [&first, &second].into_iter().zip(tickets) {
+                assert!(until_done(service, ticket).is_err(), "the facts directory is missing");
+            }
+        }
+        let recorded = |service: &Service| match service.recorded_refresh() {
+            Recorded::Found(r) => r.failures,
+            other => panic!("{other:?}"),
+        };
+        let on_disk: RefreshRecord = serde_json::from_slice(&fs::read(cache.join(RECORD_FILE)).unwrap()).unwrap();
+        assert_eq!(u64::from(on_disk.failures), 2 * ROUNDS, "every failure counted once");
+        assert_eq!(u64::from(recorded(&first).max(recorded(&second))), 2 * ROUNDS);
+        let _ = fs::remove_dir_all(&root);
+    }
 }

@@ -171,7 +171,10 @@ impl Shared {
     /// Reads the source and swaps in a new index; the snapshot follows. Refresh
     /// `ticket` changes nothing once a newer one replaced it. Says how it ended and
     /// what it changed.
-    fn refresh(&self, ticket: u64) -> Result<(Outcome, Counts)> {
+    /// `held`: the refresh lock, once taken; the caller keeps it until the refresh
+    /// is recorded, so that processes failing one after the other count their row
+    /// from each other's records ([`Shared::failures_in_a_row`]).
+    fn refresh(&self, ticket: u64, held: &mut Option<std::fs::File>) -> Result<(Outcome, Counts)> {
         let lock_path = self.config.cache_dir.join(REFRESH_LOCK);
         // A refused cache dir is warned about where the snapshot is written.
         let lockable = crate::cache_dir::ensure(&self.config.cache_dir).is_ok();
@@ -179,7 +182,7 @@ impl Shared {
         let requested = now();
         let contended = lockable && matches!(crate::process::try_lock(&lock_path), Ok(None));
         let taken = if lockable { crate::process::lock_within(&lock_path, wait) } else { Ok(None) };
-        let _held = match taken {
+        *held = match taken {
             Ok(Some(file)) => Some(file),
             Ok(None) if !lockable => None,
             Ok(None) => {
@@ -317,7 +320,9 @@ fn refresh_loop(shared: &Shared) {
     while let Ok(Refresh(ticket)) = shared.requests.recv() {
         let (started_ms, clock) = (now_ms(), Instant::now());
         shared.progress.store(0, Ordering::Relaxed);
-        let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh(ticket)))
+        // The refresh lock, held from the refresh until its record is written.
+        let mut held = None;
+        let outcome = catch_unwind(AssertUnwindSafe(|| shared.refresh(ticket, &mut held)))
             .unwrap_or_else(|_| Err(Error::Io("internal error: the refresh panicked".into())));
         if !shared.is_current(ticket) {
             // Declared hung while it ran: a newer refresh owns the state, and
@@ -355,6 +360,7 @@ fn refresh_loop(shared: &Shared) {
         drop(last_error);
         shared.last_finished.store(now(), Ordering::SeqCst);
         shared.record(&outcome, started_ms, clock.elapsed());
+        drop(held);
         let waiters = {
             let mut state = lock(&shared.refresh_state);
             if state.ticket != ticket {
@@ -387,8 +393,8 @@ impl Shared {
     /// failure of this source (another process's `puppet kicker refresh` or
     /// masterless run may have failed since this one last did, or this process is
     /// new), 1 when it is another process's success (the row was broken), else after
-    /// this process's own count. Two processes failing at once may count the same failure twice
-    /// over; the row stays a row.
+    /// this process's own count. Read and then written under the refresh lock (see
+    /// `refresh_loop`), so two processes failing at once count two failures.
     fn failures_in_a_row(&self) -> u32 {
         let own = self.failures.load(Ordering::SeqCst);
         let before = match record::read(&self.config.cache_dir) {
