@@ -171,6 +171,7 @@ impl Shared {
     /// Reads the source and swaps in a new index; the snapshot follows. Refresh
     /// `ticket` changes nothing once a newer one replaced it. Says how it ended and
     /// what it changed.
+    ///
     /// `held`: the refresh lock, once taken; the caller keeps it until the refresh
     /// is recorded, so that processes failing one after the other count their row
     /// from each other's records ([`Shared::failures_in_a_row`]).

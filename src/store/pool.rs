@@ -42,7 +42,7 @@ fn read_directly(shares: usize, threads: usize) -> usize {
     if threads <= 1 {
         shares
     } else {
-        (shares * 35 / 100).max(1)
+        (shares * 35 / 100).max(1).min(shares)
     }
 }
 
@@ -57,7 +57,7 @@ pub fn read_in_order<T: Send>(
     read: impl Fn(usize, &mut Builder) -> T + Sync,
     remap: impl Fn(&mut T, &Remap) + Sync,
 ) -> std::thread::Result<(Builder, Vec<T>)> {
-    let direct = read_directly(shares, threads).min(shares);
+    let direct = read_directly(shares, threads);
     // The target is out (with the calling thread) until the direct shares are read:
     // nothing is merged before them.
     let merging = Mutex::new(Merging {
