@@ -346,10 +346,26 @@ impl Selected {
         }
     }
 
+    /// Positions, name ids and value ids of this selection's index: what a binding's
+    /// tables by id (see [`Entry::Value`]) need to hold.
+    pub fn id_counts(&self) -> IdCounts {
+        let (positions, names, values) = self.selection.id_counts();
+        IdCounts { positions, names, values }
+    }
+
     /// The server at `position` of this selection's index.
     pub fn server_at(&self, position: u32) -> Option<Server<'_>> {
         self.selection.server_at(position).map(Server)
     }
+}
+
+/// How many of each id an index has: its servers' positions are below `positions`,
+/// its names' ids below `names` and its values' ids below `values`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdCounts {
+    pub positions: usize,
+    pub names: usize,
+    pub values: usize,
 }
 
 impl Serialize for Selected {

@@ -77,6 +77,12 @@ impl Selection {
         self.answer.as_ref().map_or(0, |a| a.id)
     }
 
+    /// How many positions, string ids and value ids the index this selection came
+    /// from has: the sizes of a binding's tables by id (all 0 for an empty one).
+    pub fn id_counts(&self) -> (usize, usize, usize) {
+        self.index.as_deref().map_or((0, 0, 0), |i| (i.len(), i.store().strings(), i.store().values()))
+    }
+
     /// The server at `position` of the index this selection came from.
     pub fn server_at(&self, position: u32) -> Option<ServerRef<'_>> {
         self.index.as_deref().filter(|i| (position as usize) < i.len()).map(|i| i.server(position))

@@ -7,6 +7,7 @@
 
 mod convert;
 mod gvl;
+mod layout;
 mod template;
 
 use convert::Converter;
