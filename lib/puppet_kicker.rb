@@ -217,8 +217,9 @@ module PuppetKicker
       path = LIBRARIES.fetch(name)
       loaded = name == 'ffi' ? load_ffi(path) : load_magnus(path)
       if defined?(Puppet) && Puppet.respond_to?(:info)
+        reader = loaded.respond_to?(:java_reader) && loaded.java_reader ? ", servers read in Java from #{JRUBY_READER}" : ''
         Puppet.info("puppet-kicker: #{name} backend loaded from #{path} " \
-                    "(core #{loaded.version}, #{RUBY_ENGINE} #{RUBY_ENGINE_VERSION})")
+                    "(core #{loaded.version}, #{RUBY_ENGINE} #{RUBY_ENGINE_VERSION}#{reader})")
       end
       loaded
     end

@@ -24,7 +24,10 @@ module PuppetKicker
     # The servers' frozen Hashes, in the order asked, of the reply at `pointer` (an
     # FFI::Pointer), their objects added to `table`; nil when the index has been
     # replaced. A failed reply's JSON error document is yielded (the caller raises it).
-    def servers(pointer, table)
+    # `java`, under JRuby, is PuppetKicker::JavaFetchReader (FetchReader.java_reader)
+    # and the templates it made for this table: it reads an OK reply's objects in
+    # Java instead of the loop below.
+    def servers(pointer, table, java: nil, templates: nil)
       status, base, strings, scalars, containers, servers, word_count, text_bytes, json_bytes = pointer.get_array_of_uint32(8, 9)
       words_at = HEADER_BYTES
       text_at = words_at + (4 * word_count)
@@ -37,6 +40,8 @@ module PuppetKicker
         yield JSON.parse(utf8(pointer.get_bytes(json_at, json_bytes)), PARSE)
         malformed('a failure without an error')
       end
+      return java.servers(pointer.get_bytes(0, json_at + json_bytes), table, templates) if java
+
       # The session started over (a reply this table missed): so does the table.
       table.clear unless base == table.size
       malformed("base #{base} for a table of #{table.size}") unless base == table.size
@@ -68,6 +73,22 @@ module PuppetKicker
       end
       malformed('its words') unless at + servers == word_count
       table.values_at(*words[at, servers])
+    end
+
+    # Under JRuby: the Java reader (ext/puppet_kicker_jruby) from `jar`, defined in this
+    # JRuby, or nil, with the reason yielded, when it cannot be loaded (FetchReader's
+    # loop then reads every reply: the same objects, built more slowly).
+    def java_reader(jar)
+      return nil unless RUBY_ENGINE == 'jruby'
+      raise LoadError, 'no such file' unless File.file?(jar)
+
+      require 'jruby'
+      require jar
+      Java::Puppetkicker::FetchReader.define(JRuby.runtime)
+      PuppetKicker::JavaFetchReader
+    rescue LoadError, StandardError => e
+      yield "#{e.class}: #{e.message}" if block_given?
+      nil
     end
 
     def utf8(bytes)

@@ -26,7 +26,8 @@ module PuppetKicker
     PARSE = FetchReader::PARSE
 
     class << self
-      attr_reader :library
+      # The Java reader of pk_fetch replies, under JRuby when its jar loaded; else nil.
+      attr_reader :library, :java_reader
 
       # Opens the library at `path` and checks its ABI version. Raises LoadError,
       # with the reason, when Ruby's ffi is missing or the file cannot be used.
@@ -50,6 +51,10 @@ module PuppetKicker
         # What this backend's table holds, for pk_fetch: freed with the backend.
         @session = ::FFI::AutoPointer.new(lib.pk_session_new, lib.method(:pk_session_free))
         @cache_lock = Mutex.new
+        @java_reader = FetchReader.java_reader(PuppetKicker::JRUBY_READER) do |reason|
+          warn_operator("puppet-kicker: cannot load #{PuppetKicker::JRUBY_READER} (#{reason}); servers are converted " \
+                        'by the slower Ruby reader')
+        end
         fresh_generation(:none) # no index generation seen yet
         @noted_lock = Mutex.new
         @noted = {}
@@ -135,6 +140,14 @@ module PuppetKicker
       end
 
       private
+
+      def warn_operator(message)
+        if defined?(::Puppet) && ::Puppet.respond_to?(:warning)
+          ::Puppet.warning(message)
+        else
+          Kernel.warn(message)
+        end
+      end
 
       def require_ffi
         require 'ffi'
@@ -226,6 +239,7 @@ module PuppetKicker
         @cache = {}
         @answers = {}
         @table = [] # what pk_fetch sent in this generation, numbered as it sent it
+        @templates = @java_reader&.templates # the Java reader's Hashes to copy, for @table
         @cache_generation = generation
       end
 
@@ -247,7 +261,9 @@ module PuppetKicker
       def fetch(generation, positions)
         pointer = @lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size)
         begin
-          FetchReader.servers(pointer, @table) { |error| decode_document(error) }
+          FetchReader.servers(pointer, @table, java: @java_reader, templates: @templates) do |error|
+            decode_document(error)
+          end
         ensure
           @lib.pk_free_fetch(pointer)
         end

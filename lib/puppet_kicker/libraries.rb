@@ -8,4 +8,7 @@ module PuppetKicker
   LIBRARY_DIR = File.expand_path('../../native', __dir__)
   NATIVE_LIBRARY = File.join(LIBRARY_DIR, 'puppet_kicker.so')
   FFI_LIBRARY = File.join(LIBRARY_DIR, 'libpuppet_kicker_ffi.so')
+  # Under JRuby, the ffi backend's reader of pk_fetch replies in Java (the same objects
+  # as FetchReader's, built faster); `rake jar` builds it, the module package carries it.
+  JRUBY_READER = File.join(LIBRARY_DIR, 'puppet_kicker_jruby.jar')
 end

@@ -25,11 +25,12 @@ describe 'packaging' do
                                  'puppetkicker-kicker-0.1.0/CHANGELOG.md',
                                  'puppetkicker-kicker-0.1.0/native/puppet_kicker.so',
                                  'puppetkicker-kicker-0.1.0/native/libpuppet_kicker_ffi.so',
+                                 'puppetkicker-kicker-0.1.0/native/puppet_kicker_jruby.jar',
                                  'puppetkicker-kicker-0.1.0/lib/puppet/functions/servers_with_role.rb',
                                  'puppetkicker-kicker-0.1.0/lib/puppet/face/kicker/query.rb',
                                  'puppetkicker-kicker-0.1.0/lib/puppet/application/kicker.rb')
       # lib/ is what pluginsync copies to every agent: no native code there.
-      expect(listing.grep(%r{\Apuppetkicker-kicker-0.1.0/lib/.*\.so\z})).to be_empty
+      expect(listing.grep(%r{\Apuppetkicker-kicker-0.1.0/lib/.*\.(so|jar)\z})).to be_empty
       run('puppet', 'module', 'install', '--target-dir', File.join(@tmp, 'modules'), '--ignore-dependencies', tarball)
       expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'native', 'puppet_kicker.so'))
       expect(File).to exist(File.join(@tmp, 'modules', 'kicker', 'native', 'libpuppet_kicker_ffi.so'))

@@ -27,6 +27,26 @@ describe 'the ffi backend under JRuby' do
       jruby = Marshal.load(File.binread(out)) # rubocop:disable Security/MarshalLoad
       expect(jruby['backend']).to eq('ffi')
       expect(jruby['engine']).to start_with('jruby 9.')
+      # Servers read by the Java reader (native/puppet_kicker_jruby.jar, `rake jar`):
+      # deep-frozen, and a value many servers have is one object.
+      expect(jruby['reader']).to eq('java')
+      expect(jruby['deep_frozen']).to be(true)
+      expect(jruby['shared']).to be > 0
+      expect(jruby['one_object_each']).to be(true)
+      # Hand-made replies: one read whole; every malformed one refused, saying what is wrong.
+      expect(jruby['crafted']).to eq('servers' => [{ 'a' => 1, 'bc' => [2.5, nil, 18_446_744_073_709_551_615] }],
+                                     'table' => 8, 'frozen' => true)
+      expect(jruby['malformed']).to eq(
+        'too short' => 'puppet-kicker: a malformed pk_fetch reply (its length)',
+        'a length that is not its own' => 'puppet-kicker: a malformed pk_fetch reply (its length)',
+        'an object it does not have' => 'puppet-kicker: a malformed pk_fetch reply (object 99 of 7)',
+        'a string past the text' => 'puppet-kicker: a malformed pk_fetch reply (its strings)',
+        'scalars that are not JSON scalars' => 'puppet-kicker: a malformed pk_fetch reply (its scalars at byte 3)',
+        'fewer scalars than it says' => 'puppet-kicker: a malformed pk_fetch reply (its scalars)',
+        'an unknown container tag' => 'puppet-kicker: a malformed pk_fetch reply (its words)',
+        'words past the end' => 'puppet-kicker: a malformed pk_fetch reply (its words)',
+        'a failed reply' => 'puppet-kicker: a malformed pk_fetch reply (status 2 is not OK)'
+      )
       mri = PuppetKicker.with_backend('magnus') do
         PuppetKicker.native.configure(master, File.join(master, 'var'), nil, nil, nil)
         calls = [

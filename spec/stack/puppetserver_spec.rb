@@ -126,8 +126,11 @@ describe 'puppetserver (JRuby) with puppet-kicker' do
   it 'loads the C-ABI library in JRuby, keeps the index in $vardir, and logs no load error' do
     log = server_log
     # The module installed from its package (script/test-puppetserver), libraries in native/.
-    library = File.join(File.realpath(File.join(@env.fetch('PK_PUPPETSERVER_MODULES'), 'kicker')), 'native', 'libpuppet_kicker_ffi.so')
-    expect(log).to match(/puppet-kicker: ffi backend loaded from #{Regexp.escape(library)} \(core [^)]+\), jruby #{PS_JRUBY}\./)
+    native = File.join(File.realpath(File.join(@env.fetch('PK_PUPPETSERVER_MODULES'), 'kicker')), 'native')
+    library = File.join(native, 'libpuppet_kicker_ffi.so')
+    # Servers converted by the module's Java reader (native/puppet_kicker_jruby.jar).
+    reader = ", servers read in Java from #{File.join(native, 'puppet_kicker_jruby.jar')}"
+    expect(log).to match(/puppet-kicker: ffi backend loaded from #{Regexp.escape(library)} \(core [^)]+\), jruby #{PS_JRUBY}\.[^,)]*#{Regexp.escape(reader)}\)/)
     expect(log).not_to match(/LoadError|cannot load puppet-kicker|Evaluation Error/)
     expect(File).to exist(File.join(@env.fetch('PK_PUPPETSERVER_VARDIR'), 'puppet_kicker', 'index.msgpack'))
   end
