@@ -18,14 +18,18 @@ pub const FILE_MODE: u32 = 0o600;
 /// write. Run as root in a directory another user owns, the file is given to that
 /// user, who can then still read and replace it.
 pub fn write(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+    write_with(path, |file| parts.iter().try_for_each(|part| file.write_all(part)))
+}
+
+/// [`write`], the content written by `content` to the temporary file as it comes
+/// (a large file need not be in memory whole); when it fails, the old file stays.
+pub fn write_with(path: &Path, content: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let dir_meta = crate::cache_dir::ensure(dir).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let (tmp, mut file) = create_temporary(dir, name)?;
     let result = (|| {
-        for part in parts {
-            file.write_all(part)?;
-        }
+        content(&mut file)?;
         if crate::cache_dir::effective_uid() == 0 && dir_meta.uid() != 0 {
             std::os::unix::fs::fchown(&file, Some(dir_meta.uid()), Some(dir_meta.gid()))?;
         }

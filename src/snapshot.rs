@@ -11,6 +11,7 @@
 
 use crate::bounded_read::FileBytes;
 use crate::index::{Index, InvalidRows, RowBlobs, Rows};
+use crate::store::blob::Spool;
 use crate::store::{Store, StoreBlobs};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -199,35 +200,82 @@ pub fn decode(bytes: impl Into<FileBytes>, path: &Path, role_fact: &str) -> Resu
 
 /// Writes the snapshot atomically (see [`crate::atomic_file`]); on failure the
 /// previous snapshot is left as it was.
+///
+/// The bytes go to the file as they are encoded, each array straight from the
+/// index ([`Spool`]): writing a snapshot holds no second copy of the index, which
+/// during a refresh would be on top of the old index and the new one.
 pub fn write(path: &Path, snapshot: &SnapshotRef<'_>) -> Result<(), SnapshotError> {
-    let bytes = encode(snapshot).map_err(|source| SnapshotError::Encode { path: path.to_path_buf(), source })?;
-    let size = bytes.len() as u64;
+    let size = encoded_size(snapshot);
     if size > MAX_FILE_SIZE {
         return Err(SnapshotError::TooLarge { path: path.to_path_buf(), size });
     }
-    crate::atomic_file::write(path, &[&bytes])
-        .map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })
+    let mut encoding = None;
+    let written = crate::atomic_file::write_with(path, |file| {
+        let mut spool = Spool::to(file);
+        if let Err(e) = encode_into(&mut spool, snapshot) {
+            encoding = Some(e);
+            return Err(io::Error::other("the index could not be encoded"));
+        }
+        let written = spool.finish()? as u64;
+        if written != size {
+            return Err(io::Error::other(format!("{written} bytes written where {size} were foreseen")));
+        }
+        Ok(())
+    });
+    match (written, encoding) {
+        (_, Some(source)) => Err(SnapshotError::Encode { path: path.to_path_buf(), source }),
+        (Err(source), None) => Err(SnapshotError::Write { path: path.to_path_buf(), source }),
+        (Ok(()), None) => Ok(()),
+    }
 }
 
 /// The file's bytes for `snapshot`, as [`write`] writes them (fuzz seeds, tests):
 /// the magic, the format version, then a MessagePack map with `built_at`, `store`,
 /// `rows` and `seen_environments`.
 pub fn encode(snapshot: &SnapshotRef<'_>) -> Result<Vec<u8>, rmp_serde::encode::Error> {
-    let arrays = snapshot.store.heap_bytes() + 32 * snapshot.rows.len();
-    let mut out = Vec::with_capacity(MAGIC.len() + 4 + arrays + 4096);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    let key = |out: &mut Vec<u8>, key: &str| rmp::encode::write_str(out, key).expect("writing to a Vec");
-    rmp::encode::write_map_len(&mut out, 4).expect("writing to a Vec");
-    key(&mut out, "built_at");
-    rmp::encode::write_sint(&mut out, snapshot.built_at).expect("writing to a Vec");
-    key(&mut out, "store");
-    snapshot.store.write(&mut out);
-    key(&mut out, "rows");
-    snapshot.rows.write(&mut out);
-    key(&mut out, "seen_environments");
-    rmp_serde::encode::write_named(&mut out, snapshot.seen_environments)?;
-    Ok(out)
+    let mut spool = Spool::in_memory(encoded_size(snapshot) as usize);
+    encode_into(&mut spool, snapshot)?;
+    Ok(spool.into_bytes())
+}
+
+/// The size of `snapshot`'s file, without encoding it: what [`encode`] gives, byte
+/// for byte (a test holds it), so an oversized index is refused before any write.
+pub fn encoded_size(snapshot: &SnapshotRef<'_>) -> u64 {
+    let mut counter = Counter(0);
+    let mut spool = Spool::to(&mut counter);
+    if encode_into(&mut spool, snapshot).is_err() {
+        return u64::MAX;
+    }
+    spool.finish().map_or(u64::MAX, |n| n as u64)
+}
+
+/// Counts what it is given and keeps nothing.
+struct Counter(usize);
+
+impl io::Write for Counter {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn encode_into(out: &mut Spool, snapshot: &SnapshotRef<'_>) -> Result<(), rmp_serde::encode::Error> {
+    let key = |out: &mut Spool, key: &str| rmp::encode::write_str(out, key).expect("a spool takes every write");
+    out.put(MAGIC);
+    out.put(&FORMAT_VERSION.to_le_bytes());
+    rmp::encode::write_map_len(out, 4).expect("a spool takes every write");
+    key(out, "built_at");
+    rmp::encode::write_sint(out, snapshot.built_at).expect("a spool takes every write");
+    key(out, "store");
+    snapshot.store.write(out);
+    key(out, "rows");
+    snapshot.rows.write(out);
+    key(out, "seen_environments");
+    rmp_serde::encode::write_named(out, snapshot.seen_environments)
 }
 
 #[cfg(test)]
@@ -379,6 +427,80 @@ pub(crate) mod tests {
         assert!(matches!(err, SnapshotError::Write { .. }), "{err:?}");
         assert!(err.to_string().ends_with("; the previous snapshot is kept"), "{err}");
         assert!(err.source().is_some_and(|s| s.is::<io::Error>()));
+    }
+
+    /// What `write` streams to the file is what `encode` gives, byte for byte, and
+    /// its size is foreseen exactly: here for an index of more than a spool's
+    /// buffer, so that arrays go straight from the index to the file.
+    #[test]
+    fn the_streamed_file_is_the_encoded_snapshot() {
+        let nodes: Vec<Node> = (0..3000)
+            .map(|i| {
+                let motd = format!("node{i:05}: {}", "this server is managed by Puppet; ".repeat(8));
+                let facts = json!({"role": "node", "hostname": format!("node{i:05}"), "uptime": i * 7, "motd": motd,
+                    "interfaces": {"eth0": {"ip": format!("10.0.{}.{}", i / 250, i % 250), "mtu": 1500}}});
+                Node::new(format!("node{i:05}.example.com"), facts.as_object().cloned().unwrap(), 99, None)
+            })
+            .collect();
+        let index = Index::build(nodes, "role", 1234);
+        let seen = BTreeMap::from([("node00001.example.com".to_string(), "staging".to_string())]);
+        let snapshot = SnapshotRef::of(&index, &seen);
+        let encoded = encode(&snapshot).unwrap();
+        assert!(encoded.len() > Spool::BUFFER, "{} bytes: not more than one buffer", encoded.len());
+        assert_eq!(encoded_size(&snapshot), encoded.len() as u64);
+        let dir = tempdir("streamed");
+        let path = path_in(&dir);
+        write(&path, &snapshot).unwrap();
+        assert!(fs::read(&path).unwrap() == encoded, "the file is the encoding");
+        let read_back = read(&path, "role").unwrap().unwrap();
+        assert_eq!(read_back.index.store(), index.store());
+    }
+
+    /// A file that fails partway: the error is the file's, and the old snapshot stays.
+    #[test]
+    fn a_write_that_fails_partway_keeps_the_previous_snapshot() {
+        let (index, seen) = sample();
+        let snapshot = SnapshotRef::of(&index, &seen);
+        let encoded = encode(&snapshot).unwrap();
+        for fail_at in [0, 7, encoded.len() / 2, encoded.len() - 1] {
+            let mut file = Failing { taken: Vec::new(), fail_at };
+            let mut spool = Spool::to(&mut file);
+            encode_into(&mut spool, &snapshot).unwrap();
+            let err = spool.finish().unwrap_err();
+            assert_eq!(err.to_string(), "no space left (test)");
+            assert!(file.taken.len() <= fail_at, "nothing taken past the failure");
+            assert_eq!(file.taken[..], encoded[..file.taken.len()], "what it took is the encoding's start");
+        }
+        let dir = tempdir("write-partway");
+        let path = path_in(&dir);
+        write(&path, &snapshot).unwrap();
+        let empty = BTreeMap::new();
+        let other = Index::build(Vec::new(), "role", 5);
+        // A directory the writer cannot rename over stands for a full disk here.
+        let blocked = dir.join("blocked");
+        fs::create_dir_all(path_in(&blocked)).unwrap();
+        assert!(write(&path_in(&blocked), &SnapshotRef::of(&other, &empty)).is_err());
+        assert_eq!(fs::read(&path).unwrap(), encoded, "the previous snapshot is kept");
+    }
+
+    /// Takes bytes until `fail_at`, then fails every write.
+    struct Failing {
+        taken: Vec<u8>,
+        fail_at: usize,
+    }
+
+    impl io::Write for Failing {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            if self.taken.len() + bytes.len() > self.fail_at {
+                return Err(io::Error::other("no space left (test)"));
+            }
+            self.taken.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
     }
 
     pub(crate) fn tempdir(name: &str) -> PathBuf {

@@ -98,8 +98,8 @@ impl Rows {
     }
 
     /// Appends the rows to a snapshot: a map of aligned blobs that [`RowBlobs`] reads.
-    pub fn write(&self, out: &mut Vec<u8>) {
-        rmp::encode::write_map_len(out, 2 * 6).expect("writing to a Vec");
+    pub fn write(&self, out: &mut blob::Spool) {
+        rmp::encode::write_map_len(out, 2 * 6).expect("a spool takes every write");
         blob::write_entry(out, "certname", &self.certname);
         blob::write_entry(out, "environment", &self.environment);
         blob::write_entry(out, "facts", &self.facts);

@@ -179,8 +179,8 @@ impl Store {
 
     /// Appends the store to a snapshot: a MessagePack map of its arrays, one aligned
     /// blob each (see [`blob::write_entry`]), that [`StoreBlobs`] reads back.
-    pub fn write(&self, out: &mut Vec<u8>) {
-        rmp::encode::write_map_len(out, 2 * 6).expect("writing to a Vec");
+    pub fn write(&self, out: &mut blob::Spool) {
+        rmp::encode::write_map_len(out, 2 * 6).expect("a spool takes every write");
         blob::write_entry(out, "text", &self.text);
         blob::write_entry(out, "text_ends", &self.text_ends);
         blob::write_entry(out, "tags", &self.tags);

@@ -212,8 +212,10 @@ fn a_written_store_is_read_back_in_place_from_the_mapped_file() {
     // As in a snapshot: the blobs are aligned from the file's first byte, whatever
     // comes before them.
     for prefix in 0..9 {
-        let mut bytes = vec![0xc0; prefix];
-        store.write(&mut bytes);
+        let mut spool = super::blob::Spool::in_memory(0);
+        spool.put(&vec![0xc0; prefix]);
+        store.write(&mut spool);
+        let bytes = spool.into_bytes();
         let dir = crate::snapshot::tests::tempdir(&format!("store-in-place-{prefix}"));
         std::fs::write(dir.join("store"), &bytes).unwrap();
         let file = Arc::new(crate::bounded_read::map(&dir.join("store"), 1 << 20).unwrap());
