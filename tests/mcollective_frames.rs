@@ -696,3 +696,57 @@ fn a_recorded_burst_is_collected_as_the_client_collects_one() {
     let cut_short = &stream[..stream.len() - 10];
     assert!(client.collect_recorded(cut_short, REQUEST, "rpcutil", sent, None).is_err());
 }
+
+/// A burst of many batches: from the second on, batches are verified on a second
+/// thread while the collect loop reads on. The replies kept, their order of
+/// acceptance and the counters are those of checking each reply in arrival order;
+/// a count met in the middle of a batch keeps exactly the first replies to meet it.
+#[test]
+fn a_burst_of_many_batches_is_kept_in_arrival_order_while_verified_beside() {
+    const REQUEST: &str = "0123456789abcdef0123456789abcdef";
+    let sent = puppet_kicker::time::now();
+    // Each frame, and what it is: a good reply, a forged one, a duplicate.
+    let (mut frames, mut kinds, mut good) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..1000 {
+        let sender = format!("node{i:04}.example.com");
+        if i % 97 == 13 {
+            frames.push(reply_frame(&sender, REQUEST, sent, "x", "another-psk"));
+            kinds.push('f');
+            continue;
+        }
+        frames.push(reply_frame(&sender, REQUEST, sent, &format!("v{i}"), PSK));
+        kinds.push('g');
+        good.push(sender);
+        if i % 131 == 5 {
+            frames.push(reply_frame(&format!("node{:04}.example.com", i / 2), REQUEST, sent, "again", PSK));
+            kinds.push('d');
+        }
+    }
+    let stream = frames.concat();
+    let count_of = |kind: char, before: usize| kinds[..before].iter().filter(|k| **k == kind).count() as u64;
+
+    let client = recording_client();
+    let got = client.collect_recorded(&stream, REQUEST, "rpcutil", sent, None).unwrap();
+    let mut expected = good.clone();
+    expected.sort();
+    let senders: Vec<&str> = got.replies.iter().map(|r| r.senderid.as_str()).collect();
+    assert_eq!(senders, expected);
+    let stats = client.stats();
+    assert_eq!((stats.bad_hash, stats.duplicate), (count_of('f', kinds.len()), count_of('d', kinds.len())));
+
+    // Counts met in the first batch, at a batch's end, just past it, and inside
+    // later batches verified on the second thread: exactly the first good replies
+    // are kept, and only the frames checked before the one that met the count are
+    // counted, as when each batch is checked where it is read.
+    for count in [1, 64, 65, 129, 700, good.len()] {
+        let client = recording_client();
+        let got = client.collect_recorded(&stream, REQUEST, "rpcutil", sent, Some(count)).unwrap();
+        let mut first: Vec<String> = good[..count].to_vec();
+        first.sort();
+        let senders: Vec<&str> = got.replies.iter().map(|r| r.senderid.as_str()).collect();
+        assert_eq!(senders, first, "the first {count} good replies");
+        let meets = kinds.iter().enumerate().filter(|(_, k)| **k == 'g').nth(count - 1).unwrap().0;
+        let stats = client.stats();
+        assert_eq!((stats.bad_hash, stats.duplicate), (count_of('f', meets), count_of('d', meets)), "count {count}");
+    }
+}

@@ -224,6 +224,11 @@ impl Kept {
         senders.push(reply.senderid.clone());
     }
 
+    /// Senders kept so far.
+    fn len(&self) -> usize {
+        self.replies.len()
+    }
+
     fn collected(self) -> Collected {
         Collected { replies: self.replies, ambiguous: self.ambiguous }
     }
@@ -509,61 +514,66 @@ impl Client {
     /// together are held (up to [`VERIFY_BATCH`]) and checked as one batch, their
     /// PSK signatures several at a time; what is held is checked before waiting on
     /// the broker, so a reply is never held back by a quiet connection.
+    ///
+    /// From the second full batch on, batches are decoded and their signatures
+    /// checked on a second thread ([`Verifier`]) while this one reads the next
+    /// frames: a fleet's burst of replies costs the receiving thread the reading
+    /// only. Replies are still kept one by one here, in arrival order, each batch
+    /// the answer it gets alone; and no frame is read past a batch that may meet
+    /// `expect.count` before that batch has been kept, as without the thread.
     fn collect(&self, session: &mut impl Frames, expect: &Expect<'_>) -> Result<Collected> {
         let mut kept = Kept::default();
         if expect.count == Some(0) {
             return Ok(kept.collected());
         }
-        let mut held: Vec<Vec<u8>> = Vec::with_capacity(VERIFY_BATCH);
-        loop {
-            let frame = match session.frame_if_ready(expect.deadline)? {
-                Some(frame) => frame,
-                None => {
-                    if self.accept_held(&mut held, &mut kept, expect) {
-                        break;
+        std::thread::scope(|scope| {
+            let mut verifier = Verifier::new(self, scope);
+            let mut held: Vec<Vec<u8>> = Vec::with_capacity(VERIFY_BATCH);
+            loop {
+                // Batches under way that may meet the count are kept before any
+                // further frame is read.
+                if expect.count.is_some_and(|count| kept.len() + verifier.replies_in_flight() >= count)
+                    && verifier.keep_all(&mut kept, expect)
+                {
+                    return Ok(kept.collected());
+                }
+                let frame = match session.frame_if_ready(expect.deadline)? {
+                    Some(frame) => frame,
+                    None => {
+                        verifier.send(&mut held);
+                        if verifier.keep_all(&mut kept, expect) {
+                            return Ok(kept.collected());
+                        }
+                        match session.next_frame(expect.deadline)? {
+                            Some(frame) => frame,
+                            None => break,
+                        }
                     }
-                    match session.next_frame(expect.deadline)? {
-                        Some(frame) => frame,
-                        None => break,
+                };
+                match frame.command.as_str() {
+                    "MESSAGE" => held.push(frame.body),
+                    "ERROR" => {
+                        // Replies that came before it may already meet the count, as
+                        // when each was checked on arrival.
+                        verifier.send(&mut held);
+                        if verifier.keep_all(&mut kept, expect) {
+                            return Ok(kept.collected());
+                        }
+                        return Err(Error::Broker { host: session.host().to_string(), message: error_text(&frame) });
+                    }
+                    _ => bump(&self.counters.other_frames),
+                }
+                if held.len() >= VERIFY_BATCH {
+                    verifier.send(&mut held);
+                    if verifier.keep_ready(&mut kept, expect) {
+                        return Ok(kept.collected());
                     }
                 }
-            };
-            match frame.command.as_str() {
-                "MESSAGE" => held.push(frame.body),
-                "ERROR" => {
-                    // Replies that came before it may already meet the count, as
-                    // when each was checked on arrival.
-                    if self.accept_held(&mut held, &mut kept, expect) {
-                        break;
-                    }
-                    return Err(Error::Broker { host: session.host().to_string(), message: error_text(&frame) });
-                }
-                _ => bump(&self.counters.other_frames),
             }
-            if held.len() >= VERIFY_BATCH && self.accept_held(&mut held, &mut kept, expect) {
-                break;
-            }
-        }
-        self.accept_held(&mut held, &mut kept, expect);
-        Ok(kept.collected())
-    }
-
-    /// Checks the held replies in arrival order, keeping what passes; true once
-    /// `expect.count` senders are kept (the rest of the batch is then left, as a
-    /// reply that arrived after the last expected one is).
-    fn accept_held(&self, held: &mut Vec<Vec<u8>>, kept: &mut Kept, expect: &Expect<'_>) -> bool {
-        if held.is_empty() {
-            return false;
-        }
-        let sizes: Vec<usize> = held.iter().map(Vec::len).collect();
-        let outers = std::mem::replace(held, Vec::with_capacity(VERIFY_BATCH));
-        let decoded = message::decode_replies_verified(outers, &self.config.psk, self.config.marshal_limits);
-        for (reply, size) in decoded.into_iter().zip(sizes) {
-            if kept.accept(reply, size, expect, &self.counters, self.config.reply_limits) {
-                return true;
-            }
-        }
-        false
+            verifier.send(&mut held);
+            verifier.keep_all(&mut kept, expect);
+            Ok(kept.collected())
+        })
     }
 
     /// What [`Client::rpc_broadcast_raw`] keeps of the replies in `recorded` (STOMP
@@ -741,6 +751,146 @@ struct Session {
 }
 
 /// Where [`Client::collect`] reads frames: a broker's session, or a recording.
+/// Where [`Client::collect`]'s batches are decoded and verified
+/// ([`message::decode_replies_verified`]): on the collecting thread for the first,
+/// then on a thread of its own, started at the second full batch (a collect of a
+/// few replies starts none), which gives each batch back in the order sent.
+struct Verifier<'scope, 'env> {
+    client: &'env Client,
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    worker: Option<VerifyWorker>,
+    /// Batches decoded on this thread, not kept yet.
+    ready: std::collections::VecDeque<Decoded>,
+    /// Batches sent to the worker and not yet back, and their replies.
+    in_flight: usize,
+    replies_in_flight: usize,
+    /// Full batches seen, to start the worker at the second.
+    full_batches: usize,
+}
+
+struct VerifyWorker {
+    batches: crossbeam_channel::Sender<Vec<Vec<u8>>>,
+    decoded: crossbeam_channel::Receiver<Decoded>,
+}
+
+/// A batch's replies, decoded and verified, with each one's size.
+type Decoded = Vec<(Result<Reply>, usize)>;
+
+impl<'scope, 'env> Verifier<'scope, 'env> {
+    fn new(client: &'env Client, scope: &'scope std::thread::Scope<'scope, 'env>) -> Self {
+        Verifier {
+            client,
+            scope,
+            worker: None,
+            ready: std::collections::VecDeque::new(),
+            in_flight: 0,
+            replies_in_flight: 0,
+            full_batches: 0,
+        }
+    }
+
+    /// Replies sent and not kept yet.
+    fn replies_in_flight(&self) -> usize {
+        self.replies_in_flight
+    }
+
+    fn decode(client: &Client, outers: Vec<Vec<u8>>) -> Decoded {
+        let sizes: Vec<usize> = outers.iter().map(Vec::len).collect();
+        let decoded = message::decode_replies_verified(outers, &client.config.psk, client.config.marshal_limits);
+        decoded.into_iter().zip(sizes).collect()
+    }
+
+    /// Hands over what is held (emptying it), to be decoded and verified.
+    fn send(&mut self, held: &mut Vec<Vec<u8>>) {
+        if held.is_empty() {
+            return;
+        }
+        let outers = std::mem::replace(held, Vec::with_capacity(VERIFY_BATCH));
+        self.replies_in_flight += outers.len();
+        if outers.len() >= VERIFY_BATCH {
+            self.full_batches += 1;
+        }
+        if self.worker.is_none() && self.full_batches >= 2 {
+            self.worker = self.start_worker();
+        }
+        let unsent = match &self.worker {
+            Some(worker) => worker.batches.send(outers).err().map(|unsent| unsent.into_inner()),
+            None => Some(outers),
+        };
+        match unsent {
+            None => self.in_flight += 1,
+            Some(outers) => self.ready.push_back(Self::decode(self.client, outers)),
+        }
+    }
+
+    /// A thread decoding batches in order; None if it cannot be started (the
+    /// batches are then decoded here).
+    fn start_worker(&self) -> Option<VerifyWorker> {
+        // Unbounded: what waits in them is replies already received, and neither
+        // side may block on the other (the collecting thread takes what is decoded
+        // only between frames).
+        let (batches, to_decode) = crossbeam_channel::unbounded::<Vec<Vec<u8>>>();
+        let (done, decoded) = crossbeam_channel::unbounded::<Decoded>();
+        let client = self.client;
+        std::thread::Builder::new()
+            .name("puppet-kicker-verify".into())
+            .spawn_scoped(self.scope, move || {
+                for outers in to_decode {
+                    if done.send(Self::decode(client, outers)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .ok()?;
+        Some(VerifyWorker { batches, decoded })
+    }
+
+    /// Keeps the batches already decoded, in order, without waiting; true once the
+    /// count is met.
+    fn keep_ready(&mut self, kept: &mut Kept, expect: &Expect<'_>) -> bool {
+        self.keep(kept, expect, false)
+    }
+
+    /// Keeps every batch sent, in order, waiting for those under way; true once the
+    /// count is met (the rest is then dropped, as replies after the last expected).
+    fn keep_all(&mut self, kept: &mut Kept, expect: &Expect<'_>) -> bool {
+        self.keep(kept, expect, true)
+    }
+
+    fn keep(&mut self, kept: &mut Kept, expect: &Expect<'_>, wait: bool) -> bool {
+        loop {
+            // Decoded here only before the worker started: all of them come first.
+            let batch = match self.ready.pop_front() {
+                Some(batch) => batch,
+                None if self.in_flight == 0 => return false,
+                None => {
+                    let worker = self.worker.as_ref().expect("batches in flight have a worker");
+                    let next = if wait { worker.decoded.recv().ok() } else { worker.decoded.try_recv().ok() };
+                    match next {
+                        Some(batch) => {
+                            self.in_flight -= 1;
+                            batch
+                        }
+                        None if wait => {
+                            // The worker is gone (it panicked): its batches are lost.
+                            (self.in_flight, self.replies_in_flight) = (0, 0);
+                            return false;
+                        }
+                        None => return false,
+                    }
+                }
+            };
+            self.replies_in_flight -= batch.len();
+            let client = self.client;
+            for (reply, size) in batch {
+                if kept.accept(reply, size, expect, &client.counters, client.config.reply_limits) {
+                    return true;
+                }
+            }
+        }
+    }
+}
+
 trait Frames {
     /// The next frame if it is already here, without waiting.
     fn frame_if_ready(&mut self, deadline: Instant) -> Result<Option<Frame>>;
