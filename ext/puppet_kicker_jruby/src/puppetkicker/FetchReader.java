@@ -370,46 +370,40 @@ public final class FetchReader {
             if (peek() == '-') {
                 at++;
             }
-            int digits = at;
-            while (at < end && bytes[at] >= '0' && bytes[at] <= '9') {
-                at++;
-            }
-            if (at == digits) {
-                throw bad();
-            }
-            if (at < end && bytes[at] == '.') {
+            int digits = digits();
+            if (peek() == '.') {
                 integer = false;
                 at++;
-                int fraction = at;
-                while (at < end && bytes[at] >= '0' && bytes[at] <= '9') {
-                    at++;
-                }
-                if (at == fraction) {
-                    throw bad();
-                }
+                digits();
             }
-            if (at < end && (bytes[at] == 'e' || bytes[at] == 'E')) {
+            if (peek() == 'e' || peek() == 'E') {
                 integer = false;
                 at++;
-                if (at < end && (bytes[at] == '+' || bytes[at] == '-')) {
+                if (peek() == '+' || peek() == '-') {
                     at++;
                 }
-                int exponent = at;
-                while (at < end && bytes[at] >= '0' && bytes[at] <= '9') {
-                    at++;
-                }
-                if (at == exponent) {
-                    throw bad();
-                }
+                digits();
             }
             String number = new String(bytes, from, at - from, StandardCharsets.US_ASCII);
             if (!integer) {
                 return RubyFloat.newFloat(runtime, Double.parseDouble(number));
             }
-            if (at - digits < 19) {
+            if (digits < 19) {
                 return RubyFixnum.newFixnum(runtime, Long.parseLong(number));
             }
             return RubyBignum.bignorm(runtime, new BigInteger(number));
+        }
+
+        /** Skips a run of at least one digit; its length. */
+        private int digits() {
+            int from = at;
+            while (at < end && bytes[at] >= '0' && bytes[at] <= '9') {
+                at++;
+            }
+            if (at == from) {
+                throw bad();
+            }
+            return at - from;
         }
 
         private boolean word(String word) {
