@@ -21,7 +21,7 @@ use rb_sys::{
 use rustc_hash::FxHashMap;
 use std::os::raw::{c_char, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// The generation's objects, in the order they were made, in a new Array every
 /// generation (see [`Converter::new`]): it keeps them alive, and where the GC moves
@@ -162,8 +162,19 @@ pub struct Converter<'r> {
 impl<'r> Converter<'r> {
     /// Drops what was converted for an earlier index generation than `selected`'s.
     pub fn new(ruby: &'r Ruby, selected: &Selected) -> Result<Converter<'r>, Error> {
-        // Only the thread holding the GVL converts, and one converter at a time.
-        let mut made = MADE.try_lock().map_err(|_| crate::raise(ruby, Failure::internal("converter busy")))?;
+        // Only the thread holding the GVL converts, and one converter at a time. A
+        // panic that dropped a converter (caught by `entry`) left the tables as they
+        // were, maybe naming objects that never reached `OBJECTS`: start over.
+        let mut made = match MADE.try_lock() {
+            Ok(made) => made,
+            Err(TryLockError::Poisoned(poisoned)) => {
+                let mut made = poisoned.into_inner();
+                *made = Made::new();
+                MADE.clear_poison();
+                made
+            }
+            Err(TryLockError::WouldBlock) => return Err(crate::raise(ruby, Failure::internal("converter busy"))),
+        };
         let holder = ruby.get_inner(&OBJECTS);
         if made.generation != selected.generation() {
             // A new Array rather than a cleared one: young, appending to it costs

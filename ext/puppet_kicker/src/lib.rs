@@ -331,5 +331,20 @@ mod tests {
             .unwrap_err();
         assert!(error.is_kind_of(ruby.exception_frozen_error()), "{error} is the FrozenError Ruby raised");
         assert_eq!(converter.pending(), 0, "a Ruby exception leaves nothing on the stack");
+        let position = selected.positions()[0];
+        let after_failures = converter.server(&selected, position).unwrap();
+        drop(converter);
+
+        // A panic while a converter lives (caught by `entry`, the converter dropped
+        // on the way) leaves the next converter working, from a fresh start.
+        let error = entry(ruby, || -> Result<(), Error> {
+            let _converter = Converter::new(ruby, &selected)?;
+            panic!("broken beside the converter")
+        })
+        .unwrap_err();
+        assert_puppet_kicker_error(ruby, error, "broken beside the converter");
+        let again = Converter::new(ruby, &selected).expect("a converter after a panic").server(&selected, position);
+        let again = again.expect("the server converted again");
+        assert!(again.eql(after_failures).unwrap(), "{again:?} is {after_failures:?}");
     }
 }
