@@ -58,31 +58,23 @@ struct Made {
     base: u32,
     /// Above every entry written so far: the next generation's base.
     next: u32,
-    servers: Vec<u32>,
-    values: Vec<u32>,
-    keys: Vec<u32>,
+    /// By [`Table`].
+    tables: [Vec<u32>; 3],
     /// None until the generation's first template (a `const` Mutex cannot make one).
     templates: Option<FxHashMap<Box<[StrId]>, u32>>,
 }
 
+/// One of [`Made`]'s tables, the index of its entry in `Made::tables`.
 #[derive(Clone, Copy)]
 enum Table {
-    Servers,
-    Values,
-    Keys,
+    Servers = 0,
+    Values = 1,
+    Keys = 2,
 }
 
 impl Made {
     const fn new() -> Made {
-        Made {
-            generation: 0,
-            base: 0,
-            next: 0,
-            servers: Vec::new(),
-            values: Vec::new(),
-            keys: Vec::new(),
-            templates: None,
-        }
+        Made { generation: 0, base: 0, next: 0, tables: [Vec::new(), Vec::new(), Vec::new()], templates: None }
     }
 
     /// Forgets what earlier generations made, for `generation`, whose index has
@@ -92,14 +84,11 @@ impl Made {
         self.templates = None;
         self.base = self.next;
         if self.base > u32::MAX / 2 {
-            for table in [&mut self.servers, &mut self.values, &mut self.keys] {
-                table.fill(0);
-            }
+            self.tables.iter_mut().for_each(|table| table.fill(0));
             (self.base, self.next) = (0, 0);
         }
-        for (table, len) in
-            [(&mut self.servers, ids.positions), (&mut self.values, ids.values), (&mut self.keys, ids.names)]
-        {
+        let lens = [ids.positions, ids.values, ids.names];
+        for (table, len) in self.tables.iter_mut().zip(lens) {
             if table.len() < len {
                 table.resize(len, 0);
             }
@@ -111,22 +100,9 @@ impl Made {
         (self.base, self.templates) = (self.next, None);
     }
 
-    fn table(&mut self, table: Table) -> &mut Vec<u32> {
-        match table {
-            Table::Servers => &mut self.servers,
-            Table::Values => &mut self.values,
-            Table::Keys => &mut self.keys,
-        }
-    }
-
     /// The slot of the object made for `id`, if this generation made one.
     fn slot(&self, table: Table, id: usize) -> Option<u32> {
-        let entries = match table {
-            Table::Servers => &self.servers,
-            Table::Values => &self.values,
-            Table::Keys => &self.keys,
-        };
-        let entry = *entries.get(id)?;
+        let entry = *self.tables[table as usize].get(id)?;
         (entry > self.base).then(|| entry - self.base - 1)
     }
 
@@ -134,7 +110,7 @@ impl Made {
         // A generation's slots are below 2^31 (as many objects would be 16 GiB of
         // references), and its base at most half of u32::MAX (see `start`).
         let entry = self.base.checked_add(slot).and_then(|e| e.checked_add(1)).expect("fewer than 2^31 objects");
-        let entries = self.table(table);
+        let entries = &mut self.tables[table as usize];
         if id >= entries.len() {
             // Not for ids of the generation's index, which the tables hold.
             entries.resize(id + 1, 0);
@@ -498,7 +474,7 @@ mod made_tests {
         for (table, id) in [(Table::Values, 9), (Table::Keys, 2), (Table::Servers, 3)] {
             assert_eq!(made.slot(table, id), None, "generation 1's slot is not generation 2's");
         }
-        assert_eq!(made.values.len(), 12, "the tables grow to the new index's ids");
+        assert_eq!(made.tables[Table::Values as usize].len(), 12, "the tables grow to the new index's ids");
         made.set(Table::Values, 9, 0);
         assert_eq!(made.slot(Table::Values, 9), Some(0), "slot 0 of the new generation");
         made.set(Table::Values, 20, 5);
@@ -517,7 +493,7 @@ mod made_tests {
         made.set(Table::Values, 1, 3);
         made.start(2, ids(2, 2, 2));
         assert_eq!((made.base, made.next), (0, 0), "tables zeroed, entries from 1 again");
-        assert_eq!(made.values, vec![0, 0]);
+        assert_eq!(made.tables[Table::Values as usize], vec![0, 0]);
         assert_eq!(made.slot(Table::Values, 1), None);
         made.set(Table::Values, 1, u32::MAX / 2);
         assert_eq!(made.slot(Table::Values, 1), Some(u32::MAX / 2), "the largest slot a generation can have");

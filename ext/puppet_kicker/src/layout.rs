@@ -28,7 +28,7 @@ use std::sync::OnceLock;
 
 /// The most entries MRI keeps in an array table (`RHASH_AR_TABLE_MAX_SIZE`, 8 on
 /// 64-bit machines in Ruby 2.7 to 3.4); a bigger Hash has an st table.
-pub const ARRAY_TABLE_MAX: usize = 8;
+const ARRAY_TABLE_MAX: usize = 8;
 
 // The flags of `internal/hash.h` (the same from Ruby 2.7 to 3.4).
 const ST_TABLE_FLAG: VALUE = ruby_fl_type::RUBY_FL_USER3 as VALUE;

@@ -72,7 +72,7 @@ struct Sent {
     scratch: Scratch,
 }
 
-/// What an [`Encoder`] writes a reply's parts into, empty between replies.
+/// What an [`Encoder`] writes a reply's parts into (emptied as it starts).
 #[derive(Default)]
 struct Scratch {
     numbered: Vec<Held>,
@@ -160,10 +160,7 @@ impl Session {
             sent.start(generation);
         }
         let servers: Vec<Server> = servers.iter().collect();
-        let mut encoder = Encoder::new(&mut sent);
-        let reply = encoder.encode(&servers);
-        encoder.done();
-        match reply {
+        match Encoder::new(&mut sent).encode(&servers) {
             Some(reply) => reply,
             None => {
                 sent.start(generation);
@@ -176,8 +173,7 @@ impl Session {
 impl Sent {
     /// Forgets what was sent, for `generation` (the buffers' room is kept).
     fn start(&mut self, generation: u64) {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
+        let scratch = std::mem::take(&mut self.scratch);
         *self = Sent { generation, scratch, ..Sent::default() };
     }
 }
@@ -231,13 +227,8 @@ impl<'s> Encoder<'s> {
         Encoder { numbers, count, parts: scratch, scalars: 0, containers: 0 }
     }
 
-    /// Leaves the session's buffers empty, their room kept.
-    fn done(self) {
-        self.parts.clear();
-    }
-
     /// The reply; the session then holds its numbers and count.
-    fn encode(&mut self, servers: &[Server]) -> Option<Vec<u8>> {
+    fn encode(mut self, servers: &[Server]) -> Option<Vec<u8>> {
         for server in servers {
             let base = self.parts.stack.len();
             for entry in server.entry_ids() {
