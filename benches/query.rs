@@ -430,7 +430,7 @@ fn plural(n: usize) -> &'static str {
 /// Set in a child process: it starts the service on that cache dir, answers one
 /// `servers_with_role`, prints what it took, and exits.
 const COLD_CHILD: &str = "PK_BENCH_COLD_CHILD";
-const COLD_RUNS: usize = 7;
+const COLD_RUNS: usize = 11;
 
 /// (e) what a new process pays for its first answer (every `puppet apply`, every
 /// restarted master): from the snapshot vs from the JSON fact cache, each in
