@@ -312,7 +312,7 @@ impl Index {
     /// facts and extras objects, certnames unique, rows in the one result order.
     pub fn from_rows(store: Store, rows: Rows, role_fact: &str, built_at: i64) -> Result<Index, InvalidRows> {
         server::check_rows(&store, &rows)?;
-        let mut index = Index::unmapped(store, rows, role_fact, built_at, None);
+        let mut index = Index::without_role_maps(store, rows, role_fact, built_at, None);
         let (a, b) = (index.by_certname.iter(), index.by_certname.iter().skip(1));
         if let Some((x, _)) = a.zip(b).find(|(x, y)| index.server(**x).certname() == index.server(**y).certname()) {
             return Err(InvalidRows(format!("certname '{}' is stored twice", index.server(*x).certname())));
@@ -334,13 +334,19 @@ impl Index {
     /// The index over `rows`; `by_certname`, when the caller has it, is the positions
     /// in certname order.
     fn assemble(store: Store, rows: Rows, role_fact: &str, built_at: i64, by_certname: Option<Vec<u32>>) -> Index {
-        let mut index = Index::unmapped(store, rows, role_fact, built_at, by_certname);
+        let mut index = Index::without_role_maps(store, rows, role_fact, built_at, by_certname);
         index.by_environment = Visits::of(&index, role_fact, false).role_maps(&index);
         index
     }
 
     /// [`Index::assemble`] but for the role maps (see [`Visits`]).
-    fn unmapped(store: Store, rows: Rows, role_fact: &str, built_at: i64, by_certname: Option<Vec<u32>>) -> Index {
+    fn without_role_maps(
+        store: Store,
+        rows: Rows,
+        role_fact: &str,
+        built_at: i64,
+        by_certname: Option<Vec<u32>>,
+    ) -> Index {
         let mut index = Index {
             store,
             rows,
