@@ -245,25 +245,59 @@ impl Store {
     }
 
     /// All the text UTF-8 and every string ending on a character boundary: then
-    /// each string is UTF-8 (one pass over the text, not one call per string).
+    /// each string is UTF-8 (one pass over the text, not one call per string). The
+    /// text is checked a chunk at a time and each chunk's string ends while it is
+    /// still in the cache, so a large snapshot's text (17 MB) is read once, not
+    /// twice. The errors are those of one check of the whole text, then of its ends.
     fn check_text(&self) -> Result<(), Invalid> {
-        let bad = |what: String| Err(Invalid(what));
-        if let Err(e) = std::str::from_utf8(&self.text) {
-            return bad(format!("the text is not UTF-8 at byte {}", e.valid_up_to()));
-        }
-        let mut start = 0usize;
-        for (i, &end) in self.text_ends.iter().enumerate() {
-            let end = end as usize;
-            if end < start || end > self.text.len() {
-                return bad(format!("string {i} ends at {end}, outside {start}..{}", self.text.len()));
+        let text: &[u8] = &self.text;
+        let not_utf8 = |from: usize| {
+            let at = from + std::str::from_utf8(&text[from..]).err().map_or(0, |e| e.valid_up_to());
+            Err(Invalid(format!("the text is not UTF-8 at byte {at}")))
+        };
+        let mut ends = self.text_ends.iter().map(|&end| end as usize).enumerate().peekable();
+        let mut misplaced: Option<String> = None;
+        let (mut start, mut checked) = (0, 0);
+        loop {
+            let mut stop = (checked + TEXT_CHUNK).min(text.len());
+            if stop < text.len() {
+                // A chunk ends before a character's first byte, never inside one; a
+                // character has at most three bytes after its first.
+                match (stop - 3..=stop).rev().find(|&at| text[at] & 0xc0 != 0x80) {
+                    Some(first_byte) => stop = first_byte,
+                    None => return not_utf8(checked),
+                }
             }
-            if self.text.get(end).is_some_and(|&b| b & 0xc0 == 0x80) {
-                return bad(format!("string {i} ends inside a character"));
+            if std::str::from_utf8(&text[checked..stop]).is_err() {
+                return not_utf8(checked);
             }
-            start = end;
+            // The ends in this chunk; at the end of the text, every end left.
+            while let Some(&(i, end)) = ends.peek() {
+                if end > stop && stop < text.len() {
+                    break;
+                }
+                ends.next();
+                if misplaced.is_some() {
+                    continue;
+                }
+                if end < start || end > text.len() {
+                    misplaced = Some(format!("string {i} ends at {end}, outside {start}..{}", text.len()));
+                } else if text.get(end).is_some_and(|&b| b & 0xc0 == 0x80) {
+                    misplaced = Some(format!("string {i} ends inside a character"));
+                } else {
+                    start = end;
+                }
+            }
+            if stop == text.len() {
+                break;
+            }
+            checked = stop;
         }
-        if start != self.text.len() {
-            return bad(format!("{} bytes of text after the last string", self.text.len() - start));
+        if let Some(why) = misplaced {
+            return Err(Invalid(why));
+        }
+        if start != text.len() {
+            return Err(Invalid(format!("{} bytes of text after the last string", text.len() - start)));
         }
         Ok(())
     }
@@ -397,6 +431,9 @@ fn prefetch<T>(value: &T) {
 /// Where a check failed (value id, then 0 for the value itself or 1 + the child's
 /// place), and why: the lowest is the first a single pass meets.
 type Failure = ((usize, usize), Invalid);
+
+/// Bytes of text [`Store::check_text`] checks at a time: well within a core's L2.
+const TEXT_CHUNK: usize = 1 << 16;
 
 /// Values from which a store is checked on two threads.
 const VALIDATE_IN_PARALLEL_FROM: usize = 1 << 16;

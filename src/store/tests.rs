@@ -393,3 +393,89 @@ fn objects_come_out_sorted_by_key_whatever_pairs_were_seen_in_order_before() {
     assert_eq!(object(&mut builder, &["z", "y"]), ["y", "z"]);
     assert_eq!(object(&mut builder, &["y", "z"]), ["y", "z"]);
 }
+
+/// [`Store::check_text`] as one check of the whole text, then of the ends: what the
+/// chunked check must report, error for error.
+fn text_checked_whole(text: &[u8], text_ends: &[u32]) -> Result<(), Invalid> {
+    if let Err(e) = std::str::from_utf8(text) {
+        return Err(Invalid(format!("the text is not UTF-8 at byte {}", e.valid_up_to())));
+    }
+    let mut start = 0usize;
+    for (i, &end) in text_ends.iter().enumerate() {
+        let end = end as usize;
+        if end < start || end > text.len() {
+            return Err(Invalid(format!("string {i} ends at {end}, outside {start}..{}", text.len())));
+        }
+        if text.get(end).is_some_and(|&b| b & 0xc0 == 0x80) {
+            return Err(Invalid(format!("string {i} ends inside a character")));
+        }
+        start = end;
+    }
+    if start != text.len() {
+        return Err(Invalid(format!("{} bytes of text after the last string", text.len() - start)));
+    }
+    Ok(())
+}
+
+/// A change to a store's arrays, for a test to check what it makes of them.
+type Change = dyn Fn(&mut Parts);
+
+#[test]
+fn a_text_of_many_chunks_is_checked_as_one_check_of_the_whole_would() {
+    // Strings of one- to four-byte characters, so chunks start inside characters.
+    let mut builder = Builder::new();
+    let strings: Vec<Value> =
+        (0..20_000).map(|i| json!(format!("{i}:{}", ["a", "ü", "€", "𝄞"][i % 4].repeat(1 + i % 13)))).collect();
+    builder.value(&Value::Array(strings));
+    let store = builder.finish();
+    let parts = owned(&store);
+    assert!(parts.text.len() > 4 * TEXT_CHUNK, "{} bytes", parts.text.len());
+    let check = |p: &Parts| {
+        let store = Store { text: p.text.clone().into(), text_ends: p.text_ends.clone().into(), ..Store::default() };
+        store.check_text()
+    };
+    assert_eq!(check(&parts), Ok(()));
+    let cases: Vec<(&str, Box<Change>)> = vec![
+        ("a stray byte far in", Box::new(|p| p.text[3 * TEXT_CHUNK + 5] = 0xff)),
+        (
+            "a character cut at a chunk's end",
+            Box::new(|p| {
+                let at = (TEXT_CHUNK..).find(|&at| p.text[at] & 0xc0 == 0x80).unwrap();
+                p.text[at] = b'x';
+            }),
+        ),
+        (
+            "five continuation bytes across a chunk's end",
+            Box::new(|p| p.text[2 * TEXT_CHUNK - 2..2 * TEXT_CHUNK + 3].fill(0x80)),
+        ),
+        (
+            "an end inside a character in a later chunk",
+            Box::new(|p| {
+                let i = (4000..).find(|&i| p.text[p.text_ends[i] as usize - 1] >= 0x80).unwrap();
+                p.text_ends[i] -= 1;
+            }),
+        ),
+        ("an end going back", Box::new(|p| p.text_ends[5000] = p.text_ends[10])),
+        ("an end past the text", Box::new(|p| *p.text_ends.last_mut().unwrap() += 1)),
+        (
+            "text after the last string",
+            Box::new(|p| {
+                p.text_ends.pop();
+            }),
+        ),
+        (
+            "a bad end before a stray byte: the stray byte",
+            Box::new(|p| {
+                p.text_ends[100] = 0;
+                p.text[4 * TEXT_CHUNK] = 0xc0;
+            }),
+        ),
+    ];
+    for (what, change) in cases {
+        let mut p = owned(&store);
+        change(&mut p);
+        let expected = text_checked_whole(&p.text, &p.text_ends);
+        assert!(expected.is_err(), "{what}: the change makes a bad text");
+        assert_eq!(check(&p), expected, "{what}");
+    }
+}
