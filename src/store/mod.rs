@@ -347,16 +347,11 @@ impl Store {
                     };
                     // Branch-free over the children: the latest id and the deepest
                     // child, then one test (the failing child looked for only then).
-                    let depth_of = |child: u32| depth.get(child as usize).copied().unwrap_or(0);
-                    let most =
-                        |(latest, deepest): (u32, u8), child: u32| (latest.max(child), deepest.max(depth_of(child)));
-                    let (latest, deepest) = if tag == Tag::Object {
-                        children.chunks_exact(2).fold((0, 0), |acc, pair| most(acc, pair[1]))
-                    } else {
-                        children.iter().fold((0, 0), |acc, &child| most(acc, child))
-                    };
                     let (first, stride) = if tag == Tag::Object { (1, 2) } else { (0, 1) };
                     let values = || children.iter().enumerate().skip(first).step_by(stride);
+                    let (latest, deepest) = values().fold((0u32, 0u8), |(latest, deepest), (_, &child)| {
+                        (latest.max(child), deepest.max(depth.get(child as usize).copied().unwrap_or(0)))
+                    });
                     if latest as usize >= id {
                         let (k, child) = values().find(|(_, &child)| child as usize >= id).expect("the latest child");
                         return fail(id, k + 1, format!("value {id} refers to value {child}, not an earlier one"));
