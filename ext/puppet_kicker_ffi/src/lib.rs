@@ -228,7 +228,7 @@ pub unsafe extern "C" fn pk_fetch(
         (Some(session), Ok(positions)) => catch_unwind(AssertUnwindSafe(|| session.fetch(generation, have, positions)))
             .unwrap_or_else(|panic| fetch::failed(Failure::panic(&*panic))),
     };
-    Box::into_raw(reply.into_boxed_slice()) as *mut u8
+    reply.into_raw()
 }
 
 /// Frees a reply of `pk_fetch`. Null is ignored.
@@ -238,9 +238,8 @@ pub unsafe extern "C" fn pk_fetch(
 #[no_mangle]
 pub unsafe extern "C" fn pk_free_fetch(reply: *mut u8) {
     if !reply.is_null() {
-        // The buffer's first 8 bytes are its length (fetch::finish).
-        let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(reply, length)) });
+        // Kept for the next reply, or freed (locking cannot panic: catch_unwind keeps that a promise).
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { fetch::Reply::from_raw(reply) })));
     }
 }
 
