@@ -24,10 +24,10 @@ module PuppetKicker
     # The servers' frozen Hashes, in the order asked, of the reply at `pointer` (an
     # FFI::Pointer), their objects added to `table`; nil when the index has been
     # replaced. A failed reply's JSON error document is yielded (the caller raises it).
-    # `java`, under JRuby, is PuppetKicker::JavaFetchReader (FetchReader.java_reader)
-    # and the templates it made for this table: it reads an OK reply's objects in
-    # Java instead of the loop below.
-    def servers(pointer, table, java: nil, templates: nil)
+    # `java`, under JRuby, is PuppetKicker::JavaFetchReader (FetchReader.java_reader),
+    # and `table` then one of its tables (`java.table`): it reads an OK reply's objects
+    # in Java instead of the loop below.
+    def servers(pointer, table, java: nil)
       status, base, strings, scalars, containers, servers, word_count, text_bytes, json_bytes = pointer.get_array_of_uint32(8, 9)
       words_at = HEADER_BYTES
       text_at = words_at + (4 * word_count)
@@ -40,7 +40,7 @@ module PuppetKicker
         yield JSON.parse(utf8(pointer.get_bytes(json_at, json_bytes)), PARSE)
         malformed('a failure without an error')
       end
-      return java.servers(pointer.get_bytes(0, json_at + json_bytes), table, templates) if java
+      return java.servers(pointer, table) if java
 
       # The session started over (a reply this table missed): so does the table.
       table.clear unless base == table.size

@@ -238,8 +238,9 @@ module PuppetKicker
 
         @cache = {}
         @answers = {}
-        @table = [] # what pk_fetch sent in this generation, numbered as it sent it
-        @templates = @java_reader&.templates # the Java reader's Hashes to copy, for @table
+        # What pk_fetch sent in this generation, numbered as it sent it: the Java
+        # reader's own table (with the Hashes it copies), else an Array.
+        @table = @java_reader ? @java_reader.table : []
         @cache_generation = generation
       end
 
@@ -261,7 +262,7 @@ module PuppetKicker
       def fetch(generation, positions)
         pointer = @lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size)
         begin
-          FetchReader.servers(pointer, @table, java: @java_reader, templates: @templates) do |error|
+          FetchReader.servers(pointer, @table, java: @java_reader) do |error|
             decode_document(error)
           end
         ensure

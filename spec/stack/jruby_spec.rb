@@ -35,10 +35,11 @@ describe 'the ffi backend under JRuby' do
       expect(jruby['one_object_each']).to be(true)
       # Hand-made replies: one read whole; every malformed one refused, saying what is wrong.
       expect(jruby['crafted']).to eq('servers' => [{ 'a' => 1, 'bc' => [2.5, nil, 18_446_744_073_709_551_615] }],
-                                     'table' => 8, 'frozen' => true)
+                                     'table' => 8, 'frozen' => true, 'table after a failed reply' => 0)
       expect(jruby['malformed']).to eq(
         'too short' => 'puppet-kicker: a malformed pk_fetch reply (its length)',
         'a length that is not its own' => 'puppet-kicker: a malformed pk_fetch reply (its length)',
+        'a reply cut short' => 'puppet-kicker: a malformed pk_fetch reply (its length)',
         'an object it does not have' => 'puppet-kicker: a malformed pk_fetch reply (object 99 of 7)',
         'a string past the text' => 'puppet-kicker: a malformed pk_fetch reply (its strings)',
         'scalars that are not JSON scalars' => 'puppet-kicker: a malformed pk_fetch reply (its scalars at byte 3)',

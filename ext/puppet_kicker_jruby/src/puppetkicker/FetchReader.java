@@ -1,8 +1,6 @@
 package puppetkicker;
 
 import java.math.BigInteger;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -21,6 +19,9 @@ import org.jruby.RubyObject;
 import org.jruby.RubyString;
 import org.jruby.anno.JRubyMethod;
 import org.jruby.exceptions.RaiseException;
+import org.jruby.ext.ffi.AbstractMemory;
+import org.jruby.ext.ffi.MemoryIO;
+import org.jruby.runtime.ObjectAllocator;
 import org.jruby.runtime.ThreadContext;
 import org.jruby.runtime.builtin.IRubyObject;
 import org.jruby.util.ByteList;
@@ -48,52 +49,122 @@ public final class FetchReader {
 
     private FetchReader() {}
 
-    /** Defines {@code PuppetKicker::JavaFetchReader.servers(reply, table)}. */
+    /**
+     * Defines {@code PuppetKicker::JavaFetchReader.servers(reply, table)} and
+     * {@code .table}, and the class of its tables, {@code PuppetKicker::JavaFetchReader::Table}.
+     */
     public static void define(Ruby runtime) {
         RubyModule kicker = runtime.defineModule("PuppetKicker");
-        kicker.defineModuleUnder("JavaFetchReader").defineAnnotatedMethods(FetchReader.class);
+        RubyModule reader = kicker.defineModuleUnder("JavaFetchReader");
+        reader.defineAnnotatedMethods(FetchReader.class);
+        RubyClass table = reader.defineClassUnder("Table", runtime.getObject(),
+                ObjectAllocator.NOT_ALLOCATABLE_ALLOCATOR);
+        table.defineAnnotatedMethods(Table.class);
     }
 
-    /** A new, empty set of templates, for a new table (an Object holding a Java map). */
-    @JRubyMethod(name = "templates", meta = true)
-    public static IRubyObject templates(ThreadContext context, IRubyObject self) {
-        RubyObject holder = new RubyObject(context.runtime, context.runtime.getObject());
-        holder.dataWrapStruct(new Templates());
-        return holder;
+    /** A new, empty table, for a new index generation. */
+    @JRubyMethod(name = "table", meta = true)
+    public static IRubyObject table(ThreadContext context, IRubyObject self) {
+        Ruby runtime = context.runtime;
+        RubyModule type = runtime.getClassFromPath("PuppetKicker::JavaFetchReader::Table");
+        if (!(type instanceof RubyClass)) {
+            throw malformed(runtime, "PuppetKicker::JavaFetchReader::Table is not a class");
+        }
+        return new Table(runtime, (RubyClass) type);
     }
 
     /**
-     * The servers' frozen Hashes, in the order asked, of {@code reply} (the whole reply's
-     * bytes, its status OK), their objects appended to {@code table}, its Hashes copied
-     * from and kept in {@code templates} (made by {@link #templates} for this table).
+     * The servers' frozen Hashes, in the order asked, of {@code reply} (an FFI pointer
+     * to the reply, its status OK: read where pk_fetch wrote it, not copied), their
+     * objects appended to {@code table} (made by {@link #table}).
      */
     @JRubyMethod(name = "servers", meta = true)
-    public static IRubyObject servers(ThreadContext context, IRubyObject self, IRubyObject reply, IRubyObject table,
-            IRubyObject templates) {
+    public static IRubyObject servers(ThreadContext context, IRubyObject self, IRubyObject reply, IRubyObject table) {
         Ruby runtime = context.runtime;
-        Object kept = templates.dataGetStruct();
-        if (!(reply instanceof RubyString) || !(table instanceof RubyArray) || !(kept instanceof Templates)) {
-            throw malformed(runtime, "servers takes the reply's bytes, the table and its templates");
+        if (!(reply instanceof AbstractMemory) || !(table instanceof Table)) {
+            throw malformed(runtime, "servers takes an FFI pointer to the reply and a JavaFetchReader.table");
         }
-        ByteList bytes = ((RubyString) reply).getByteList();
-        Reading reading = new Reading(context, bytes.unsafeBytes(), bytes.begin(), bytes.realSize(), (RubyArray<?>) table,
-                (Templates) kept);
-        return reading.servers();
+        AbstractMemory memory = (AbstractMemory) reply;
+        Table objects = (Table) table;
+        synchronized (objects) {
+            boolean read = false;
+            try {
+                IRubyObject servers = new Reading(context, memory.getMemoryIO(), memory.getSize(), objects).servers();
+                read = true;
+                return servers;
+            } finally {
+                // After a reply not read to the end, the table holds nothing, so the
+                // next fetch starts the session over, and no template is kept whose
+                // key numbers a later reply gives to other objects.
+                if (!read) {
+                    objects.clear();
+                }
+            }
+        }
     }
 
-    /** Template Hashes by the numbers of their keys, in order. */
-    static final class Templates {
-        final Map<Keys, RubyHash> byKeys = new HashMap<>();
+    /**
+     * What a caller holds of one session: the objects of the replies it read, numbered
+     * 0, 1, 2, ... as they came, and the Hashes to copy, by their keys' numbers. A Ruby
+     * object ({@code size} is the {@code have} of the next fetch); its contents only
+     * Java touches.
+     */
+    public static final class Table extends RubyObject {
+        private static final long serialVersionUID = 1L;
+        IRubyObject[] objects = new IRubyObject[64];
+        int size;
+        final Map<Keys, RubyHash> templates = new HashMap<>();
+
+        Table(Ruby runtime, RubyClass type) {
+            super(runtime, type);
+        }
+
+        /** How many objects it holds. */
+        @JRubyMethod(name = "size")
+        public IRubyObject size(ThreadContext context) {
+            return context.runtime.newFixnum(size);
+        }
+
+        /** Room for {@code more} objects. */
+        void reserve(long more) {
+            long needed = size + more;
+            if (needed > objects.length) {
+                objects = Arrays.copyOf(objects, (int) Math.min(Integer.MAX_VALUE - 8, Math.max(needed, 2L * objects.length)));
+            }
+        }
+
+        void clear() {
+            objects = new IRubyObject[64];
+            size = 0;
+            templates.clear();
+        }
     }
 
-    /** A sequence of key numbers. */
+    /**
+     * A sequence of key numbers. A kept one owns its array; the probe a reply looks
+     * templates up with is its scratch array's first {@code length} numbers.
+     */
     static final class Keys {
-        final int[] numbers;
-        final int hash;
+        int[] numbers;
+        int length;
+        int hash;
 
-        Keys(int[] numbers) {
+        Keys(int[] numbers, int length) {
+            set(numbers, length);
+        }
+
+        void set(int[] numbers, int length) {
             this.numbers = numbers;
-            this.hash = Arrays.hashCode(numbers);
+            this.length = length;
+            int h = 1;
+            for (int i = 0; i < length; i++) {
+                h = 31 * h + numbers[i];
+            }
+            this.hash = h;
+        }
+
+        Keys kept() {
+            return new Keys(Arrays.copyOf(numbers, length), length);
         }
 
         @Override
@@ -103,7 +174,11 @@ public final class FetchReader {
 
         @Override
         public boolean equals(Object other) {
-            return other instanceof Keys && Arrays.equals(numbers, ((Keys) other).numbers);
+            if (!(other instanceof Keys)) {
+                return false;
+            }
+            Keys keys = (Keys) other;
+            return keys.length == length && Arrays.equals(numbers, 0, length, keys.numbers, 0, keys.length);
         }
     }
 
@@ -117,28 +192,29 @@ public final class FetchReader {
     private static final class Reading {
         private final ThreadContext context;
         private final Ruby runtime;
-        private final Templates templates;
-        private final ByteBuffer reply;
-        private final int start;
-        private final int length;
-        private final RubyArray<?> table;
-        /** The objects this reply adds, numbered from the table's size before it. */
-        private IRubyObject[] made;
-        private int madeCount;
-        private int tableSize;
+        /** The reply, in native memory. */
+        private final MemoryIO reply;
+        /** Bytes readable at {@code reply}: the FFI pointer's size (unbounded for a returned one). */
+        private final long readable;
+        private final Table table;
+        /** Where the table's objects end when this reply's are added. */
+        private long limit;
+        /** A Hash's key numbers and values (scratch, grown as needed). */
+        private int[] keyNumbers = new int[256];
+        private IRubyObject[] values = new IRubyObject[256];
+        private final Keys probe = new Keys(keyNumbers, 0);
 
-        Reading(ThreadContext context, byte[] bytes, int start, int length, RubyArray<?> table, Templates templates) {
+        Reading(ThreadContext context, MemoryIO reply, long readable, Table table) {
             this.context = context;
             this.runtime = context.runtime;
-            this.templates = templates;
-            this.reply = ByteBuffer.wrap(bytes).order(ByteOrder.nativeOrder());
-            this.start = start;
-            this.length = length;
+            this.reply = reply;
+            this.readable = readable;
             this.table = table;
         }
 
+        /** The u32 at byte {@code at} (below the checked length: callers check). */
         private int u32(long at) {
-            return reply.getInt(start + (int) at);
+            return reply.getInt(at);
         }
 
         /** A count or length of the header: below 2^31 (a reply is far smaller). */
@@ -151,40 +227,40 @@ public final class FetchReader {
         }
 
         IRubyObject servers() {
-            if (length < HEADER_BYTES) {
+            if (readable < HEADER_BYTES) {
                 throw malformed(runtime, "its length");
             }
-            long total = reply.getLong(start);
+            long total = reply.getLong(0);
             long status = field(0), base = field(1), strings = field(2), scalars = field(3);
             long containers = field(4), servers = field(5), wordCount = field(6);
             long textBytes = field(7), jsonBytes = field(8);
             long wordsAt = HEADER_BYTES;
             long textAt = wordsAt + 4 * wordCount;
             long jsonAt = textAt + textBytes;
-            if (jsonAt + jsonBytes != total || total != length) {
+            if (jsonAt + jsonBytes != total || total > readable) {
                 throw malformed(runtime, "its length");
             }
             if (status != OK) {
                 throw malformed(runtime, "status " + status + " is not OK");
             }
             // The session started over (a reply this table missed): so does the table.
-            if (base != table.getLength()) {
+            if (base != table.size) {
                 table.clear();
-                templates.byKeys.clear();
             }
-            if (base != table.getLength()) {
-                throw malformed(runtime, "base " + base + " for a table of " + table.getLength());
+            if (base != table.size) {
+                throw malformed(runtime, "base " + base + " for a table of " + table.size);
             }
-            tableSize = (int) base;
             long newObjects = strings + scalars + containers;
-            if (newObjects > wordCount + jsonBytes || strings > wordCount) {
+            if (newObjects > wordCount + jsonBytes || strings > wordCount || base + newObjects > Integer.MAX_VALUE - 8) {
                 throw malformed(runtime, "its counts");
             }
-            made = new IRubyObject[(int) newObjects];
+            table.reserve(newObjects);
+            limit = base + newObjects;
 
             long at = 0;
             // The strings share one copy of the text (slices, frozen: never copied again).
-            byte[] text = Arrays.copyOfRange(reply.array(), start + (int) textAt, start + (int) jsonAt);
+            byte[] text = new byte[(int) textBytes];
+            reply.get(textAt, text, 0, text.length);
             int offset = 0;
             for (long i = 0; i < strings; i++) {
                 long stringLength = Integer.toUnsignedLong(u32(wordsAt + 4 * at++));
@@ -198,9 +274,11 @@ public final class FetchReader {
                 offset += (int) stringLength;
             }
             if (scalars > 0) {
-                new Scalars(this, start + (int) jsonAt, (int) jsonBytes).read();
+                byte[] json = new byte[(int) jsonBytes];
+                reply.get(jsonAt, json, 0, json.length);
+                new Scalars(this, json).read();
             }
-            if (madeCount != strings + scalars) {
+            if (table.size != base + strings + scalars) {
                 throw malformed(runtime, "its scalars");
             }
             for (long i = 0; i < containers; i++) {
@@ -227,31 +305,35 @@ public final class FetchReader {
                     add(array);
                 }
             }
-            if (at + servers != wordCount) {
+            if (at + servers != wordCount || table.size != limit) {
                 throw malformed(runtime, "its words");
             }
             IRubyObject[] found = new IRubyObject[(int) servers];
             for (int server = 0; server < servers; server++) {
                 found[server] = object(u32(wordsAt + 4 * at++));
             }
-            table.push(Arrays.copyOf(made, madeCount));
             return RubyArray.newArrayNoCopy(runtime, found);
         }
 
-        /** A frozen Hash of the {@code count} pairs of numbers at byte {@code from}. */
+        /**
+         * A frozen Hash of the {@code count} pairs of numbers at byte {@code from}: a copy
+         * of the first Hash this table made with these keys, or, for new keys, made by
+         * insertion (and kept to copy).
+         */
         private RubyHash hash(long from, int count) {
-            int[] keyNumbers = new int[count];
-            IRubyObject[] keys = new IRubyObject[count];
-            IRubyObject[] values = new IRubyObject[count];
+            if (count > keyNumbers.length) {
+                int room = Math.max(count, 2 * keyNumbers.length);
+                keyNumbers = new int[room];
+                values = new IRubyObject[room];
+            }
             for (int pair = 0; pair < count; pair++) {
-                keyNumbers[pair] = u32(from + 8L * pair);
-                keys[pair] = object(keyNumbers[pair]);
+                keyNumbers[pair] = number(u32(from + 8L * pair));
                 values[pair] = object(u32(from + 8L * pair + 4));
             }
-            Keys sequence = new Keys(keyNumbers);
-            RubyHash template = templates.byKeys.get(sequence);
+            probe.set(keyNumbers, count);
+            RubyHash template = table.templates.get(probe);
             if (template != null) {
-                RubyHash copy = copy(template, keys, values);
+                RubyHash copy = copy(template, count);
                 if (copy != null) {
                     copy.setFrozen(true);
                     return copy;
@@ -259,53 +341,56 @@ public final class FetchReader {
             }
             RubyHash hash = new RubyHash(runtime, Math.max(count, 1));
             for (int pair = 0; pair < count; pair++) {
-                hash.fastASetCheckString(runtime, keys[pair], values[pair]);
+                hash.fastASetCheckString(runtime, table.objects[keyNumbers[pair]], values[pair]);
             }
             hash.setFrozen(true);
             if (template == null && hash.size() == count && count > 0) {
-                templates.byKeys.put(sequence, hash);
+                table.templates.put(probe.kept(), hash);
             }
             return hash;
         }
 
-        /** A copy of {@code template} with these values, or null if its keys are not these. */
-        private RubyHash copy(RubyHash template, IRubyObject[] keys, IRubyObject[] values) {
-            if (template.size() != keys.length) {
+        /**
+         * A copy of {@code template} with these values. Its keys are these: it was made
+         * from the same key numbers of this table, in this order, each key once (the
+         * table and its templates are cleared together).
+         */
+        private RubyHash copy(RubyHash template, int count) {
+            if (template.size() != count) {
                 return null;
             }
             RubyHash copy = template.dupFast(context);
             Iterator<?> entries = copy.directEntrySet().iterator();
-            for (int pair = 0; pair < keys.length; pair++) {
+            for (int pair = 0; pair < count; pair++) {
                 if (!entries.hasNext()) {
                     return null;
                 }
                 @SuppressWarnings("unchecked")
                 Map.Entry<Object, Object> entry = (Map.Entry<Object, Object>) entries.next();
-                if (entry.getKey() != keys[pair]) {
-                    return null;
-                }
                 entry.setValue(values[pair]);
             }
             return entries.hasNext() ? null : copy;
         }
 
         void add(IRubyObject object) {
-            if (madeCount == made.length) {
+            if (table.size >= limit) {
                 throw malformed(runtime, "its counts");
             }
-            made[madeCount++] = object;
+            table.objects[table.size++] = object;
         }
 
         /** The object numbered {@code number}: in the table, or made by this reply. */
         private IRubyObject object(int number) {
+            return table.objects[number(number)];
+        }
+
+        /** {@code number}, checked: an object the table holds. */
+        private int number(int number) {
             long index = Integer.toUnsignedLong(number);
-            if (index < tableSize) {
-                return table.eltInternal((int) index);
+            if (index < table.size) {
+                return (int) index;
             }
-            if (index - tableSize < madeCount) {
-                return made[(int) (index - tableSize)];
-            }
-            throw malformed(runtime, "object " + index + " of " + (tableSize + madeCount));
+            throw malformed(runtime, "object " + index + " of " + table.size);
         }
     }
 
@@ -321,12 +406,12 @@ public final class FetchReader {
         private int at;
         private final int end;
 
-        Scalars(Reading reading, int start, int length) {
+        Scalars(Reading reading, byte[] json) {
             this.reading = reading;
-            this.bytes = reading.reply.array();
-            this.start = start;
-            this.at = start;
-            this.end = start + length;
+            this.bytes = json;
+            this.start = 0;
+            this.at = 0;
+            this.end = json.length;
         }
 
         void read() {
