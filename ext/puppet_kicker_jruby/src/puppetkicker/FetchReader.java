@@ -111,9 +111,10 @@ public final class FetchReader {
      */
     public static final class Table extends RubyObject {
         private static final long serialVersionUID = 1L;
-        IRubyObject[] objects = new IRubyObject[64];
-        int size;
-        final Map<Keys, RubyHash> templates = new HashMap<>();
+        // Transient: a table is never serialized (RubyObject is Serializable).
+        transient IRubyObject[] objects = new IRubyObject[64];
+        transient int size;
+        final transient Map<Keys, RubyHash> templates = new HashMap<>();
 
         Table(Ruby runtime, RubyClass type) {
             super(runtime, type);
