@@ -48,6 +48,9 @@ describe 'the ffi backend under JRuby' do
         'words past the end' => 'puppet-kicker: a malformed pk_fetch reply (its words)',
         'a failed reply' => 'puppet-kicker: a malformed pk_fetch reply (status 2 is not OK)'
       )
+      # 500 replies with bytes overwritten at random: each read or refused, nothing else.
+      expect(jruby['corrupted'].values.sum).to eq(500)
+      expect(jruby['corrupted']['refused']).to be > 0
       mri = PuppetKicker.with_backend('magnus') do
         PuppetKicker.native.configure(master, File.join(master, 'var'), nil, nil, nil)
         calls = [
