@@ -244,14 +244,6 @@ impl Reply {
     }
 }
 
-impl std::ops::Deref for Reply {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        self.bytes()
-    }
-}
-
 /// Whether a dropped reply's buffer of `capacity` bytes is kept for the next one.
 fn kept(capacity: usize) -> bool {
     capacity <= KEPT_AT_MOST
@@ -506,8 +498,9 @@ mod tests {
         drop(back);
         // A smaller reply, perhaps in that buffer: its own length, its own bytes.
         let stale = finish(STALE, [0; 6], &[], &[], |n| n, b"", b"");
+        let stale = stale.bytes();
         assert_eq!(stale.len(), HEADER_BYTES);
-        assert_eq!((u64::from_ne_bytes(stale[..8].try_into().unwrap()), u32_at(&stale, 8)), (44, STALE));
+        assert_eq!((u64::from_ne_bytes(stale[..8].try_into().unwrap()), u32_at(stale, 8)), (44, STALE));
 
         assert!(kept(KEPT_AT_MOST));
         assert!(!kept(KEPT_AT_MOST + 1));

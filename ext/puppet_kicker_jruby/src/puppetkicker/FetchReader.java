@@ -31,13 +31,14 @@ import org.jruby.util.ByteList;
  * the caller's table of objects, as lib/puppet_kicker/fetch_reader.rb does, object for
  * object, but in Java: under JRuby that Ruby code costs more per object than JRuby
  * itself takes to build the object (a Hash through {@code Hash[*values_at(...)]} is
- * four Arrays and a splat). Strings are slices of one copy of the reply's text, the
- * other scalars come from its JSON array, each Hash or Array from objects already in
- * the table; all frozen. Every count and number is checked against the reply's
- * length and the table's size: a malformed reply raises {@code PuppetKicker::Error}.
+ * four Arrays and a splat). The reply is read where pk_fetch wrote it, through its FFI
+ * pointer. Strings are slices of one copy of the reply's text, the other scalars come
+ * from its JSON array, each Hash or Array from objects already in the table; all
+ * frozen. Every count and number is checked against the reply's length and the
+ * table's size: a malformed reply raises {@code PuppetKicker::Error}.
  *
  * <p>Loaded by lib/puppet_kicker/ffi_backend.rb under JRuby, from
- * native/puppet_kicker_jruby.jar, which {@code rake compile} builds. Java 11 bytecode,
+ * native/puppet_kicker_jruby.jar, which {@code rake jar} builds. Java 11 bytecode,
  * JRuby 9.3 and 9.4 API.
  */
 public final class FetchReader {
