@@ -34,8 +34,11 @@ describe 'the ffi backend under JRuby' do
       expect(jruby['shared']).to be > 0
       expect(jruby['one_object_each']).to be(true)
       # Hand-made replies: one read whole; every malformed one refused, saying what is wrong.
-      expect(jruby['crafted']).to eq('servers' => [{ 'a' => 1, 'bc' => [2.5, nil, 18_446_744_073_709_551_615] }],
-                                     'table' => 8, 'frozen' => true, 'table after a failed reply' => 0)
+      # Three Hashes of the same keys (copies of one template), each with its own values.
+      array = [2.5, nil, 18_446_744_073_709_551_615]
+      same_keys = [{ 'a' => 1, 'bc' => array }, { 'a' => 1, 'bc' => 2.5 }, { 'a' => nil, 'bc' => array }]
+      expect(jruby['crafted']).to eq('servers' => [{ 'a' => 1, 'bc' => array }], 'table' => 8, 'frozen' => true,
+                                     'same keys' => same_keys, 'distinct' => 3, 'table after a failed reply' => 0)
       expect(jruby['malformed']).to eq(
         'too short' => 'puppet-kicker: a malformed pk_fetch reply (its length)',
         'a length that is not its own' => 'puppet-kicker: a malformed pk_fetch reply (its length)',

@@ -4,7 +4,6 @@ import java.math.BigInteger;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 import java.util.HashMap;
-import java.util.Iterator;
 import java.util.Map;
 import org.jcodings.specific.UTF8Encoding;
 import org.jruby.Ruby;
@@ -14,6 +13,7 @@ import org.jruby.RubyClass;
 import org.jruby.RubyFixnum;
 import org.jruby.RubyFloat;
 import org.jruby.RubyHash;
+import org.jruby.RubyHash.RubyHashEntry;
 import org.jruby.RubyModule;
 import org.jruby.RubyObject;
 import org.jruby.RubyString;
@@ -115,7 +115,7 @@ public final class FetchReader {
         // Transient: a table is never serialized (RubyObject is Serializable).
         transient IRubyObject[] objects = new IRubyObject[64];
         transient int size;
-        final transient Map<Keys, RubyHash> templates = new HashMap<>();
+        final transient Map<Keys, Template> templates = new HashMap<>();
 
         Table(Ruby runtime, RubyClass type) {
             super(runtime, type);
@@ -181,6 +181,43 @@ public final class FetchReader {
             }
             Keys keys = (Keys) other;
             return keys.length == length && Arrays.equals(numbers, 0, length, keys.numbers, 0, keys.length);
+        }
+    }
+
+    /**
+     * The Hash that Hashes with one sequence of keys are copied from: never handed out,
+     * its entries (in the keys' order) set to each new Hash's values before the copy.
+     * Its keys are a table's objects, each once: the table and its templates are
+     * cleared together.
+     */
+    static final class Template {
+        private final RubyHash hash;
+        private final RubyHashEntry[] entries;
+
+        private Template(RubyHash hash, RubyHashEntry[] entries) {
+            this.hash = hash;
+            this.entries = entries;
+        }
+
+        /** The template of {@code hash}, made of {@code count} distinct keys; null if it has fewer. */
+        static Template of(RubyHash hash, int count) {
+            if (hash.size() != count || count == 0) {
+                return null;
+            }
+            RubyHashEntry[] entries = new RubyHashEntry[count];
+            int at = 0;
+            for (Object entry : hash.directEntrySet()) {
+                entries[at++] = (RubyHashEntry) entry;
+            }
+            return new Template(hash, entries);
+        }
+
+        /** A new Hash of these keys and {@code values}' first ones. */
+        RubyHash copy(ThreadContext context, IRubyObject[] values) {
+            for (int at = 0; at < entries.length; at++) {
+                entries[at].setValue(values[at]);
+            }
+            return hash.dupFast(context);
         }
     }
 
@@ -319,8 +356,9 @@ public final class FetchReader {
 
         /**
          * A frozen Hash of the {@code count} pairs of numbers at byte {@code from}: a copy
-         * of the first Hash this table made with these keys, or, for new keys, made by
-         * insertion (and kept to copy).
+         * of this table's template for these keys, its values set to these first (one
+         * pass over new memory, not a copy and then a pass to set values). Keys not seen
+         * before get a template, made by insertion.
          */
         private RubyHash hash(long from, int count) {
             if (count > keyNumbers.length) {
@@ -333,45 +371,23 @@ public final class FetchReader {
                 values[pair] = object(u32(from + 8L * pair + 4));
             }
             probe.set(keyNumbers, count);
-            RubyHash template = table.templates.get(probe);
-            if (template != null) {
-                RubyHash copy = copy(template, count);
-                if (copy != null) {
-                    copy.setFrozen(true);
-                    return copy;
+            Template template = table.templates.get(probe);
+            if (template == null) {
+                RubyHash hash = new RubyHash(runtime, Math.max(count, 1));
+                for (int pair = 0; pair < count; pair++) {
+                    hash.fastASetCheckString(runtime, table.objects[keyNumbers[pair]], values[pair]);
                 }
-            }
-            RubyHash hash = new RubyHash(runtime, Math.max(count, 1));
-            for (int pair = 0; pair < count; pair++) {
-                hash.fastASetCheckString(runtime, table.objects[keyNumbers[pair]], values[pair]);
-            }
-            hash.setFrozen(true);
-            if (template == null && hash.size() == count && count > 0) {
-                table.templates.put(probe.kept(), hash);
-            }
-            return hash;
-        }
-
-        /**
-         * A copy of {@code template} with these values. Its keys are these: it was made
-         * from the same key numbers of this table, in this order, each key once (the
-         * table and its templates are cleared together).
-         */
-        private RubyHash copy(RubyHash template, int count) {
-            if (template.size() != count) {
-                return null;
-            }
-            RubyHash copy = template.dupFast(context);
-            Iterator<?> entries = copy.directEntrySet().iterator();
-            for (int pair = 0; pair < count; pair++) {
-                if (!entries.hasNext()) {
-                    return null;
+                template = Template.of(hash, count);
+                if (template == null) {
+                    // Empty, or a key twice: no template; the Hash as insertion left it.
+                    hash.setFrozen(true);
+                    return hash;
                 }
-                @SuppressWarnings("unchecked")
-                Map.Entry<Object, Object> entry = (Map.Entry<Object, Object>) entries.next();
-                entry.setValue(values[pair]);
+                table.templates.put(probe.kept(), template);
             }
-            return entries.hasNext() ? null : copy;
+            RubyHash copy = template.copy(context, values);
+            copy.setFrozen(true);
+            return copy;
         }
 
         void add(IRubyObject object) {
