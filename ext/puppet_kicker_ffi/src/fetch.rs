@@ -118,6 +118,14 @@ enum Held {
 }
 
 impl Numbers {
+    /// Holds nothing; keeps its room (megabytes on a large fleet: allocated anew each
+    /// generation, every page was a page fault as the first reply filled it).
+    fn clear(&mut self) {
+        self.values.clear();
+        self.names.clear();
+        self.certname_name = None;
+    }
+
     fn get(&self, held: Held) -> Option<u32> {
         let number = match held {
             Held::Value(id) => self.values.get(id as usize).copied(),
@@ -174,8 +182,9 @@ impl Session {
 impl Sent {
     /// Forgets what was sent, for `generation` (the buffers' room is kept).
     fn start(&mut self, generation: u64) {
-        let scratch = std::mem::take(&mut self.scratch);
-        *self = Sent { generation, scratch, ..Sent::default() };
+        self.generation = generation;
+        self.count = 0;
+        self.numbers.clear();
     }
 }
 
