@@ -116,6 +116,8 @@ public final class FetchReader {
         transient IRubyObject[] objects = new IRubyObject[64];
         transient int size;
         final transient Map<Keys, Template> templates = new HashMap<>();
+        /** Templates last used, by their keys' count and first and last numbers (see {@link #slot}). */
+        transient Template[] recent = new Template[RECENT];
 
         Table(Ruby runtime, RubyClass type) {
             super(runtime, type);
@@ -136,6 +138,7 @@ public final class FetchReader {
         }
 
         void clear() {
+            recent = new Template[RECENT];
             objects = new IRubyObject[64];
             size = 0;
             templates.clear();
@@ -191,34 +194,48 @@ public final class FetchReader {
      * cleared together.
      */
     static final class Template {
+        private final Keys keys;
         private final RubyHash hash;
         private final RubyHashEntry[] entries;
 
-        private Template(RubyHash hash, RubyHashEntry[] entries) {
+        private Template(Keys keys, RubyHash hash, RubyHashEntry[] entries) {
+            this.keys = keys;
             this.hash = hash;
             this.entries = entries;
         }
 
-        /** The template of {@code hash}, made of {@code count} distinct keys; null if it has fewer. */
-        static Template of(RubyHash hash, int count) {
-            if (hash.size() != count || count == 0) {
+        /**
+         * The template of {@code hash}, made of {@code keys} (kept), distinct; null if
+         * it has fewer (a key twice) or none.
+         */
+        static Template of(Keys keys, RubyHash hash) {
+            if (hash.size() != keys.length || keys.length == 0) {
                 return null;
             }
-            RubyHashEntry[] entries = new RubyHashEntry[count];
+            RubyHashEntry[] entries = new RubyHashEntry[keys.length];
             int at = 0;
             for (Object entry : hash.directEntrySet()) {
                 entries[at++] = (RubyHashEntry) entry;
             }
-            return new Template(hash, entries);
+            return new Template(keys, hash, entries);
         }
 
-        /** A new Hash of these keys and {@code values}' first ones. */
-        RubyHash copy(ThreadContext context, IRubyObject[] values) {
-            for (int at = 0; at < entries.length; at++) {
-                entries[at].setValue(values[at]);
-            }
-            return hash.dupFast(context);
+        /** Whether its keys are the first {@code count} of {@code numbers}. */
+        boolean hasKeys(int[] numbers, int count) {
+            return keys.length == count && Arrays.equals(keys.numbers, 0, count, numbers, 0, count);
         }
+    }
+
+    /** Slots of {@link Table#recent}: a power of two. */
+    static final int RECENT = 256;
+
+    /** The slot of {@link Table#recent} for these {@code count} key numbers. */
+    static int slot(int[] numbers, int count) {
+        if (count == 0) {
+            return 0;
+        }
+        int h = count * 0x9E3779B9 + numbers[0] * 31 + numbers[count - 1];
+        return (h ^ (h >>> 16)) & (RECENT - 1);
     }
 
     static RaiseException malformed(Ruby runtime, String what) {
@@ -238,9 +255,8 @@ public final class FetchReader {
         private final Table table;
         /** Where the table's objects end when this reply's are added. */
         private long limit;
-        /** A Hash's key numbers and values (scratch, grown as needed). */
+        /** A Hash's key numbers (scratch, grown as needed). */
         private int[] keyNumbers = new int[256];
-        private IRubyObject[] values = new IRubyObject[256];
         private final Keys probe = new Keys(keyNumbers, 0);
 
         Reading(ThreadContext context, MemoryIO reply, long readable, Table table) {
@@ -364,28 +380,40 @@ public final class FetchReader {
             if (count > keyNumbers.length) {
                 int room = Math.max(count, 2 * keyNumbers.length);
                 keyNumbers = new int[room];
-                values = new IRubyObject[room];
             }
             for (int pair = 0; pair < count; pair++) {
                 keyNumbers[pair] = number(u32(from + 8L * pair));
-                values[pair] = object(u32(from + 8L * pair + 4));
             }
-            probe.set(keyNumbers, count);
-            Template template = table.templates.get(probe);
-            if (template == null) {
+            // Objects of one shape come in runs (servers, their interfaces, ...): the
+            // template last used for keys like these is checked first, without hashing.
+            int slot = slot(keyNumbers, count);
+            Template template = table.recent[slot];
+            if (template == null || !template.hasKeys(keyNumbers, count)) {
+                probe.set(keyNumbers, count);
+                template = table.templates.get(probe);
+            }
+            if (template != null) {
+                // Its entries, in the keys' order, take this Hash's values.
+                RubyHashEntry[] entries = template.entries;
+                for (int pair = 0; pair < count; pair++) {
+                    entries[pair].setValue(object(u32(from + 8L * pair + 4)));
+                }
+            } else {
                 RubyHash hash = new RubyHash(runtime, Math.max(count, 1));
                 for (int pair = 0; pair < count; pair++) {
-                    hash.fastASetCheckString(runtime, table.objects[keyNumbers[pair]], values[pair]);
+                    hash.fastASetCheckString(runtime, table.objects[keyNumbers[pair]], object(u32(from + 8L * pair + 4)));
                 }
-                template = Template.of(hash, count);
+                Keys keys = probe.kept();
+                template = Template.of(keys, hash);
                 if (template == null) {
                     // Empty, or a key twice: no template; the Hash as insertion left it.
                     hash.setFrozen(true);
                     return hash;
                 }
-                table.templates.put(probe.kept(), template);
+                table.templates.put(keys, template);
             }
-            RubyHash copy = template.copy(context, values);
+            table.recent[slot] = template;
+            RubyHash copy = template.hash.dupFast(context);
             copy.setFrozen(true);
             return copy;
         }
