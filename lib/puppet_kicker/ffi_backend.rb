@@ -247,12 +247,15 @@ module PuppetKicker
       # The servers at `positions`, from the cache or fetched; nil if the index has
       # been replaced since the selection.
       def cached(generation, positions)
-        missing = positions.reject { |p| @cache.key?(p) }
+        missing = @cache.empty? ? positions : positions.reject { |p| @cache.key?(p) }
         unless missing.empty?
           fetched = fetch(generation, missing)
           return nil if fetched.nil?
 
           missing.each_with_index { |p, i| @cache[p] = fetched[i] }
+          # None was converted before (a generation's first call): the reply, in
+          # order, is the answer (a new Array).
+          return fetched if missing.size == positions.size
         end
         positions.map { |p| @cache[p] }
       end
