@@ -118,8 +118,8 @@ enum Held {
 }
 
 impl Numbers {
-    /// Holds nothing; keeps its room (megabytes on a large fleet: allocated anew each
-    /// generation, every page was a page fault as the first reply filled it).
+    /// Holds nothing; keeps its room (a u32 per store value and name: megabytes on a
+    /// large fleet, not allocated again each generation).
     fn clear(&mut self) {
         self.values.clear();
         self.names.clear();

@@ -116,7 +116,7 @@ public final class FetchReader {
         transient IRubyObject[] objects = new IRubyObject[64];
         transient int size;
         final transient Map<Keys, Template> templates = new HashMap<>();
-        /** Templates last used, by their keys' count and first and last numbers (see {@link #slot}). */
+        /** Templates last used, by their keys' count and first and last numbers ({@link FetchReader#slot}). */
         transient Template[] recent = new Template[RECENT];
 
         Table(Ruby runtime, RubyClass type) {
