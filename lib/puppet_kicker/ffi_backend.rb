@@ -14,7 +14,12 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 8
+    ABI_VERSION = 9
+    # More servers than this to fetch come from pk_fetch_stream: the core encodes the
+    # next reply while this thread builds the objects of one (its first reply has 32
+    # servers, each next one twice as many, up to SERVERS_PER_REPLY).
+    STREAMED_ABOVE = 64
+    SERVERS_PER_REPLY = 512
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
@@ -42,9 +47,12 @@ module PuppetKicker
         rescue LoadError, ::FFI::NotFoundError => e
           raise LoadError, e.message
         end
-        attach(lib)
+        # The version first: a library of another ABI may lack functions this one attaches.
+        lib.attach_function :pk_abi_version, [], :uint32
         abi = lib.pk_abi_version
         raise LoadError, "it implements C ABI version #{abi}, this Ruby code needs #{ABI_VERSION}" unless abi == ABI_VERSION
+
+        attach(lib)
 
         @lib = lib
         @library = path
@@ -156,7 +164,6 @@ module PuppetKicker
       end
 
       def attach(lib)
-        lib.attach_function :pk_abi_version, [], :uint32
         lib.attach_function :pk_log_pending, [], :uint32
         lib.attach_function :pk_answer_holds, [:uint64], :uint32
         # :strptr returns [copy of the NUL-terminated reply, pointer to free].
@@ -173,6 +180,10 @@ module PuppetKicker
         lib.attach_function :pk_session_free, [:pointer], :void
         lib.attach_function :pk_fetch, %i[pointer uint64 uint64 buffer_in size_t], :pointer
         lib.attach_function :pk_free_fetch, [:pointer], :void
+        lib.attach_function :pk_fetch_stream, %i[pointer uint64 uint64 buffer_in size_t size_t], :pointer
+        # Blocking: waits for the core's encoder (MRI lets other threads run meanwhile).
+        lib.attach_function :pk_fetch_next, [:pointer], :pointer, blocking: true
+        lib.attach_function :pk_fetch_stream_free, [:pointer], :void
       end
 
       def request(function, payload, options = PARSE)
@@ -251,6 +262,8 @@ module PuppetKicker
         unless missing.empty?
           fetched = fetch(generation, missing)
           return nil if fetched.nil?
+          raise PuppetKicker::Error, "puppet-kicker: #{fetched.size} servers fetched for #{missing.size} positions" unless
+            fetched.size == missing.size
 
           missing.each_with_index { |p, i| @cache[p] = fetched[i] }
           # None was converted before (a generation's first call): the reply, in
@@ -260,17 +273,39 @@ module PuppetKicker
         positions.map { |p| @cache[p] }
       end
 
-      # The servers at `positions` built from one pk_fetch reply and what earlier
-      # replies of this generation sent; nil when the index has been replaced.
+      # The servers at `positions` built from pk_fetch's replies and what earlier
+      # replies of this generation sent; nil when the index has been replaced. Many
+      # servers come in several replies (pk_fetch_stream): the core encodes the next
+      # while this thread builds the objects of one.
       def fetch(generation, positions)
-        pointer = @lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size)
+        packed = positions.pack('L*')
+        return read(@lib.pk_fetch(@session, generation, @table.size, packed, positions.size)) if
+          positions.size <= STREAMED_ABOVE
+
+        stream = @lib.pk_fetch_stream(@session, generation, @table.size, packed, positions.size, SERVERS_PER_REPLY)
+        raise PuppetKicker::Error, 'puppet-kicker: pk_fetch_stream failed' if stream.null?
+
         begin
-          FetchReader.servers(pointer, @table, java: @java_reader) do |error|
-            decode_document(error)
+          fetched = []
+          until (pointer = @lib.pk_fetch_next(stream)).null?
+            servers = read(pointer)
+            return nil if servers.nil?
+
+            fetched.concat(servers)
           end
+          fetched
         ensure
-          @lib.pk_free_fetch(pointer)
+          @lib.pk_fetch_stream_free(stream)
         end
+      end
+
+      # The servers of one pk_fetch reply (freed here), nil when it is stale.
+      def read(pointer)
+        FetchReader.servers(pointer, @table, java: @java_reader) do |error|
+          decode_document(error)
+        end
+      ensure
+        @lib.pk_free_fetch(pointer)
       end
 
       # The reply's value, or its error raised as the magnus extension raises it.
