@@ -21,6 +21,17 @@ module BenchSupport
     require File.join(ROOT, 'lib', 'puppet_kicker')
   end
 
+  # A full collection, as GC.start is on MRI. JRuby's GC.start does nothing (no
+  # "Pause Full" in -Xlog:gc), so under JRuby the JVM is asked for one.
+  def collect_garbage
+    if RUBY_ENGINE == 'jruby'
+      require 'java'
+      Java::JavaLang::System.gc
+    else
+      GC.start
+    end
+  end
+
   # A new temporary directory, removed when the benchmark exits.
   def scratch_dir(name)
     dir = Dir.mktmpdir(name)
