@@ -166,12 +166,12 @@ impl Session {
     /// The servers at `positions` of index `generation`, encoded for a caller that
     /// holds `have` objects of this session.
     pub fn fetch(&self, generation: u64, have: u64, positions: &[u32]) -> Reply {
-        let mut replies = Vec::with_capacity(1);
+        let mut one = None;
         encode_replies(&self.0, generation, have, positions.to_vec(), usize::MAX, usize::MAX, |reply| {
-            replies.push(reply);
+            one = Some(reply);
             true
         });
-        replies.pop().unwrap_or_else(|| failed(Failure::internal("a fetch without a reply")))
+        one.unwrap_or_else(|| failed(Failure::internal("a fetch without a reply")))
     }
 
     /// The servers at `positions`, as [`fetch`](Session::fetch) gives them, in
@@ -425,10 +425,13 @@ impl Reply {
         &self.buffer[PREFIX..]
     }
 
-    /// Its status and, when OK, how many servers it gives.
+    /// Its status and, when OK, how many servers it gives (the header's u32s 0 and 5).
     fn status_and_servers(&self) -> (u32, u32) {
-        let word = |at: usize| u32::from_ne_bytes(self.bytes()[at..at + 4].try_into().unwrap_or_default());
-        (word(8), word(28))
+        let field = |index: usize| {
+            let at = 8 + 4 * index;
+            u32::from_ne_bytes(self.bytes()[at..at + 4].try_into().unwrap_or_default())
+        };
+        (field(0), field(5))
     }
 
     /// The reply's first byte, for a C caller, who passes it to [`Reply::from_raw`]
