@@ -8,8 +8,8 @@ describe 'metadata.json and the README' do
   let(:metadata) { JSON.parse(File.read(File.join(ROOT, 'metadata.json'))) }
   let(:platforms) do
     readme = File.read(File.join(ROOT, 'README.md'))
-    section = readme[/^## Supported platforms\n(.*?)(?=^## )/m]
-    expect(section).not_to be_nil, 'README.md has no "## Supported platforms" section'
+    section = readme[/^### Supported platforms\n(.*?)(?=^##)/m]
+    expect(section).not_to be_nil, 'README.md has no "### Supported platforms" section (under Setup)'
     section
   end
 
