@@ -19,7 +19,8 @@ Gem::Specification.new do |spec|
     'ext/puppet_kicker/Cargo.toml', 'ext/puppet_kicker/extconf.rb', 'ext/puppet_kicker/src/**/*.rs',
     'ext/puppet_kicker_ffi/Cargo.toml', 'ext/puppet_kicker_ffi/build.rs', 'ext/puppet_kicker_ffi/src/**/*.rs',
     'ext/puppet_kicker_ffi/include/*.h', 'ext/puppet_kicker_jruby/src/**/*.java',
-    'lib/**/*.rb', 'templates/*', 'examples/**/*', 'metadata.json', 'README.md', 'LICENSE'
+    'lib/**/*.rb', 'templates/*', 'examples/**/*', 'metadata.json', 'README.md', 'REFERENCE.md',
+    'CHANGELOG.md', 'docs/*.md', 'ext/puppet_kicker_ffi/README.md', 'LICENSE'
   ]
   spec.require_paths = ['lib']
   # Builds both libraries into the gem's native/ (where lib/puppet_kicker.rb looks):

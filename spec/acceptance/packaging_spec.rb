@@ -23,6 +23,7 @@ describe 'packaging' do
       expect(listing).to include('puppetkicker-kicker-0.1.0/metadata.json',
                                  'puppetkicker-kicker-0.1.0/REFERENCE.md',
                                  'puppetkicker-kicker-0.1.0/CHANGELOG.md',
+                                 'puppetkicker-kicker-0.1.0/docs/kicks.md',
                                  'puppetkicker-kicker-0.1.0/native/puppet_kicker.so',
                                  'puppetkicker-kicker-0.1.0/native/libpuppet_kicker_ffi.so',
                                  'puppetkicker-kicker-0.1.0/native/puppet_kicker_jruby.jar',
