@@ -26,6 +26,9 @@
 //! incremental case: 10 of the 10,000 replies with a new body, the rest as last time
 //! (`observe_since` on a builder resumed on the last index's store).
 
+#[path = "support/report.rs"]
+mod report;
+
 use puppet_kicker::mcollective::client::{Client, VERIFY_BATCH};
 use puppet_kicker::mcollective::config::{BrokerHost, Config, Overrides};
 use puppet_kicker::mcollective::marshal::{DecodeLimits, Value};
@@ -47,6 +50,8 @@ use std::hint::black_box;
 use std::io::Cursor;
 use std::time::{Duration, Instant};
 
+use report::{load_average, record};
+
 const SERVERS: usize = 10_000;
 const REQUEST_ID: &str = "0123456789abcdef0123456789abcdef";
 const SEED: u64 = 1;
@@ -55,7 +60,8 @@ const SAMPLES: usize = 5;
 const MIN_TIME: Duration = Duration::from_secs(3);
 
 fn main() {
-    print_machine();
+    report::print_machine("inventory");
+    println!("Load average at the start: {}.\n", load_average());
     let started = Instant::now();
     let built_at = now();
     let nodes = synthetic::fleet(SERVERS, SEED, built_at);
@@ -82,7 +88,7 @@ fn main() {
     }
     println!(
         "{SERVERS} inventory replies (synthetic fleet, seed {SEED}): {:.1} KB of Marshal each on average \
-         ({:.1} KB facts+classes body), {:.1} MB of STOMP in all; generated in {:.1} s",
+         ({:.1} KB facts+classes body), {:.1} MB of STOMP in all; generated in {:.1} s.\n",
         outer_bytes as f64 / SERVERS as f64 / 1e3,
         inner_bytes as f64 / SERVERS as f64 / 1e3,
         stream.len() as f64 / 1e6,
@@ -235,7 +241,10 @@ fn main() {
         "4. to observations (facts from the Marshal values into the store)",
         "5. build the index (rows, order, role maps)",
     ];
-    println!("{} samples; median per stage:", samples.len());
+    println!(
+        "**The old path** (each reply decoded into Marshal values, then converted), {} samples; median per stage:\n",
+        samples.len()
+    );
     println!("| Stage | 10,000 replies | per reply |");
     println!("| --- | ---: | ---: |");
     let mut total = Duration::ZERO;
@@ -251,7 +260,7 @@ fn main() {
     let median_total = totals[totals.len() / 2];
     println!("| **total** (median of sums) | **{}** | **{}** |", ms(median_total), us(median_total));
     println!(
-        "throughput: {:.0} MB/s of STOMP, {:.0} replies/s (sum of stage medians {})",
+        "\nThroughput: {:.0} MB/s of STOMP, {:.0} replies/s (sum of stage medians {}).",
         stream.len() as f64 / median_total.as_secs_f64() / 1e6,
         SERVERS as f64 / median_total.as_secs_f64(),
         ms(total)
@@ -269,7 +278,7 @@ fn main() {
         "5'. build the index",
     ];
     println!();
-    println!("New path (borrowed Marshal reader), same samples; median per stage:");
+    println!("**What a refresh does** (the borrowed Marshal reader), the same samples; median per stage:\n");
     println!("| Stage | 10,000 replies | per reply |");
     println!("| --- | ---: | ---: |");
     for (i, stage) in new_stages.iter().enumerate() {
@@ -279,18 +288,22 @@ fn main() {
     let new_total = |threads_stage: usize| median(new_samples.iter().map(|n| n[0] + n[threads_stage] + n[3]).collect());
     println!("| **total, 1 thread** (median of sums) | **{}** | **{}** |", ms(new_total(1)), us(new_total(1)));
     println!("| **total, 2 threads** (median of sums) | **{}** | **{}** |", ms(new_total(2)), us(new_total(2)));
-    println!("old total {} -> new total {} (2 threads)", ms(median_total), ms(new_total(2)));
+    record("mcollective_full_1", new_total(1).as_secs_f64() * 1e9);
+    record("mcollective_full_2", new_total(2).as_secs_f64() * 1e9);
+    record("mcollective_old", median_total.as_secs_f64() * 1e9);
+    println!();
+    println!("- old path {}, what a refresh does {} (2 threads);", ms(median_total), ms(new_total(2)));
     let scan = median(scan_samples.clone());
-    println!("the checking scan of the inner layers alone {}", ms(scan));
+    println!("- the checking scan of the inner layers alone: {};", ms(scan));
     println!(
-        "MD5 of the 10,000 bodies (in 2', in batches of {VERIFY_BATCH}): md-5 one at a time {}, all in {} lanes {}",
+        "- MD5 of the 10,000 bodies (in 2', in batches of {VERIFY_BATCH}): md-5 one at a time {}, all in {} lanes {};",
         ms(median(md5_samples.iter().map(|s| s[0]).collect())),
         Engine::detected().lanes(),
         ms(median(md5_samples.iter().map(|s| s[1]).collect()))
     );
     let two_passes = median(two_pass_samples.clone());
     println!(
-        "3'+4' as before, in two passes (the body checked, then read into the store), 1 thread, same samples: {} ({})",
+        "- 3'+4' as before, in two passes (the body checked, then read into the store), 1 thread, the same samples: {} ({}).",
         ms(two_passes),
         us(two_passes)
     );
@@ -358,7 +371,10 @@ fn incremental(client: &Client, stream: &[u8], built_at: i64) {
         v[v.len() / 2]
     };
     println!();
-    println!("Incremental: {CHANGED} of {SERVERS} inventories changed, {} samples; median per stage:", samples.len());
+    println!(
+        "**Incremental: {CHANGED} of {SERVERS} inventories changed**, {} samples; median per stage:\n",
+        samples.len()
+    );
     println!("| Stage | time |");
     println!("| --- | ---: |");
     println!("| received as the client receives them (done as they arrive, in the network wait) | {} |", ms(median(0)));
@@ -371,6 +387,8 @@ fn incremental(client: &Client, stream: &[u8], built_at: i64) {
     let mut beyond: Vec<Duration> = samples.iter().map(|s| s[1] + s[2] + s[3]).collect();
     beyond.sort();
     println!("| **beyond the network wait** (median of sums) | **{}** |", ms(beyond[beyond.len() / 2]));
+    record("mcollective_incremental", beyond[beyond.len() / 2].as_secs_f64() * 1e9);
+    println!("\nLoad average at the end: {}.", load_average());
 }
 
 /// `rpcutil#inventory`'s data for one server, as mcollective 2.12 sends it.
@@ -417,25 +435,4 @@ fn ms(d: Duration) -> String {
 
 fn us(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6 / SERVERS as f64)
-}
-
-fn print_machine() {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()))
-        .unwrap_or_else(|| "unknown".into());
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().to_string())))
-        .unwrap_or_default();
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("puppet-kicker {} benchmark (cargo bench --bench inventory)", env!("CARGO_PKG_VERSION"));
-    println!(
-        "machine: nproc {nproc}, CPU {model}, memory {memory}, {} {}; load average at start: {}",
-        std::env::consts::ARCH,
-        if cfg!(debug_assertions) { "debug build" } else { "optimized build" },
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    );
 }

@@ -19,6 +19,8 @@
 mod fake_puppetdb;
 #[path = "puppetdb/real.rs"]
 mod real;
+#[path = "support/report.rs"]
+mod report;
 
 use fake_puppetdb::{server_config, Ca, Dir, FakePuppetdb, PdbNode};
 use puppet_kicker::config::{Config, PuppetSettings};
@@ -34,7 +36,8 @@ const SAMPLES: usize = 5;
 const ROLE_FACT: &str = "trusted.extensions.pp_role";
 
 fn main() {
-    print_machine();
+    report::print_machine("puppetdb");
+    println!("Load average at the start: {}.\n", report::load_average());
     if let Some((url, files)) = real::from_env() {
         return real::run(url, files);
     }
@@ -59,7 +62,7 @@ fn main() {
         };
         pdb.set(&node.certname, pdb_node);
     }
-    println!("fleet: {SERVERS} servers, {:.1} MB of facts JSON", bytes as f64 / 1e6);
+    println!("Fleet: {SERVERS} servers, {:.1} MB of facts JSON.\n", bytes as f64 / 1e6);
     let (cert, key) = ca.issue(&["master.example.com"]);
     let puppet = PuppetSettings {
         hostcert: Some(dir.write("master.pem", &cert)),
@@ -119,8 +122,13 @@ fn main() {
         index = next;
     }
     let pages = SERVERS.div_ceil(settings.page_size);
-    report(&format!("full read (listing, {pages} pages over TLS, decode, index)"), &full, &full_server);
-    report("incremental refresh, 10 changed", &incremental, &incremental_server);
+    println!("| Refresh | Median | of which the fake PuppetDB's share | Samples |");
+    println!("| --- | ---: | ---: | --- |");
+    row(&format!("full read: the listing, {pages} pages over TLS, decode, index"), &full, &full_server);
+    row(&format!("incremental, {CHANGED} nodes changed"), &incremental, &incremental_server);
+    report::record("puppetdb_full", median(&full).as_secs_f64() * 1e9);
+    report::record("puppetdb_incremental", median(&incremental).as_secs_f64() * 1e9);
+    println!("\nLoad average at the end: {}.", report::load_average());
 }
 
 fn median(samples: &[Duration]) -> Duration {
@@ -129,25 +137,13 @@ fn median(samples: &[Duration]) -> Duration {
     sorted[sorted.len() / 2]
 }
 
-fn report(what: &str, samples: &[Duration], server: &[Duration]) {
+fn row(what: &str, samples: &[Duration], server: &[Duration]) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let (total, served) = (median(samples), median(server));
     println!(
-        "{what}: median {:.1} ms (fake PuppetDB's share {:.1} ms; {} samples: {})",
+        "| {what} | {:.1} ms | {:.1} ms | {} |",
         ms(total),
         ms(served),
-        samples.len(),
         samples.iter().map(|d| format!("{:.1}", ms(*d))).collect::<Vec<_>>().join(", ")
-    );
-}
-
-fn print_machine() {
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("puppet-kicker {} benchmark (cargo bench --bench puppetdb)", env!("CARGO_PKG_VERSION"));
-    println!(
-        "machine: nproc {nproc}, {}; load average at start: {}",
-        if cfg!(debug_assertions) { "debug build" } else { "optimized build" },
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
 }

@@ -1,6 +1,8 @@
 //! `cargo bench --bench query`: puppet-kicker's index next to the alternatives it
 //! replaces, on a synthetic fleet of 10,000 servers (`puppet_kicker::synthetic`;
-//! `PK_BENCH_SERVERS=N` for another size; `PK_BENCH_ONLY=loading` for (d) and (e) alone).
+//! `PK_BENCH_SERVERS=N` for another size; `PK_BENCH_ONLY=loading` for (d) and (e) alone;
+//! `PK_BENCH_ONLY=scaling` for the figures `script/bench --report`'s scaling table
+//! compares between fleet sizes).
 //!
 //! (a) `servers_with_role`: inverted index vs a scan of every server;
 //! (b) `servers_with_facts` shapes: the store-backed index vs the serde_json index
@@ -14,6 +16,11 @@
 //!
 //! No criterion: each case warms up, then runs batches for about a second (at least
 //! three samples for slow cases) and reports the median and mean time per operation.
+//! Markdown on stdout (the machine on stderr); with `PK_BENCH_RESULTS=FILE`, the figures
+//! the report's summary and scaling table use are appended to FILE, a JSON object a line.
+
+#[path = "support/report.rs"]
+mod report;
 
 use puppet_kicker::facts::Node;
 use puppet_kicker::index::reference;
@@ -29,13 +36,23 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use report::{load_average, record};
+
 fn fleet_size() -> usize {
     std::env::var("PK_BENCH_SERVERS").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000)
 }
 /// Whether only the loading tables run (`PK_BENCH_ONLY=loading`): what a change to
 /// the readers needs, in a fraction of the time.
 fn loading_only() -> bool {
-    std::env::var("PK_BENCH_ONLY").is_ok_and(|only| only == "loading")
+    only("loading")
+}
+/// Whether only the figures of the scaling table run (`PK_BENCH_ONLY=scaling`): one
+/// query of each kind, the loading and refresh figures, the cold starts.
+fn scaling_only() -> bool {
+    only("scaling")
+}
+fn only(part: &str) -> bool {
+    std::env::var("PK_BENCH_ONLY").is_ok_and(|only| only == part)
 }
 const SEED: u64 = 1;
 const ENVIRONMENT: &str = "production";
@@ -59,7 +76,8 @@ fn main() {
     }
     let servers = fleet_size();
     // `cargo bench` passes `--bench`; a name filter is not supported, so ignore args.
-    print_machine();
+    report::print_machine("query");
+    println!("Load average at the start: {} (other processes make every figure slower and noisier).\n", load_average());
     let root = std::env::temp_dir().join(format!("pk-bench-{}", std::process::id()));
     let _ = fs::remove_dir_all(&root);
 
@@ -70,26 +88,29 @@ fn main() {
     let in_memory = rss_mb() - rss_before;
     let facts_dir = root.join("var/server_data/facts");
     let cache_bytes = synthetic::write_puppet_cache(&facts_dir, &nodes).expect("write the synthetic fact cache");
-    if std::env::var("PK_BENCH_ONLY").is_ok_and(|only| only == "refresh") {
+    if only("refresh") {
         refresh_only(&facts_dir, &nodes, built_at);
         let _ = fs::remove_dir_all(&root);
-        println!("load average at end: {}", load_average());
+        println!("Load average at the end: {}.", load_average());
         return;
     }
     let per_server = nodes.iter().map(|n| n.facts.len()).sum::<usize>() as f64 / nodes.len() as f64;
+    record("servers", servers as f64);
+    record("json_bytes", cache_bytes as f64);
     println!(
-        "fleet: {servers} servers (seed {SEED}), {per_server:.0} top-level facts each on average, \
-         {in_memory:.0} MB in memory (RSS growth), JSON fact cache {:.1} MB in {} (generated in {})",
+        "Fleet: {servers} servers (seed {SEED}), {per_server:.0} top-level facts each on average, \
+         {in_memory:.0} MB as serde_json trees in memory (RSS growth), a JSON fact cache of {:.1} MB \
+         (generated in {}).",
         cache_bytes as f64 / 1e6,
-        facts_dir.display(),
         human(started.elapsed().as_nanos() as f64)
     );
     let index = Index::build(nodes.clone(), ROLE_FACT, built_at);
     let before = reference::Index::build(nodes.clone(), ROLE_FACT, built_at);
     let fresh = Freshness { now: built_at, max_age: MAX_AGE };
     let in_env = index.servers().filter(|s| s.environment() == ENVIRONMENT).count();
+    record("index_bytes", index.heap_bytes() as f64);
     println!(
-        "index: {:.1} MB held (store {:.1} MB: {} strings, {} values) = {:.2}x the JSON",
+        "The index holds {:.1} MB (its store {:.1} MB: {} strings, {} values), {:.2}x the JSON.",
         index.heap_bytes() as f64 / 1e6,
         index.store().heap_bytes() as f64 / 1e6,
         index.store().strings(),
@@ -97,7 +118,8 @@ fn main() {
         index.heap_bytes() as f64 / cache_bytes as f64
     );
     println!(
-        "environment {ENVIRONMENT}: {in_env} servers; max_age {MAX_AGE} s; queries below answer for {ENVIRONMENT}\n"
+        "Environment {ENVIRONMENT}: {in_env} servers; max_age {MAX_AGE} s; the queries below answer for \
+         {ENVIRONMENT}. Speed-up: the alternative's median over the row's.\n"
     );
 
     let index_bytes = index.heap_bytes();
@@ -111,8 +133,7 @@ fn main() {
     cold_starts(&root, cache_bytes, index_bytes);
 
     let _ = fs::remove_dir_all(&root);
-    println!("load average at end: {}", load_average());
-    println!("total wall time: {}", human(started.elapsed().as_nanos() as f64));
+    println!("Load average at the end: {}; wall time {}.", load_average(), human(started.elapsed().as_nanos() as f64));
 }
 
 /// (a) `servers_with_role('node', 'production')`.
@@ -132,13 +153,14 @@ fn role_queries(index: &Index, before: &reference::Index, fresh: Freshness) {
         "(a) servers_with_role('node', '{ENVIRONMENT}'): {} of {servers} servers selected",
         by_index.len()
     ));
+    record("role_returned", by_index.len() as f64);
     table.ours(
         "Index::with_role: inverted index by environment and role",
-        measure(|| index.with_role(&roles, ENVIRONMENT, fresh)),
+        kept("with_role", measure(|| index.with_role(&roles, ENVIRONMENT, fresh))),
     );
     table.alternative(
         "linear scan: environment, freshness, role == \"node\" on every server",
-        measure(|| scan_role(before.nodes(), "node", fresh)),
+        kept("scan_role", measure(|| scan_role(before.nodes(), "node", fresh))),
     );
     table.info(
         "linear scan with the compiled clause role=node instead",
@@ -154,11 +176,14 @@ fn fact_queries(index: &Index, before: &reference::Index, fresh: Freshness) {
     let shapes: [&[&str]; 5] = [
         &CLAUSES,
         &["processors.count>=16", "os.family=Debian"],
-        &["hostname=/^web0001/"],
+        &["hostname=/^web0[0-4]/"],
         &REGEX_CLAUSES,
         &["networking.interfaces.eth0.mtu=1500", "kernelmajversion>=5"],
     ];
     for clauses in shapes {
+        if scaling_only() && clauses != CLAUSES {
+            continue;
+        }
         let query = Query::parse(clauses).unwrap();
         let by_index = index.with_facts(&query, ENVIRONMENT, fresh);
         assert_eq!(by_index, before.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh), "old and new disagree");
@@ -177,10 +202,12 @@ fn fact_queries(index: &Index, before: &reference::Index, fresh: Freshness) {
             "first query of a generation: the path indexes built (excluded below)",
             measure_each(fresh_index, |i| i.with_facts(&query, ENVIRONMENT, fresh).len()),
         );
-        table.ours(
-            "Index::with_facts: per-path indexes, per-value results",
-            measure(|| index.with_facts(&query, ENVIRONMENT, fresh)),
-        );
+        let ours = measure(|| index.with_facts(&query, ENVIRONMENT, fresh));
+        if clauses == CLAUSES {
+            record("clauses_returned", by_index.len() as f64);
+            record("with_facts", ours.median);
+        }
+        table.ours("Index::with_facts: per-path indexes, per-value results", ours);
         table.alternative(
             "before: the serde_json index (role list, then a scan)",
             measure(|| before.with_facts(&query, ENVIRONMENT, ROLE_FACT, fresh)),
@@ -200,8 +227,8 @@ fn service_queries(root: &Path, index: &Index, before: &reference::Index, fresh:
     let cold = cold.elapsed();
     assert_eq!(kicker.status().servers, servers);
     println!(
-        "(c) through Service, the service the Ruby binding calls (results not yet converted to Ruby); \
-         its first refresh (read {servers} JSON files, build, write the snapshot) took {}",
+        "**(c) through `Service`, the service the Ruby bindings call** (answers not converted to Ruby); \
+         its first refresh (read {servers} JSON files, build, write the snapshot) took {}.\n",
         human(cold.as_nanos() as f64)
     );
 
@@ -209,10 +236,10 @@ fn service_queries(root: &Path, index: &Index, before: &reference::Index, fresh:
     let query = Query::parse(&CLAUSES).unwrap();
     let selected = kicker.servers_with_role(&role_args, ENVIRONMENT).unwrap();
     assert_eq!(selected.len(), index.with_role(&RoleSelector::names(["node"]), ENVIRONMENT, fresh).len());
-    let mut table = Table::new(format!("    servers_with_role('node', '{ENVIRONMENT}'): {} servers", selected.len()));
+    let mut table = Table::new(format!("(c) servers_with_role('node', '{ENVIRONMENT}'): {} servers", selected.len()));
     table.ours(
         "Service::servers_with_role, an identical call (the answer kept for this index generation)",
-        measure(|| kicker.servers_with_role(&role_args, ENVIRONMENT).unwrap()),
+        kept("kept_answer", measure(|| kicker.servers_with_role(&role_args, ENVIRONMENT).unwrap())),
     );
     table.ours(
         "computing that answer: RoleSelector::parse + Index::with_role",
@@ -223,10 +250,13 @@ fn service_queries(root: &Path, index: &Index, before: &reference::Index, fresh:
         measure(|| scan_role(before.nodes(), "node", fresh)),
     );
     table.print();
+    if scaling_only() {
+        return;
+    }
 
     let selected = kicker.servers_with_facts(&CLAUSES, ENVIRONMENT).unwrap();
     assert_eq!(selected.len(), index.with_facts(&query, ENVIRONMENT, fresh).len());
-    let mut table = Table::new(format!("    servers_with_facts({}): {} servers", quoted(&CLAUSES), selected.len()));
+    let mut table = Table::new(format!("(c) servers_with_facts({}): {} servers", quoted(&CLAUSES), selected.len()));
     table.ours(
         "Service::servers_with_facts (clause cache hits)",
         measure(|| kicker.servers_with_facts(&CLAUSES, ENVIRONMENT).unwrap()),
@@ -241,7 +271,7 @@ fn service_queries(root: &Path, index: &Index, before: &reference::Index, fresh:
     let cache = ClauseCache::new(1024);
     for clauses in [&CLAUSES[..], &REGEX_CLAUSES[..]] {
         cache.compile(clauses).unwrap();
-        let mut table = Table::new(format!("    compiling the clauses of one call: {}", quoted(clauses)));
+        let mut table = Table::new(format!("(c) compiling the clauses of one call: {}", quoted(clauses)));
         table.ours("ClauseCache::compile (hit, as Service does)", measure(|| cache.compile(clauses).unwrap()));
         table.alternative("Query::parse (compiled on every call)", measure(|| Query::parse(clauses).unwrap()));
         table.print();
@@ -258,7 +288,10 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     let write = |index: &Index| snapshot::write(&snapshot_path, &SnapshotRef::of(index, &seen)).unwrap();
     write(&index);
     let snapshot_bytes = fs::metadata(&snapshot_path).map(|m| m.len()).unwrap_or(0);
+    record("snapshot_bytes", snapshot_bytes as f64);
     let dirs = [facts_dir.to_path_buf()];
+    // The scaling table's rows, or every row.
+    let full = !scaling_only();
 
     let mut table = Table::new(format!(
         "(d) loading {servers} servers: snapshot {:.1} MB (MessagePack, one file) vs JSON fact cache {:.1} MB ({servers} files); page cache warm",
@@ -267,37 +300,49 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     ));
     table.info(
         "Index::build_from parsed servers (sort, dedup, intern, role map)",
-        measure_each(|| (), |()| Index::build_from(&nodes, ROLE_FACT, built_at)),
+        kept("build_from", measure_each(|| (), |()| Index::build_from(&nodes, ROLE_FACT, built_at))),
     );
-    table.info(
-        "  its floor: only walking the parsed servers' trees (every key, every leaf)",
-        measure_each(
-            || (),
-            |()| nodes.iter().map(|n| n.facts.iter().map(|(k, v)| k.len() + walk(v)).sum::<usize>()).sum::<usize>(),
-        ),
-    );
-    table.info(
-        "  freeing the parsed servers afterwards (serde_json trees; after the index serves)",
-        measure_each(|| nodes.clone(), drop),
-    );
-    table.info("snapshot::write (encode, write, fsync, rename)", measure_each(|| (), |()| write(&index)));
-    drop(index);
-    table.info(
-        "before: reference::Index::build (serde_json trees)",
-        measure_each(|| nodes.clone(), |n| reference::Index::build(n, ROLE_FACT, built_at)),
-    );
-    let warm_start = |()| snapshot::read(&snapshot_path, ROLE_FACT).unwrap().unwrap().index;
-    table.ours("start from the snapshot: snapshot::read (checked, role maps built)", measure_each(|| (), warm_start));
-    let seen = BTreeMap::new();
-    table.info(
-        "Harvest::into_index: servers already decoded into the store (dedup, order, role maps)",
-        measure_each(|| puppet_cache::load(&dirs).unwrap(), |h| h.into_index(None, &seen, ROLE_FACT, built_at)),
-    );
-    for readers in [2, 1] {
+    if full {
         table.info(
-            &format!("puppet_cache::load, {readers} reader{}: JSON files decoded into the store", plural(readers)),
-            measure_each(|| (), |()| puppet_cache::load_with_readers(&dirs, readers).unwrap()),
+            "  its floor: only walking the parsed servers' trees (every key, every leaf)",
+            measure_each(
+                || (),
+                |()| nodes.iter().map(|n| n.facts.iter().map(|(k, v)| k.len() + walk(v)).sum::<usize>()).sum::<usize>(),
+            ),
         );
+        table.info(
+            "  freeing the parsed servers afterwards (serde_json trees; after the index serves)",
+            measure_each(|| nodes.clone(), drop),
+        );
+    }
+    table.info(
+        "snapshot::write (encode, write, fsync, rename)",
+        kept("snapshot_write", measure_each(|| (), |()| write(&index))),
+    );
+    drop(index);
+    if full {
+        table.info(
+            "before: reference::Index::build (serde_json trees)",
+            measure_each(|| nodes.clone(), |n| reference::Index::build(n, ROLE_FACT, built_at)),
+        );
+    }
+    let warm_start = |()| snapshot::read(&snapshot_path, ROLE_FACT).unwrap().unwrap().index;
+    table.ours(
+        "start from the snapshot: snapshot::read (checked, role maps built)",
+        kept("snapshot_read", measure_each(|| (), warm_start)),
+    );
+    let seen = BTreeMap::new();
+    if full {
+        table.info(
+            "Harvest::into_index: servers already decoded into the store (dedup, order, role maps)",
+            measure_each(|| puppet_cache::load(&dirs).unwrap(), |h| h.into_index(None, &seen, ROLE_FACT, built_at)),
+        );
+        for readers in [2, 1] {
+            table.info(
+                &format!("puppet_cache::load, {readers} reader{}: JSON files decoded into the store", plural(readers)),
+                measure_each(|| (), |()| puppet_cache::load_with_readers(&dirs, readers).unwrap()),
+            );
+        }
     }
     let (dirs, seen) = (&dirs, &seen);
     let from_source = |readers: usize| {
@@ -308,8 +353,12 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     };
     table.ours(
         "start from the JSON cache: puppet_cache::load + into_index (2 readers)",
-        measure_each(|| (), from_source(2)),
+        kept("json_to_index", measure_each(|| (), from_source(2))),
     );
+    if !full {
+        refreshes(&mut table, dirs, seen, &nodes, facts_dir, built_at);
+        return table.print();
+    }
     table.ours("  the same, 1 reader", measure_each(|| (), from_source(1)));
     // The legacy cache of older masters: the same servers as Ruby-tagged YAML.
     let yaml_dir = root.join("var/yaml/facts");
@@ -324,7 +373,7 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
             "legacy YAML cache ({:.1} MB): puppet_cache::load, 2 readers (YAML events decoded into the store)",
             yaml_bytes as f64 / 1e6
         ),
-        measure_each(|| (), |()| puppet_cache::load_with_readers(&yaml_dirs, 2).unwrap()),
+        kept("yaml_load", measure_each(|| (), |()| puppet_cache::load_with_readers(&yaml_dirs, 2).unwrap())),
     );
     let _ = fs::remove_dir_all(&yaml_dir);
     table.alternative(
@@ -385,7 +434,7 @@ fn refreshes(
         };
         table.ours(
             &format!("a refresh after the last one, {changed} of {servers} files changed: load_since + into_index"),
-            measure_each(setup, refresh(true)),
+            kept(&format!("refresh_{changed}"), measure_each(setup, refresh(true))),
         );
         table.info("  the same, the index built whole again (before)", measure_each(setup, refresh(false)));
     }
@@ -469,24 +518,33 @@ fn cold_starts(root: &Path, cache_bytes: u64, index_bytes: usize) {
             })
             .collect(),
     );
-    println!("(e) a new process's first servers_with_role('node') ({servers} servers; median of {COLD_RUNS} processes each):");
+    record("cold_snapshot", warm);
+    record("cold_json", json);
+    record("cold_snapshot_rss_mb", warm_rss);
+    record("cold_json_peak_mb", json_peak);
     println!(
-        "  > from the snapshot          {:>10}   resident memory +{warm_rss:.1} MB = {:.2}x the JSON fact cache ({:.1} MB)",
+        "**(e) a new process's first `servers_with_role('node')`** ({servers} servers; the median of {COLD_RUNS} \
+         processes each; resident memory is the growth of the process's RSS)\n"
+    );
+    println!("| Start | First answer | Resident memory added | Speed-up |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| puppet-kicker: from the snapshot | {} | +{warm_rss:.1} MB ({:.2}x the JSON fact cache's {:.1} MB) | {:.1}x faster |",
         human(warm),
         warm_rss * 1e6 / cache_bytes as f64,
-        cache_bytes as f64 / 1e6
-    );
-    println!(
-        "  * from the JSON fact cache   {:>10}   resident memory +{json_rss:.1} MB (parsing leaves freed memory resident)   snapshot {:.1}x faster",
-        human(json),
+        cache_bytes as f64 / 1e6,
         json / warm
     );
     println!(
-        "    peak resident memory during that full refresh from JSON: +{json_peak:.1} MB = {:.2}x the index's own bytes ({:.1} MB)",
+        "| alternative: from the JSON fact cache (read, decode, build, write the snapshot) | {} | +{json_rss:.1} MB \
+         (parsing leaves freed memory resident) | (alternative) |",
+        human(json)
+    );
+    println!(
+        "\nThe peak resident memory of that full refresh from JSON: +{json_peak:.1} MB, {:.2}x the index's own {:.1} MB.\n",
         json_peak * 1e6 / index_bytes as f64,
         index_bytes as f64 / 1e6
     );
-    println!();
 }
 
 /// The child of [`cold_starts`].
@@ -573,7 +631,6 @@ fn dir_bytes(dir: &Path) -> u64 {
 struct Stats {
     median: f64,
     mean: f64,
-    iterations: u64,
     samples: usize,
 }
 
@@ -597,7 +654,7 @@ fn measure<T>(mut op: impl FnMut() -> T) -> Stats {
         }
         samples.push(t.elapsed().as_nanos() as f64 / batch as f64);
     }
-    stats(samples, batch)
+    stats(samples)
 }
 
 /// Times one `op` per sample on a fresh input from `setup`, neither of which (nor
@@ -616,15 +673,15 @@ fn measure_each<S, T>(mut setup: impl FnMut() -> S, mut op: impl FnMut(S) -> T) 
         measured += elapsed;
         samples.push(elapsed.as_nanos() as f64);
     }
-    stats(samples, 1)
+    stats(samples)
 }
 
-fn stats(mut samples: Vec<f64>, batch: u64) -> Stats {
+fn stats(mut samples: Vec<f64>) -> Stats {
     samples.sort_by(f64::total_cmp);
     let n = samples.len();
     let median = if n % 2 == 1 { samples[n / 2] } else { (samples[n / 2 - 1] + samples[n / 2]) / 2.0 };
     let mean = samples.iter().sum::<f64>() / n as f64;
-    Stats { median, mean, iterations: batch * n as u64, samples: n }
+    Stats { median, mean, samples: n }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -659,29 +716,41 @@ impl Table {
         self.rows.push((name.to_string(), Kind::Info, stats));
     }
 
-    /// One line per row; `speed-up` compares medians with the alternative's.
+    /// A Markdown table; `speed-up` compares medians with the alternative's.
     fn print(&self) {
         let baseline = self.rows.iter().find(|(_, kind, _)| *kind == Kind::Alternative).map(|(_, _, s)| s.median);
-        let width = self.rows.iter().map(|(name, _, _)| name.len() + 2).max().unwrap_or(0).max(16);
-        let (median, mean, ops, samples, speedup) = ("median", "mean", "ops", "samples", "speed-up");
-        println!("{}", self.title);
-        println!("  {:<width$}  {median:>10}  {mean:>10}  {ops:>8}  {samples:>7}  {speedup:>15}", "implementation");
+        println!("**{}**\n", cell(&self.title));
+        println!("| | Implementation | Median | Mean | Samples | Speed-up |");
+        println!("| --- | --- | ---: | ---: | ---: | ---: |");
         for (name, kind, s) in &self.rows {
-            let (marker, relative) = match (kind, baseline) {
-                (Kind::Alternative, _) => ("* ", "(alternative)".to_string()),
-                (Kind::Ours, Some(base)) => ("> ", ratio(base, s.median)),
-                (Kind::Info, Some(base)) => ("  ", ratio(base, s.median)),
-                (_, None) => ("  ", String::new()),
+            let (what, relative) = match (kind, baseline) {
+                (Kind::Alternative, _) => ("alternative", "(alternative)".to_string()),
+                (Kind::Ours, Some(base)) => ("puppet-kicker", ratio(base, s.median)),
+                (Kind::Ours, None) => ("puppet-kicker", String::new()),
+                (Kind::Info, Some(base)) => ("", ratio(base, s.median)),
+                (Kind::Info, None) => ("", String::new()),
             };
-            let name = format!("{marker}{name}");
+            // Sub-rows are indented in the name; Markdown would drop the spaces.
+            let name = match name.strip_prefix("  ") {
+                Some(rest) => format!("↳ {rest}"),
+                None => name.clone(),
+            };
             let (median, mean) = (human(s.median), human(s.mean));
-            println!(
-                "  {name:<width$}  {median:>10}  {mean:>10}  {:>8}  {:>7}  {relative:>15}",
-                s.iterations, s.samples
-            );
+            println!("| {what} | {} | {median} | {mean} | {} | {relative} |", cell(&name), s.samples);
         }
         println!();
     }
+}
+
+/// Text for a Markdown table cell: a `|` escaped.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+/// Records a case's median (nanoseconds) under `key`, and gives the case back.
+fn kept(key: &str, stats: Stats) -> Stats {
+    record(key, stats.median);
+    stats
 }
 
 /// How much faster than the alternative (`base`) a row is, or how much slower.
@@ -702,30 +771,6 @@ fn human(nanos: f64) -> String {
     }
 }
 
-fn print_machine() {
-    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()))
-        .unwrap_or_else(|| "unknown".into());
-    let processors = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let memory = fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().to_string())))
-        .unwrap_or_default();
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let load = load_average();
-    println!("puppet-kicker {} benchmark (cargo bench --bench query)", env!("CARGO_PKG_VERSION"));
-    println!(
-        "machine: nproc {nproc} ({processors} in /proc/cpuinfo), CPU {model}, memory {memory}, Linux {}, {} {}",
-        kernel.trim(),
-        std::env::consts::ARCH,
-        if cfg!(debug_assertions) { "debug build" } else { "optimized build" }
-    );
-    println!("load average at start: {load} (other processes make every figure slower and noisier)");
-}
-
 fn rss_mb() -> f64 {
     status_mb("VmRSS:")
 }
@@ -738,9 +783,4 @@ fn status_mb(field: &str) -> f64 {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
     kb.unwrap_or(0.0) / 1024.0
-}
-
-fn load_average() -> String {
-    let text = fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }

@@ -54,7 +54,7 @@ pub fn run(url: String, [cert, key, ca]: [PathBuf; 3]) {
     let tls = tls::client_config(&files).expect("the TLS files");
     let agent = ureq::AgentBuilder::new().tls_config(tls).timeout(Duration::from_secs(60)).build();
     let real = Real { settings, url, agent };
-    println!("real PuppetDB at {} (page_size {})", real.url, real.settings.page_size);
+    println!("A real PuppetDB at {} (page_size {}); medians:\n", real.url, real.settings.page_size);
 
     let (source, mut index) = real.full_refreshes();
     real.shares();
@@ -150,7 +150,7 @@ impl Real {
         decoding.remove(0);
         report(&format!("  our share: decoding those {mb:.1} MB into a store (no network)"), &decoding);
 
-        println!("query shapes, answers read and discarded (listing not included):");
+        println!("- query shapes, answers read and discarded (listing not included):");
         for size in [100, 250, 500, 1000, 2500] {
             let samples = sampled(|| {
                 for p in names.chunks(size) {
@@ -313,8 +313,12 @@ fn report(what: &str, samples: &[Duration]) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut sorted = samples.to_vec();
     sorted.sort();
+    // A Markdown list item, nested as far as `what` is indented.
+    let depth = what.len() - what.trim_start().len();
     println!(
-        "{what}: median {:.1} ms ({} samples: {})",
+        "{}- {}: median {:.1} ms ({} samples: {})",
+        " ".repeat(depth),
+        what.trim_start(),
         ms(sorted[sorted.len() / 2]),
         samples.len(),
         samples.iter().map(|d| format!("{:.1}", ms(*d))).collect::<Vec<_>>().join(", ")

@@ -52,7 +52,8 @@ def timed_calls(compiler, name, *args)
   [answer, median(samples)]
 end
 
-puts "puppet #{Puppet.version}, ruby #{RUBY_VERSION}; #{CALLS} calls each after one warm-up; load #{File.read('/proc/loadavg').split[0, 3].join(' ')}"
+puts "Puppet #{Puppet.version}, Ruby #{RUBY_VERSION}; #{CALLS} calls each after one warm-up; load average #{File.read('/proc/loadavg').split[0, 3].join(' ')}."
+puts
 Puppet[:tasks] = false
 Puppet::Pal.in_tmp_environment('production', modulepath: [modules], facts: { 'fqdn' => 'bench.example.com' }) do |pal|
   pal.with_catalog_compiler do |compiler|
@@ -62,9 +63,9 @@ Puppet::Pal.in_tmp_environment('production', modulepath: [modules], facts: { 'fq
     theirs_names = theirs.map { |h| h.fetch('certname') }.to_set
     raise "different servers: #{(ours_names ^ theirs_names).first(5).inspect}" unless ours_names == theirs_names && !ours_names.empty?
 
-    puts format('puppetdb_query (%<n>d servers, live from PuppetDB): median %<t>s per call', n: theirs.size, t: BenchSupport.human(theirs_median))
-    puts format('servers_with_role (%<n>d servers, index warm):      median %<t>s per call', n: ours.size, t: BenchSupport.human(ours_median))
-    puts format('servers_with_role is %<x>.0fx faster, the same %<n>d certnames', x: theirs_median / ours_median, n: ours_names.size)
+    puts format('- `puppetdb_query` (%<n>d servers, live from PuppetDB): median %<t>s per call', n: theirs.size, t: BenchSupport.human(theirs_median))
+    puts format('- `servers_with_role` (%<n>d servers, index warm): median %<t>s per call', n: ours.size, t: BenchSupport.human(ours_median))
+    puts format('- `servers_with_role` is %<x>.0fx faster, the same %<n>d certnames', x: theirs_median / ours_median, n: ours_names.size)
   end
 end
 
@@ -75,4 +76,4 @@ facade = Array.new(CALLS) do
   PuppetKicker.servers_with_role('haproxy', 'production')
   Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
 end
-puts format('  of which PuppetKicker.servers_with_role alone (no compiler): median %<t>s per call', t: BenchSupport.human(median(facade)))
+puts format('  - of which `PuppetKicker.servers_with_role` alone (no compiler): median %<t>s per call', t: BenchSupport.human(median(facade)))

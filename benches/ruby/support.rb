@@ -67,19 +67,46 @@ module BenchSupport
            '--bin', 'pk-synthetic-facts', '--', facts_dir, servers.to_s, seed.to_s, chdir: ROOT, out: out, exception: true)
   end
 
-  # A warm-up call, then one call per sample until `seconds` have passed (at least
-  # `min_samples`): median and mean seconds per call. Garbage collection is included:
-  # it is part of what a compile pays.
-  def measure(seconds: 1.0, min_samples: 3, &block)
-    yield
+  # Seconds of warm-up calls before a case is sampled: under JRuby, long enough for
+  # its JIT (and the JVM's) to compile the path; under MRI, one call's caches.
+  WARM_UP = RUBY_ENGINE == 'jruby' ? 3.0 : 0.2
+
+  # Warm-up calls for `warm_up` seconds, then one call per sample until `seconds` have
+  # passed (at least `min_samples`): median and mean seconds per call. The block is
+  # given the call's number, counted from 0 across warm-up and samples (so that a
+  # case can make every call a different query). Garbage collection is included: it
+  # is part of what a compile pays.
+  def measure(seconds: 1.0, min_samples: 3, warm_up: WARM_UP)
+    calls = 0
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    loop do
+      yield calls
+      calls += 1
+      break if Process.clock_gettime(Process::CLOCK_MONOTONIC) - started >= warm_up
+    end
     GC.start
     samples = []
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    samples << Benchmark.realtime(&block) while samples.size < min_samples || Process.clock_gettime(Process::CLOCK_MONOTONIC) - started < seconds
-    samples.sort!
-    middle = samples.size / 2
-    median = samples.size.odd? ? samples[middle] : (samples[middle - 1] + samples[middle]) / 2
-    { median: median, mean: samples.sum / samples.size, samples: samples.size }
+    while samples.size < min_samples || Process.clock_gettime(Process::CLOCK_MONOTONIC) - started < seconds
+      number = calls
+      samples << Benchmark.realtime { yield number }
+      calls += 1
+    end
+    stats(samples)
+  end
+
+  # Median, mean and count of `samples` (seconds).
+  def stats(samples)
+    sorted = samples.sort
+    middle = sorted.size / 2
+    median = sorted.size.odd? ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2
+    { median: median, mean: sorted.sum / sorted.size, samples: sorted.size }
+  end
+
+  def load_average
+    File.read('/proc/loadavg').split.first(3).join(' ')
+  rescue SystemCallError
+    'unknown'
   end
 
   def human(seconds)

@@ -3,8 +3,10 @@
 # What the `kick` report processor costs per report, next to Puppet's own `store`
 # processor (which every master runs) on the same report: a real in-process catalog
 # apply of 200 resources, one run with nothing to kick and one with a kick (dry run,
-# so nothing leaves the machine). Run after `rake compile`: ruby benches/ruby/report.rb
+# so nothing leaves the machine). Run after `rake compile`: ruby benches/ruby/kick_report.rb
+# Markdown on stdout; with PK_BENCH_RESULTS=FILE, the medians as JSON in FILE too.
 require_relative 'support'
+require 'json'
 require 'yaml'
 require 'puppet'
 require 'puppet/reports'
@@ -34,7 +36,7 @@ def report(kick)
 end
 
 def per_call(&block)
-  BenchSupport.measure(seconds: 2.0, min_samples: 20, &block)[:median] * 1e6
+  BenchSupport.measure(seconds: 2.0, min_samples: 20, &block)[:median]
 end
 
 quiet = report(false)
@@ -46,8 +48,11 @@ rows = [
   ['kick: one Notify[kick -> haproxy] (dry run)', per_call { kicking.dup.extend(kick).process }],
   ['store: the same report written as YAML (Puppet\'s own)', per_call { quiet.dup.extend(store).process }],
 ]
-puts "#{RUBY_DESCRIPTION}; #{`nproc`.strip} CPUs: #{File.read('/proc/cpuinfo')[/model name\s*:\s*(.*)/, 1]}"
+puts "#{RUBY_DESCRIPTION}, Puppet #{Puppet.version}; medians of at least 2 s of calls (at least 20), after #{BenchSupport::WARM_UP} s of them."
 puts
 puts '| Report processor | Median per report |'
 puts '| --- | ---: |'
-rows.each { |name, us| puts format('| %s | %.0f µs |', name, us) }
+rows.each { |name, seconds| puts "| #{name} | #{BenchSupport.human(seconds)} |" }
+if (file = ENV.fetch('PK_BENCH_RESULTS', nil))
+  File.write(file, JSON.generate(%w[kick_quiet kick_one store].zip(rows.map(&:last)).to_h))
+end
