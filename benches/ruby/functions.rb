@@ -1,10 +1,30 @@
 # frozen_string_literal: true
 
-# `ruby benches/ruby/functions.rb [SERVERS]`, after `rake compile`: the Puppet functions'
-# native path (PuppetKicker.servers_with_role / servers_with_facts, results converted
-# to Ruby hashes) next to the pure-Ruby alternative (every fact file parsed into Ruby
-# hashes once, then `select` + `sort_by` on every call), on a synthetic fleet written
-# by `pk-synthetic-facts` as puppetserver's JSON fact cache. Standard library only.
+# The Puppet functions' native path next to pure Ruby, like for like, on a synthetic
+# fleet written by `pk-synthetic-facts` as puppetserver's JSON fact cache:
+#
+#   ruby benches/ruby/functions.rb [SERVERS]    MRI: the magnus backend (`rake compile`)
+#   jruby benches/ruby/functions.rb [SERVERS]   JRuby: the ffi backend and, when
+#       native/puppet_kicker_jruby.jar is there (`rake jar`), the Java reader of its
+#       replies, as puppetserver loads them
+#
+# Each query shape is called through the PuppetKicker facade the functions call
+# (configure, query, conversion to Ruby Hashes), in three ways, each next to the
+# pure-Ruby alternative (every fact file parsed into Ruby Hashes once, then `select` +
+# `sort_by` on every call: no cache, so every call of it is a full scan):
+#   first call     the first call of a new index generation: the servers it returns
+#                  are converted to Ruby, and the indexes of the paths it names built;
+#   distinct call  a different query on every call (the shape's query plus a role no
+#                  server has, or a bound or regex alternative that selects no other
+#                  server), so that no kept answer can serve it, its servers already
+#                  converted; pure Ruby runs the same queries;
+#   identical call the same call again: the Array kept for it is returned.
+# Before timing, each shape's native answer is checked to equal pure Ruby's (the same
+# servers in the same order), its base query and distinct ones alike.
+#
+# Goals: a distinct call >= 100x pure Ruby's scan; a first call no slower than it.
+# Markdown on stdout; with PK_BENCH_RESULTS=FILE, the figures as JSON in FILE too (for
+# script/bench --report). Standard library only (and ffi under JRuby).
 
 require 'json'
 require 'time'
@@ -14,23 +34,27 @@ ROOT = BenchSupport::ROOT
 SERVERS = Integer(ARGV.fetch(0, '10000'))
 SEED = 1
 ENVIRONMENT = 'production'
-CLAUSES = ['role=node', 'processors.count>=4', 'os.release.full>=11.2'].freeze
 MAX_AGE = 7 * 86_400 # puppet_kicker.yaml's default max_age
 MEASURE = 1.0 # seconds of samples per case
-MIN_SAMPLES = 3
-# First calls measured per query shape, each in a fresh index generation (median).
+MIN_SAMPLES = 5
+JRUBY = RUBY_ENGINE == 'jruby'
+# First calls per shape, each in a fresh index generation: the median of FIRST_SAMPLES,
+# after FIRST_WARM_UP generations of the same call (under JRuby: for its JIT, as a
+# long-running puppetserver has compiled the path before any refresh).
 FIRST_SAMPLES = 9
+FIRST_WARM_UP = JRUBY ? 15 : 2
+DISTINCT_GOAL = 100.0
+FIRST_GOAL = 1.0
 
-# Puppet.settings, set below, is what PuppetKicker.configure reads on every call (a
-# Hash of confdir/vardir/server_datadir, like Puppet's).
 BenchSupport.require_facade
-
-abort "benches/ruby/functions.rb: #{PuppetKicker::NATIVE_LIBRARY} is missing; run `rake compile` first" unless File.exist?(PuppetKicker::NATIVE_LIBRARY)
+library = PuppetKicker::LIBRARIES.fetch(PuppetKicker.backend)
+abort "benches/ruby/functions.rb: #{library} is missing; run `rake compile` first" unless File.exist?(library)
 
 Server = Struct.new(:certname, :environment, :timestamp, :facts)
 
-# The pure-Ruby alternative, written for this one query shape (no clause parser),
-# which is the cheapest a Ruby implementation could be.
+# The pure-Ruby alternative, written for each query shape (no clause parser): the
+# cheapest a Ruby implementation could be. Each takes the parameter its distinct
+# calls vary.
 module PureRuby
   module_function
 
@@ -44,103 +68,87 @@ module PureRuby
     end
   end
 
-  def servers_with_role(servers, role, environment)
-    oldest = Time.now.to_i - MAX_AGE
-    servers.select do |s|
-      next false unless s.environment == environment && s.timestamp >= oldest
-
-      value = s.facts['role']
-      value == role || (value.is_a?(Array) && value.include?(role))
-    end.sort_by { |s| s.facts['fqdn'] || s.certname }.map(&:facts)
+  def sorted(servers)
+    servers.sort_by { |s| s.facts['fqdn'] || s.certname }.map(&:facts)
   end
 
-  # processors.count>=16, os.family=Debian.
-  def big_debian(servers, environment)
+  def current(servers)
     oldest = Time.now.to_i - MAX_AGE
-    servers.select do |s|
-      next false unless s.environment == environment && s.timestamp >= oldest
-
-      count = s.facts.dig('processors', 'count')
-      count.is_a?(Integer) && count >= 16 && s.facts.dig('os', 'family') == 'Debian'
-    end.sort_by { |s| s.facts['fqdn'] || s.certname }.map(&:facts)
+    servers.select { |s| s.environment == ENVIRONMENT && s.timestamp >= oldest && yield(s.facts) }
   end
 
-  # hostname=/^web0001/.
-  def hostname_matches(servers, pattern, environment)
-    oldest = Time.now.to_i - MAX_AGE
-    servers.select do |s|
-      s.environment == environment && s.timestamp >= oldest && s.facts['hostname'].is_a?(String) &&
-        pattern.match?(s.facts['hostname'])
-    end.sort_by { |s| s.facts['fqdn'] || s.certname }.map(&:facts)
+  # role is one of `roles`.
+  def with_role(servers, roles)
+    sorted(current(servers) do |facts|
+      value = facts['role']
+      value.is_a?(Array) ? value.any? { |v| roles.include?(v) } : roles.include?(value)
+    end)
   end
 
   MIN_RELEASE = [11, 2].freeze
 
-  # role=node, processors.count>=4, os.release.full>=11.2 (as a version).
-  def servers_with_facts(servers, environment)
-    oldest = Time.now.to_i - MAX_AGE
-    servers.select do |s|
-      next false unless s.environment == environment && s.timestamp >= oldest
-
-      facts = s.facts
+  # role=node, processors.count>=min, os.release.full>=11.2 (as a version).
+  def node_release(servers, min)
+    sorted(current(servers) do |facts|
       count = facts.dig('processors', 'count')
       release = facts.dig('os', 'release', 'full')
-      facts['role'] == 'node' && count.is_a?(Integer) && count >= 4 &&
+      facts['role'] == 'node' && count.is_a?(Integer) && count >= min &&
         release.is_a?(String) && (release.split('.').map(&:to_i) <=> MIN_RELEASE) >= 0
-    end.sort_by { |s| s.facts['fqdn'] || s.certname }.map(&:facts)
+    end)
+  end
+
+  # processors.count>=min, os.family=Debian.
+  def big_debian(servers, min)
+    sorted(current(servers) do |facts|
+      count = facts.dig('processors', 'count')
+      count.is_a?(Integer) && count >= min && facts.dig('os', 'family') == 'Debian'
+    end)
+  end
+
+  # hostname=/pattern/.
+  def hostname(servers, pattern)
+    sorted(current(servers) { |facts| facts['hostname'].is_a?(String) && pattern.match?(facts['hostname']) })
   end
 end
 
-# The Ruby engine's own floor for a first conversion (MRI's, or JRuby's): building, from objects that already
-# exist, only what the servers' Hashes need that no earlier server had (Hashes through
-# rb_hash_bulk_insert, as the magnus binding does; Arrays; Strings), each frozen, for
-# the servers a native call returned. Median seconds a server of 5 runs, and the
-# Hashes and Hash entries made a server.
-def first_conversion_floor(facts_dir, certnames)
-  seen = {}
-  jobs = certnames.map do |certname|
-    facts = JSON.parse(File.read(File.join(facts_dir, "#{certname}.json")), freeze: true)['values']
-    job = []
-    walk = lambda do |value|
-      case value
-      when Hash then value.each_value(&walk)
-      when Array then value.each(&walk)
-      when String then nil
-      else next
-      end
-      next if seen[value]
-
-      seen[value] = true
-      job << case value
-             when Hash then [:hash, value.flat_map { |k, v| [k, v] }]
-             when Array then [:array, value]
-             else [:string, value]
-             end
-    end
-    facts.each_value(&walk)
-    job << [:hash, facts.flat_map { |k, v| [k, v] } + (facts.key?('certname') ? [] : ['certname', certname])]
-  end
-  runs = Array.new(5) do
-    GC.start
-    GC.disable
-    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    jobs.each do |job|
-      job.each do |kind, made|
-        case kind
-        when :hash then Hash[*made].freeze
-        when :array then Array.new(made).freeze
-        else String.new(made).freeze
-        end
-      end
-    end
-    Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-  ensure
-    GC.enable
-  end
-  hashes = jobs.sum { |job| job.count { |kind, _| kind == :hash } }
-  entries = jobs.sum { |job| job.sum { |kind, made| kind == :hash ? made.size / 2 : 0 } }
-  { per_server: runs.sort[2] / certnames.size, hashes: hashes.fdiv(certnames.size), entries: entries.fdiv(certnames.size) }
+# A query shape: its base call (`nil`) and its distinct calls (`i` = 0, 1, ...), both
+# native (`native[i]`) and pure Ruby (`ruby[servers, i]`), each selecting the same
+# servers. Distinct values end in 1 so that no two are the same number.
+Shape = Struct.new(:label, :distinct, :native, :ruby, keyword_init: true)
+role = lambda do |name|
+  roles = ->(i) { i.nil? ? [name] : [name, "pk-bench-absent-#{i}"] }
+  Shape.new(label: "servers_with_role('#{name}')", distinct: "`servers_with_role(['#{name}', 'pk-bench-absent-N'])`",
+            native: ->(i) { PuppetKicker.servers_with_role(roles[i], ENVIRONMENT) },
+            ruby: ->(servers, i) { PureRuby.with_role(servers, roles[i]) })
 end
+SHAPES = [
+  role['node'],
+  role['haproxy'],
+  # Processor counts are 2, 4, 8, 16 and 32: any bound above 3 and up to 4 selects the same.
+  Shape.new(label: "servers_with_facts('role=node', 'processors.count>=4', 'os.release.full>=11.2')",
+            distinct: "`'processors.count>=3.N1'` in place of `>=4`",
+            native: lambda { |i|
+              bound = i.nil? ? '4' : "3.#{i}1"
+              PuppetKicker.servers_with_facts(['role=node', "processors.count>=#{bound}", 'os.release.full>=11.2'], ENVIRONMENT)
+            },
+            ruby: ->(servers, i) { PureRuby.node_release(servers, i.nil? ? 4 : Float("3.#{i}1")) }),
+  Shape.new(label: "servers_with_facts('processors.count>=16', 'os.family=Debian')",
+            distinct: "`'processors.count>=8.N1'` in place of `>=16`",
+            native: lambda { |i|
+              bound = i.nil? ? '16' : "8.#{i}1"
+              PuppetKicker.servers_with_facts(["processors.count>=#{bound}", 'os.family=Debian'], ENVIRONMENT)
+            },
+            ruby: ->(servers, i) { PureRuby.big_debian(servers, i.nil? ? 16 : Float("8.#{i}1")) }),
+  Shape.new(label: "servers_with_facts('hostname=/^web0[0-4]/')",
+            distinct: "`servers_with_facts('hostname=/^web0[0-4]|^pk-bench-absent-N/')`",
+            native: lambda { |i|
+              pattern = i.nil? ? '^web0[0-4]' : "^web0[0-4]|^pk-bench-absent-#{i}"
+              PuppetKicker.servers_with_facts(["hostname=/#{pattern}/"], ENVIRONMENT)
+            },
+            ruby: lambda { |servers, i|
+              PureRuby.hostname(servers, i.nil? ? /^web0[0-4]/ : Regexp.new("^web0[0-4]|^pk-bench-absent-#{i}"))
+            }),
+].freeze
 
 def measure(&block)
   BenchSupport.measure(seconds: MEASURE, min_samples: MIN_SAMPLES, &block)
@@ -156,209 +164,152 @@ rescue SystemCallError
   0.0
 end
 
-def ratio(base, row)
-  row <= base ? format('%.1fx faster', base / row) : format('%.1fx slower', row / base)
+# A Markdown table cell: a `|` escaped, even in code.
+def cell(text)
+  text.gsub('|', '\\|')
 end
 
-# rows: [name, :ours | :alternative | :info, stats]; speed-up compares the row's
-# median with the alternative's (none for :info rows, which answer another question).
-def print_table(title, rows)
-  baseline = rows.find { |_, kind, _| kind == :alternative }[2][:median]
-  width = [rows.map { |name, _, _| name.size + 2 }.max, 16].max
-  puts title
-  puts format("  %-#{width}s  %10s  %10s  %7s  %15s", 'implementation', 'median', 'mean', 'samples', 'speed-up')
-  rows.each do |name, kind, stats|
-    marker, relative = { alternative: ['* ', '(alternative)'], ours: ['> ', ratio(baseline, stats[:median])],
-                         info: ['  ', ratio(baseline, stats[:median])], }.fetch(kind)
-    puts format("  %-#{width}s  %10s  %10s  %7d  %15s",
-                marker + name, human(stats[:median]), human(stats[:mean]), stats[:samples], relative)
-  end
-  puts
+# A number with thousands separators.
+def count(number)
+  number.to_s.reverse.scan(/\d{1,3}/).join(',').reverse
 end
 
 def names(servers)
   servers.map { |facts| facts['certname'] }
 end
 
-cpu = (File.exist?('/proc/cpuinfo') && File.read('/proc/cpuinfo')[/^model name\s*:\s*(.+)$/, 1]) || 'unknown'
-puts "puppet-kicker #{PuppetKicker::VERSION} Ruby benchmark (ruby benches/ruby/functions.rb)"
-puts "machine: nproc #{`nproc`.strip}, CPU #{cpu}, #{RUBY_DESCRIPTION}"
-puts "load average at start: #{File.read('/proc/loadavg').split.first(3).join(' ')}"
+# How many times faster than pure Ruby (below 1: slower).
+def times(ratio)
+  digits = if ratio < 10 then 2
+           elsif ratio < 100 then 1
+           else
+             0
+           end
+  text = format("%.#{digits}f", ratio)
+  text = text.reverse.scan(/\d{1,3}/).join(',').reverse if digits.zero?
+  "#{text}x"
+end
+
+reader = if PuppetKicker.native.respond_to?(:java_reader)
+           PuppetKicker.native.java_reader ? 'the Java reader' : 'the Ruby reader'
+         end
+engine = JRUBY ? "JRuby #{JRUBY_VERSION} (Ruby #{RUBY_VERSION}) on Java #{ENV_JAVA['java.version']}" : "MRI #{RUBY_VERSION}"
+backend = "#{PuppetKicker.backend} backend#{reader ? ", #{reader}" : ''}"
+warn "==> #{engine}, #{backend}: #{SERVERS} servers"
 
 dir = BenchSupport.scratch_dir('pk-bench-functions')
 facts_dir = File.join(dir, 'var', 'server_data', 'facts')
-BenchSupport.synthetic_fleet(facts_dir, SERVERS, SEED)
+BenchSupport.synthetic_fleet(facts_dir, SERVERS, SEED, out: $stderr)
 # A long ttl, so that no background refresh competes with the measurements.
 config = File.join(dir, 'puppet_kicker.yaml')
 File.write(config, "cache:\n  ttl: 1d\n  cold_start_timeout: 5m\n")
 ENV['PUPPET_KICKER_CONFIG'] = config
 Puppet.settings = { confdir: File.join(dir, 'etc'), vardir: File.join(dir, 'var'), server_datadir: nil }
-puts "native library: #{PuppetKicker.native.version} (#{PuppetKicker.backend} backend" \
-     "#{if PuppetKicker.native.respond_to?(:java_reader)
-          ", #{PuppetKicker.native.java_reader ? 'Java' : 'Ruby'} reader"
-        else
-          ''
-        end})"
-puts
 
 # The native path is measured first, before the pure-Ruby data exists: 10,000
-# preloaded fact hashes on the Ruby heap would slow every garbage collection the
+# preloaded fact Hashes on the Ruby heap would slow every garbage collection the
 # native results trigger, which a real compile using the native path never has.
 rss = rss_mb
-first = nil
+cold_returned = nil
 cold = Benchmark.realtime do
   PuppetKicker.configure(Puppet.settings)
-  first = PuppetKicker.servers_with_role('node', ENVIRONMENT).size
+  cold_returned = PuppetKicker.servers_with_role('node', ENVIRONMENT).size
 end
 native_rss = rss_mb - rss
-status = PuppetKicker.status
-raise "the index holds #{status['servers']} servers, not #{SERVERS}" unless status['servers'] == SERVERS
+held = PuppetKicker.status['servers']
+raise "the index holds #{held} servers, not #{SERVERS}" unless held == SERVERS
 
-role_call = ->(role) { "servers_with_role('#{role}', '#{ENVIRONMENT}')" }
-facts_call = "servers_with_facts(#{CLAUSES.map { |c| "'#{c}'" }.join(', ')})"
-cases = %w[node haproxy].map do |role|
-  { title: role_call[role],
-    native: ['native: PuppetKicker.servers_with_role (index + conversion to Ruby)',
-             -> { PuppetKicker.servers_with_role(role, ENVIRONMENT) },],
-    info: ['native: PuppetKicker.server_with_role (same lookup, converts 1 server)',
-           -> { PuppetKicker.server_with_role(role, ENVIRONMENT) },],
-    ruby: ['pure Ruby: select + sort_by over preloaded hashes',
-           ->(servers) { PureRuby.servers_with_role(servers, role, ENVIRONMENT) },], }
-end
-# `paths`: queries that build, in a fresh generation, the indexes of the paths a
-# case's clauses name and select no server, so that a first call after them
-# measures the conversion (and the clauses' evaluation), not the indexes' build
-# (issue 11 counts that separately).
-cases << { title: facts_call,
-           paths: [['processors.count>=1000000'], ['os.release.full>=999']],
-           native: ['native: PuppetKicker.servers_with_facts (index + conversion to Ruby)',
-                    -> { PuppetKicker.servers_with_facts(CLAUSES, ENVIRONMENT) },],
-           ruby: ['pure Ruby: select (hand-written test) + sort_by over preloaded hashes',
-                  ->(servers) { PureRuby.servers_with_facts(servers, ENVIRONMENT) },], }
-big_debian = ['processors.count>=16', 'os.family=Debian']
-cases << { title: "servers_with_facts(#{big_debian.map { |c| "'#{c}'" }.join(', ')})",
-           paths: [['processors.count>=1000000'], ['os.family=pk-bench-none']],
-           native: ['native: PuppetKicker.servers_with_facts (index + conversion to Ruby)',
-                    -> { PuppetKicker.servers_with_facts(big_debian, ENVIRONMENT) },],
-           ruby: ['pure Ruby: select (hand-written test) + sort_by over preloaded hashes',
-                  ->(servers) { PureRuby.big_debian(servers, ENVIRONMENT) },], }
-cases << { title: "servers_with_facts('hostname=/^web0001/')",
-           paths: [['hostname=pk-bench-none']],
-           native: ['native: PuppetKicker.servers_with_facts (index + conversion to Ruby)',
-                    -> { PuppetKicker.servers_with_facts(['hostname=/^web0001/'], ENVIRONMENT) },],
-           ruby: ['pure Ruby: select (regex on every hostname) + sort_by over preloaded hashes',
-                  ->(servers) { PureRuby.hostname_matches(servers, /^web0001/, ENVIRONMENT) },], }
-
-# The first call of an index generation (after a refresh, or in a new process)
-# converts what it returns: measured in fresh generations, one shape at a time (a
-# new configuration makes a new core, which loads the snapshot as a new generation).
+# A new index generation: a changed configuration makes a new core, which loads the
+# snapshot the first one wrote (the same servers, nothing converted yet).
 configs = [config, File.join(dir, 'puppet_kicker_b.yaml')]
 File.write(configs[1], File.read(config))
 fresh_generation = lambda do
   configs.rotate!
   ENV['PUPPET_KICKER_CONFIG'] = configs.first
   PuppetKicker.configure(Puppet.settings)
-  PuppetKicker.servers_with_role('no-such-role', ENVIRONMENT)
+  raise 'a role no server has selected servers' unless PuppetKicker.servers_with_role('pk-bench-none', ENVIRONMENT).empty?
 end
-cases.each do |c|
-  samples = Array.new(FIRST_SAMPLES) do
-    fresh_generation.call
-    GC.start
-    Benchmark.realtime(&c[:native][1])
-  end.sort
-  c[:first] = samples[samples.size / 2]
-  # The same, the paths' indexes built first: the conversion of the servers.
-  samples = Array.new(FIRST_SAMPLES) do
-    fresh_generation.call
-    (c[:paths] || []).each { |clauses| raise 'a path query selected servers' unless PuppetKicker.servers_with_facts(clauses, ENVIRONMENT).empty? }
-    GC.start
-    Benchmark.realtime(&c[:native][1])
-  end.sort
-  c[:conversion] = samples[samples.size / 2]
-end
-# A long-running master (puppetserver) converts after every refresh: the same first
-# call once the engine has run it many times (JRuby's JIT, the JVM's warm), the
-# median of the last 5 of WARM_GENERATIONS fresh generations, for the first case;
-# the mean of the last 20, with whatever collections fell into them (under JRuby,
-# whose GC.start does nothing, a young collection of the objects the call keeps
-# falls into about every other call); then the median of 5 more, each after a full
-# collection (BenchSupport.collect_garbage): the call's own cost, as MRI's figures
-# are measured. Next to the mean and that median, the process's CPU time in the call
-# (every thread's: the core's encoder thread overlaps JRuby's reader).
-WARM_GENERATIONS = 25
-timed = lambda do
-  cpu = BenchSupport.process_cpu_seconds
-  [Benchmark.realtime(&cases.first[:native][1]), BenchSupport.process_cpu_seconds - cpu]
-end
-warm = Array.new(WARM_GENERATIONS) do
-  fresh_generation.call
-  GC.start
-  timed.call
-end
-warm_first = warm.last(5).map(&:first).sort[2]
-warm_mean = warm.last(20).sum(&:first) / 20
-warm_cpu = warm.last(20).sum(&:last) / 20
-warm_collected, warm_collected_cpu = Array.new(5) do
-  fresh_generation.call
-  BenchSupport.collect_garbage
-  timed.call
-end.sort[2]
-fresh_generation.call
-cases.each do |c|
-  c[:names] = names(c[:native][1].call)
-  c[:native_stats] = measure(&c[:native][1])
-  c[:info_stats] = measure(&c[:info][1]) if c[:info]
-end
-overhead = measure { PuppetKicker.servers_with_role('no-such-role', ENVIRONMENT) }
 
-GC.start
+results = SHAPES.map do |shape|
+  warn "==> #{shape.label}"
+  call = shape.native
+  samples = Array.new(FIRST_WARM_UP + FIRST_SAMPLES) do
+    fresh_generation.call
+    BenchSupport.collect_garbage
+    Benchmark.realtime { call[nil] }
+  end
+  first = BenchSupport.stats(samples.last(FIRST_SAMPLES))
+  fresh_generation.call
+  base = names(call[nil])
+  raise "#{shape.label}: selects no server" if base.empty?
+
+  # Distinct calls checked past the numbers the timing uses.
+  [10_000_000, 10_000_001].each do |i|
+    raise "#{shape.label}: distinct call #{i} selects other servers" unless names(call[i]) == base
+  end
+  distinct = measure { |i| call[i] }
+  identical = measure { call[nil] }
+  { shape: shape, names: base, first: first, distinct: distinct, identical: identical }
+end
+overhead = measure { PuppetKicker.servers_with_role('pk-bench-none', ENVIRONMENT) }
+
+BenchSupport.collect_garbage
 rss = rss_mb
 servers = nil
 load = Benchmark.realtime { servers = PureRuby.load(facts_dir) }
 ruby_rss = rss_mb - rss
-cases.each do |c|
-  raise "#{c[:title]}: native and pure Ruby disagree" unless names(c[:ruby][1].call(servers)) == c[:names]
+results.each do |r|
+  scan = r[:shape].ruby
+  raise "#{r[:shape].label}: native and pure Ruby disagree" unless names(scan[servers, nil]) == r[:names]
+  raise "#{r[:shape].label}: distinct calls disagree with pure Ruby" unless names(scan[servers, 10_000_000]) == r[:names]
 
-  c[:ruby_stats] = measure { c[:ruby][1].call(servers) }
+  r[:ruby] = measure { scan[servers, nil] }
+  r[:ruby_distinct] = measure { |i| scan[servers, i] }
 end
 
-puts "one-time cost for #{SERVERS} servers (JSON fact cache, warm page cache; RSS growth includes allocator slack):"
-puts format('  > native: configure + first call (read JSON files, build index, snapshot, convert %d servers) %8s, RSS +%.0f MB',
-            first, human(cold), native_rss)
-puts format('  * pure Ruby: read and JSON.parse every file into hashes                                      %8s, RSS +%.0f MB',
-            human(load), ruby_rss)
+puts "#{engine}, #{backend}; #{count(SERVERS)} servers (synthetic fleet, seed #{SEED}), environment #{ENVIRONMENT}. " \
+     "Medians. Each case is called for #{BenchSupport::WARM_UP} s before it is sampled for #{MEASURE} s (at least " \
+     "#{MIN_SAMPLES} samples); first calls: the median of #{FIRST_SAMPLES} fresh index generations, after " \
+     "#{FIRST_WARM_UP} of the same call#{JRUBY ? ' (JRuby default JIT, warm)' : ''}, each after a full garbage " \
+     'collection. The pure-Ruby scans run after the native calls, with their Hashes on the heap.'
 puts
-puts format('native call overhead (servers_with_role of a role no server has, empty result): median %s, mean %s',
-            human(overhead[:median]), human(overhead[:mean]))
-puts
-cases.each do |c|
-  first = { median: c[:first], mean: c[:first], samples: FIRST_SAMPLES }
-  rows = [[c[:native][0].sub('(index + conversion to Ruby)', '(again: the kept answer)'), :ours, c[:native_stats]],
-          ['native: the first call of an index generation (converts the servers)', :info, first],
-          [c[:ruby][0], :alternative, c[:ruby_stats]],]
-  rows << [c[:info][0], :info, c[:info_stats]] if c[:info]
-  per_server = c[:names].empty? ? '' : format(' (%.1f µs a server)', c[:first] * 1e6 / c[:names].size)
-  conversion = if c[:names].empty? || !c[:paths] then ''
-               else
-                 format('; with the paths\' indexes built before it %s (%.1f µs a server)',
-                        human(c[:conversion]), c[:conversion] * 1e6 / c[:names].size)
-               end
-  print_table("#{c[:title]}: #{c[:names].size} of #{SERVERS} servers, returned as Ruby hashes; " \
-              "first call of a generation #{human(c[:first])}#{per_server}#{conversion}", rows)
+puts '| Query shape (servers returned) | Call | puppet-kicker | pure Ruby | pure Ruby ÷ puppet-kicker | Goal |'
+puts '| --- | --- | ---: | ---: | ---: | --- |'
+json = []
+results.each do |r|
+  rows = [
+    ['first call of a new index generation (converts the servers)', r[:first], r[:ruby], FIRST_GOAL],
+    ["distinct call: #{r[:shape].distinct}", r[:distinct], r[:ruby_distinct], DISTINCT_GOAL],
+    ['identical repeated call (the kept answer)', r[:identical], r[:ruby], nil],
+  ]
+  entry = { 'shape' => r[:shape].label, 'returned' => r[:names].size }
+  rows.each_with_index do |(what, ours, theirs, goal), row|
+    ratio = theirs[:median] / ours[:median]
+    verdict = if goal.nil? then ''
+              elsif ratio >= goal then "≥ #{goal.to_i}x: met"
+              else
+                "≥ #{goal.to_i}x: **missed**"
+              end
+    shape = row.zero? ? "`#{r[:shape].label}` (#{count(r[:names].size)})" : ''
+    puts "| #{cell(shape)} | #{cell(what)} | #{human(ours[:median])} | #{human(theirs[:median])} | #{times(ratio)} | #{verdict} |"
+    key = %w[first distinct identical][row]
+    entry[key] = { 'native' => ours[:median], 'ruby' => theirs[:median], 'ratio' => ratio, 'goal' => goal,
+                   'met' => goal.nil? ? nil : ratio >= goal, 'samples' => ours[:samples], }
+  end
+  json << entry
 end
-
-node = cases.first
-floor = first_conversion_floor(facts_dir, node[:names])
-engine = RUBY_ENGINE == 'ruby' ? 'MRI' : RUBY_ENGINE
-puts format("%s's floor for %s's first call: only the Hashes (%.1f, %.0f entries), Arrays and Strings each " \
-            'server has that no earlier one had, built from existing objects: %.1f µs a server ' \
-            '(the native first call: %.1f µs a server; after %d earlier generations: %.1f µs a server, ' \
-            '%.1f on average over the last 20 (CPU %.1f), %.1f after a full collection (CPU %.1f))', engine,
-            node[:title], floor[:hashes], floor[:entries], floor[:per_server] * 1e6, node[:first] * 1e6 / node[:names].size,
-            WARM_GENERATIONS, warm_first * 1e6 / node[:names].size, warm_mean * 1e6 / node[:names].size,
-            warm_cpu * 1e6 / node[:names].size, warm_collected * 1e6 / node[:names].size,
-            warm_collected_cpu * 1e6 / node[:names].size)
 puts
-puts "load average at end: #{File.read('/proc/loadavg').split.first(3).join(' ')}"
-puts 'Not measured: the original puppet-kicker ran a live mcollective discovery (rpcutil#inventory with fact'
-puts 'filters, 2 s discovery timeout) on every function call (README, "Differences from the original").'
+# Under JRuby the resident memory says nothing: the JVM's heap is reserved up front.
+memory = ->(mb) { JRUBY ? '' : format(', resident memory +%.0f MB', mb) }
+puts "One-time cost at #{count(SERVERS)} servers: the native path's configure and first call (read the JSON files, build " \
+     "the index, write the snapshot, convert #{count(cold_returned)} servers) #{human(cold)}#{memory[native_rss]}; pure " \
+     "Ruby reading and parsing every file into Hashes #{human(load)}#{memory[ruby_rss]}. A call that selects no " \
+     "server (the cost of the call itself): #{human(overhead[:median])}."
+
+if (file = ENV.fetch('PK_BENCH_RESULTS', nil))
+  File.write(file, JSON.pretty_generate('engine' => engine, 'backend' => backend, 'ruby_engine' => RUBY_ENGINE,
+                                        'servers' => SERVERS, 'shapes' => json,
+                                        'one_time' => { 'native' => cold, 'native_rss_mb' => native_rss,
+                                                        'ruby' => load, 'ruby_rss_mb' => ruby_rss, },
+                                        'overhead' => overhead[:median], 'load_average' => BenchSupport.load_average))
+end
