@@ -40,7 +40,7 @@ use puppet_kicker::mcollective::RpcReply;
 use puppet_kicker::source::mcollective::{
     observation, observation_two_passes, observe_replies, observe_since, InnerBody, ReplyMemo,
 };
-use puppet_kicker::source::Harvest;
+use puppet_kicker::source::SourceRead;
 use puppet_kicker::store::Builder;
 use puppet_kicker::synthetic;
 use puppet_kicker::time::now;
@@ -152,13 +152,13 @@ fn main() {
         new_times[0] = t.elapsed();
         assert_eq!(servers.len(), SERVERS);
         let t = Instant::now();
-        let mut one = Harvest::default();
+        let mut one = SourceRead::default();
         let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 1, &mut one.builder);
         new_times[1] = t.elapsed();
         assert_eq!(observed.observations.len(), SERVERS);
         drop((one, observed));
         let t = Instant::now();
-        let mut two = Harvest::default();
+        let mut two = SourceRead::default();
         let observed = observe_replies(&servers, "mcollective", DecodeLimits::default(), 2, &mut two.builder);
         two.observations = observed.observations;
         new_times[2] = t.elapsed();
@@ -209,16 +209,16 @@ fn main() {
         times[2] = t.elapsed();
 
         let t = Instant::now();
-        let mut harvest = Harvest::default();
+        let mut read = SourceRead::default();
         for reply in &replies {
-            let o = observation(reply, built_at, "mcollective", &mut harvest.builder).unwrap();
-            harvest.observations.push(o);
+            let o = observation(reply, built_at, "mcollective", &mut read.builder).unwrap();
+            read.observations.push(o);
         }
         times[3] = t.elapsed();
         drop(replies);
 
         let t = Instant::now();
-        let index = harvest.into_index(None, &BTreeMap::new(), "role", built_at);
+        let index = read.into_index(None, &BTreeMap::new(), "role", built_at);
         times[4] = t.elapsed();
         assert_eq!(black_box(&index).len(), SERVERS);
         drop(index);
@@ -339,18 +339,18 @@ fn incremental(client: &Client, stream: &[u8], built_at: i64) {
     let mut samples: Vec<[Duration; 4]> = Vec::new();
     for sample in 0..=SAMPLES {
         // The refresh before: every server decoded.
-        let mut harvest = Harvest::default();
+        let mut read = SourceRead::default();
         let (observed, memo, _) =
-            observe_since(&first, "mcollective", limits, 2, &mut harvest.builder, &ReplyMemo::default());
-        harvest.observations = observed.observations;
-        let (index, tables) = harvest.into_index_and_tables(None, &BTreeMap::new(), "role", built_at);
+            observe_since(&first, "mcollective", limits, 2, &mut read.builder, &ReplyMemo::default());
+        read.observations = observed.observations;
+        let (index, tables) = read.into_index_and_tables(None, &BTreeMap::new(), "role", built_at);
 
         let mut times = [Duration::ZERO; 4];
         let t = Instant::now();
         let later = replies(&later_stream);
         times[0] = t.elapsed();
         let t = Instant::now();
-        let mut next = Harvest { builder: Builder::resume(index.store(), tables), ..Harvest::default() };
+        let mut next = SourceRead { builder: Builder::resume(index.store(), tables), ..SourceRead::default() };
         times[1] = t.elapsed();
         let t = Instant::now();
         let (observed, _, reused) = observe_since(&later, "mcollective", limits, 2, &mut next.builder, &memo);

@@ -74,8 +74,8 @@ fn main() {
     settings.server_urls = Some(vec![pdb.url.clone()]);
 
     let refresh = |source: &PuppetdbSource, previous: Option<&Index>| {
-        let (harvest, environments) = source.refresh(previous, now()).expect("a refresh");
-        let (index, tables) = harvest.into_index_and_tables(previous, &environments, ROLE_FACT, now());
+        let (read, environments) = source.refresh(previous, now()).expect("a refresh");
+        let (index, tables) = read.into_index_and_tables(previous, &environments, ROLE_FACT, now());
         source.carry(index.generation(), tables);
         index
     };

@@ -11,7 +11,7 @@
 //! (d) building the index, the snapshot, vs re-reading the JSON (and the legacy
 //!     YAML) fact cache.
 //!
-//! `PK_BENCH_ONLY=refresh` runs only what a refresh costs: `Harvest::into_index` of
+//! `PK_BENCH_ONLY=refresh` runs only what a refresh costs: `SourceRead::into_index` of
 //! a full read and the incremental refreshes of table (d).
 //!
 //! No criterion: each case warms up, then runs batches for about a second (at least
@@ -334,7 +334,7 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     let seen = BTreeMap::new();
     if full {
         table.info(
-            "Harvest::into_index: servers already decoded into the store (dedup, order, role maps)",
+            "SourceRead::into_index: servers already decoded into the store (dedup, order, role maps)",
             measure_each(|| puppet_cache::load(&dirs).unwrap(), |h| h.into_index(None, &seen, ROLE_FACT, built_at)),
         );
         for readers in [2, 1] {
@@ -347,8 +347,8 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     let (dirs, seen) = (&dirs, &seen);
     let from_source = |readers: usize| {
         move |()| {
-            let harvest = puppet_cache::load_with_readers(dirs, readers).unwrap();
-            harvest.into_index(None, seen, ROLE_FACT, built_at)
+            let read = puppet_cache::load_with_readers(dirs, readers).unwrap();
+            read.into_index(None, seen, ROLE_FACT, built_at)
         }
     };
     table.ours(
@@ -384,14 +384,14 @@ fn loading(root: &Path, facts_dir: &Path, nodes: Vec<Node>, built_at: i64) {
     table.print();
 }
 
-/// `PK_BENCH_ONLY=refresh`: `Harvest::into_index` of a full read, then the refreshes.
+/// `PK_BENCH_ONLY=refresh`: `SourceRead::into_index` of a full read, then the refreshes.
 fn refresh_only(facts_dir: &Path, nodes: &[Node], built_at: i64) {
     // Files modified in the last seconds are read at every refresh.
     std::thread::sleep(Duration::from_secs(puppet_cache::RACY_SECONDS as u64 + 1));
     let (dirs, seen) = ([facts_dir.to_path_buf()], BTreeMap::new());
     let mut table = Table::new(format!("(d) refreshing {} servers from the JSON fact cache", fleet_size()));
     table.info(
-        "Harvest::into_index: servers already decoded into the store (dedup, order, role maps)",
+        "SourceRead::into_index: servers already decoded into the store (dedup, order, role maps)",
         measure_each(|| puppet_cache::load(&dirs).unwrap(), |h| h.into_index(None, &seen, ROLE_FACT, built_at)),
     );
     refreshes(&mut table, &dirs, &seen, nodes, facts_dir, built_at);
@@ -412,8 +412,8 @@ fn refreshes(
     // files rewritten for the other case are read again for two seconds after.
     for changed in [0, 10] {
         let setup = || {
-            let (harvest, memo) = puppet_cache::load_since(dirs, None).unwrap();
-            let (index, tables) = harvest.into_index_and_tables(None, seen, ROLE_FACT, built_at);
+            let (read, memo) = puppet_cache::load_since(dirs, None).unwrap();
+            let (index, tables) = read.into_index_and_tables(None, seen, ROLE_FACT, built_at);
             let mut rewritten = nodes[..changed].to_vec();
             for node in &mut rewritten {
                 node.timestamp += 60;
@@ -426,10 +426,10 @@ fn refreshes(
         let refresh = |onto_previous: bool| {
             move |(index, tables, memo): (Index, _, _)| {
                 let previous = puppet_cache::Previous { index: &index, tables, memo };
-                let (harvest, _) = puppet_cache::load_since(dirs, Some(previous)).unwrap();
-                assert_eq!(harvest.reused, servers - changed);
+                let (read, _) = puppet_cache::load_since(dirs, Some(previous)).unwrap();
+                assert_eq!(read.reused, servers - changed);
                 let base = onto_previous.then_some(&index);
-                (harvest.into_index(base, seen, ROLE_FACT, built_at), index)
+                (read.into_index(base, seen, ROLE_FACT, built_at), index)
             }
         };
         table.ours(

@@ -3,8 +3,9 @@
 //! keeps it across processes.
 //!
 //! Nothing here knows about Ruby: the Ruby extension (`ext/puppet_kicker`) and the
-//! C-ABI library for JRuby only convert values in and out of [`seam`].
+//! C-ABI library for JRuby only convert values in and out of [`api`].
 
+pub mod api;
 pub mod atomic_file;
 pub mod bounded_read;
 pub mod cache_dir;
@@ -12,24 +13,26 @@ pub mod command;
 pub mod config;
 pub mod error;
 pub mod facts;
-pub mod helper;
+pub mod helper_presence;
 pub mod index;
 pub mod kick;
 pub mod log;
+pub mod masterless_helper;
 pub mod mcollective;
 pub mod process;
 pub mod query;
-pub mod seam;
+pub mod redact;
+pub mod reply;
 pub mod service;
 pub mod snapshot;
 pub mod source;
 pub mod store;
-pub mod sync;
 /// A deterministic synthetic fleet with Facter-4-like facts, for benchmarks and tests
 /// (the `synthetic` feature; the shipped libraries leave it out).
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
 pub mod time;
+pub mod unpoisoned;
 pub mod yaml;
 
 pub use config::{Config, PuppetSettings};

@@ -708,9 +708,9 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let nodes = fleet(25, 3, NOW);
         assert!(write_puppet_cache(&dir, &nodes).unwrap() > 25 * 5000);
-        let harvest = crate::source::puppet_cache::load(std::slice::from_ref(&dir)).unwrap();
-        assert!(harvest.warnings.is_empty(), "{:?}", harvest.warnings);
-        let mut loaded: Vec<Node> = harvest.observations.iter().map(|o| harvest.node(o, None)).collect();
+        let read = crate::source::puppet_cache::load(std::slice::from_ref(&dir)).unwrap();
+        assert!(read.warnings.is_empty(), "{:?}", read.warnings);
+        let mut loaded: Vec<Node> = read.observations.iter().map(|o| read.node(o, None)).collect();
         let mut expected = nodes;
         loaded.sort_by(|a, b| a.certname.cmp(&b.certname));
         expected.sort_by(|a, b| a.certname.cmp(&b.certname));

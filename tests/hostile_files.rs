@@ -182,14 +182,14 @@ fn fact_files_over_16_mib_or_nested_too_deep_are_skipped_with_a_warning() {
     std::fs::write(dir.join("n62.json"), nested(62)).unwrap();
     std::fs::write(dir.join("n63.json"), nested(63)).unwrap();
     std::fs::write(dir.join("n500.json"), nested(500)).unwrap();
-    let harvest = puppet_cache::load(std::slice::from_ref(&dir)).unwrap();
-    let names: Vec<_> = harvest.observations.iter().map(|o| o.certname.as_str()).collect();
+    let read = puppet_cache::load(std::slice::from_ref(&dir)).unwrap();
+    let names: Vec<_> = read.observations.iter().map(|o| o.certname.as_str()).collect();
     assert_eq!(names, ["at.example.com", "n"]);
-    assert_eq!(harvest.warnings.len(), 3, "{:?}", harvest.warnings);
-    let deep = &harvest.warnings[0];
+    assert_eq!(read.warnings.len(), 3, "{:?}", read.warnings);
+    let deep = &read.warnings[0];
     assert!(deep.contains("n500.json") && deep.contains("nested deeper than 64 levels"), "{deep}");
-    assert!(harvest.warnings[1].contains("n63.json") && harvest.warnings[1].contains("nested deeper than 64 levels"));
-    let over = &harvest.warnings[2];
+    assert!(read.warnings[1].contains("n63.json") && read.warnings[1].contains("nested deeper than 64 levels"));
+    let over = &read.warnings[2];
     assert!(over.contains("over.example.com.json") && over.contains("over the 16 MiB limit"), "{over}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -353,7 +353,7 @@ fn a_reply_without_a_signature_is_known_unchanged_by_its_bytes() {
 /// (built in this process) by a hash of their bodies.
 fn unchanged_bodies_are_given_again(signed: bool) {
     use puppet_kicker::source::mcollective::{observe_since, ReplyMemo};
-    use puppet_kicker::source::Harvest;
+    use puppet_kicker::source::SourceRead;
     let limits = DecodeLimits::default();
     let servers = |outers: &[Vec<u8>], at: i64| -> Vec<Vec<(Reply, i64)>> {
         outers
@@ -375,7 +375,7 @@ fn unchanged_bodies_are_given_again(signed: bool) {
             .collect()
     };
     let mut outers = fleet_replies(600);
-    let mut first = Harvest::default();
+    let mut first = SourceRead::default();
     let (observed, memo, reused) = observe_since(
         &servers(&outers, 1_700_000_005),
         "mcollective",

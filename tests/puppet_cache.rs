@@ -12,8 +12,8 @@ fn fixture(dir: &str) -> PathBuf {
 
 #[test]
 fn reads_puppetserver_json_and_legacy_yaml_caches() {
-    let harvest = puppet_cache::load(&[fixture("server_data/facts"), fixture("yaml/facts")]).unwrap();
-    let mut names: Vec<&str> = harvest.observations.iter().map(|o| o.certname.as_str()).collect();
+    let read = puppet_cache::load(&[fixture("server_data/facts"), fixture("yaml/facts")]).unwrap();
+    let mut names: Vec<&str> = read.observations.iter().map(|o| o.certname.as_str()).collect();
     names.sort();
     assert_eq!(
         names,
@@ -28,26 +28,24 @@ fn reads_puppetserver_json_and_legacy_yaml_caches() {
             "node9.staging.example.com",
         ]
     );
-    let from_yaml = harvest.observations.iter().rfind(|o| o.certname == "lb1.example.com").unwrap();
-    let from_json = harvest.observations.iter().find(|o| o.certname == "lb1.example.com").unwrap();
-    assert_eq!(harvest.facts_json(from_yaml), harvest.facts_json(from_json), "both formats carry the same facts");
+    let from_yaml = read.observations.iter().rfind(|o| o.certname == "lb1.example.com").unwrap();
+    let from_json = read.observations.iter().find(|o| o.certname == "lb1.example.com").unwrap();
+    assert_eq!(read.facts_json(from_yaml), read.facts_json(from_json), "both formats carry the same facts");
     assert_eq!(from_yaml.facts, from_json.facts, "so the store holds them once");
-    let facts = harvest.facts_json(from_json);
+    let facts = read.facts_json(from_json);
     assert_eq!(facts["os"]["release"]["full"], json!("12.5"));
     assert_eq!(facts["memory"]["system"]["total_bytes"], json!(2147483648u64));
     assert!(from_json.timestamp > 1_700_000_000, "timestamp parsed from the file, not defaulted");
-    let node0 = harvest.observations.iter().find(|o| o.certname == "node0.example.com").unwrap();
+    let node0 = read.observations.iter().find(|o| o.certname == "node0.example.com").unwrap();
     assert!(from_json.timestamp - node0.timestamp >= 29 * 86_400, "node0's facts are a month old");
 }
 
 #[test]
 fn unparsable_files_are_skipped_with_a_warning_naming_them() {
-    let harvest = puppet_cache::load(&[fixture("server_data/facts"), fixture("yaml/facts")]).unwrap();
-    assert_eq!(harvest.warnings.len(), 2, "{:?}", harvest.warnings);
-    assert!(harvest.warnings[0].contains("broken.example.com.json") && harvest.warnings[0].contains("invalid JSON"));
-    assert!(
-        harvest.warnings[1].contains("notfacts.example.com.yaml") && harvest.warnings[1].contains("expected a mapping")
-    );
+    let read = puppet_cache::load(&[fixture("server_data/facts"), fixture("yaml/facts")]).unwrap();
+    assert_eq!(read.warnings.len(), 2, "{:?}", read.warnings);
+    assert!(read.warnings[0].contains("broken.example.com.json") && read.warnings[0].contains("invalid JSON"));
+    assert!(read.warnings[1].contains("notfacts.example.com.yaml") && read.warnings[1].contains("expected a mapping"));
 }
 
 #[test]
@@ -195,9 +193,9 @@ fn the_store_is_read_whole_again_once_changed_servers_doubled_it() {
     puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
     let dirs = [dir.clone()];
     let seen = BTreeMap::new();
-    let (harvest, mut memo) = puppet_cache::load_since(&dirs, None).unwrap();
-    let mut last_full = harvest.builder.store().values();
-    let (mut index, mut tables) = harvest.into_index_and_tables(None, &seen, "role", now);
+    let (read, mut memo) = puppet_cache::load_since(&dirs, None).unwrap();
+    let mut last_full = read.builder.store().values();
+    let (mut index, mut tables) = read.into_index_and_tables(None, &seen, "role", now);
     let mut full_reads = 0;
     for round in 0..40 {
         // Every server changes every round: each leaves its old values behind.
@@ -209,16 +207,16 @@ fn the_store_is_read_whole_again_once_changed_servers_doubled_it() {
         puppet_kicker::synthetic::write_puppet_cache(&dir, &nodes).unwrap();
         let before = index.store().values();
         let previous = Previous { index: &index, tables, memo };
-        let (harvest, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
-        assert_eq!(harvest.reused, 0);
-        let after = harvest.builder.store().values();
+        let (read, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
+        assert_eq!(read.reused, 0);
+        let after = read.builder.store().values();
         if before > GARBAGE_FACTOR * last_full {
             assert!(after < before, "round {round}: a store over {GARBAGE_FACTOR}x is read whole again");
             (full_reads, last_full) = (full_reads + 1, after);
         } else {
             assert!(after >= before, "round {round}: below it, the store goes on from the last one");
         }
-        (index, tables) = harvest.into_index_and_tables(None, &seen, "role", now);
+        (index, tables) = read.into_index_and_tables(None, &seen, "role", now);
         memo = next_memo;
     }
     assert!(full_reads >= 2, "{full_reads} full reads in 40 rounds");
@@ -303,8 +301,8 @@ fn refreshes_going_on_from_the_last_index_serve_what_a_full_read_does_and_leave_
     date(&other, &duplicates, 0);
     let dirs = [main.clone(), other.clone()];
     let mut seen = BTreeMap::new();
-    let (harvest, mut memo) = puppet_cache::load_since(&dirs, None).unwrap();
-    let (mut index, mut tables) = harvest.into_index_and_tables(None, &seen, "role", now);
+    let (read, mut memo) = puppet_cache::load_since(&dirs, None).unwrap();
+    let (mut index, mut tables) = read.into_index_and_tables(None, &seen, "role", now);
     let mut kept = Vec::new();
     for round in 0..8 {
         // Rewritten (a new role, a new fqdn), removed and added servers.
@@ -343,10 +341,10 @@ fn refreshes_going_on_from_the_last_index_serve_what_a_full_read_does_and_leave_
 
         let expected_before = everything_answered(&index);
         let previous = Previous { index: &index, tables, memo };
-        let (harvest, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
-        let changes = harvest.changes.as_ref().expect("the refresh goes on from the last one");
+        let (read, next_memo) = puppet_cache::load_since(&dirs, Some(previous)).unwrap();
+        let changes = read.changes.as_ref().expect("the refresh goes on from the last one");
         assert_eq!(changes.since, index.generation(), "round {round}");
-        let (next, next_tables) = harvest.into_index_and_tables(Some(&index), &seen, "role", now);
+        let (next, next_tables) = read.into_index_and_tables(Some(&index), &seen, "role", now);
         let full = puppet_cache::load(&dirs).unwrap().into_index(None, &seen, "role", now);
         assert_same_answers(&everything_answered(&next), &everything_answered(&full), &format!("round {round}"));
         let unchanged = format!("round {round}: the index it went on from is unchanged");

@@ -59,8 +59,8 @@ fn node(role: &str, timestamp: i64) -> PdbNode {
 /// One refresh, its index built and what it leaves carried for the next.
 fn refresh(source: &PuppetdbSource, previous: Option<&Index>, role_fact: &str) -> puppet_kicker::Result<Index> {
     let now = puppet_kicker::time::now();
-    let (harvest, environments) = source.refresh(previous, now)?;
-    let (index, tables) = harvest.into_index_and_tables(previous, &environments, role_fact, now);
+    let (read, environments) = source.refresh(previous, now)?;
+    let (index, tables) = read.into_index_and_tables(previous, &environments, role_fact, now);
     source.carry(index.generation(), tables);
     Ok(index)
 }
@@ -138,9 +138,9 @@ fn a_full_read_over_verified_tls_pages_and_adds_trusted_facts() {
 
     // `puppet kicker refresh --wait` counts the servers decoded, page by page.
     let progress = std::sync::atomic::AtomicUsize::new(0);
-    let (harvest, _) = source.refresh_counting(None, now, &progress).unwrap();
-    assert_eq!(progress.into_inner(), harvest.observations.len());
-    assert_eq!(harvest.observations.len(), 10);
+    let (read, _) = source.refresh_counting(None, now, &progress).unwrap();
+    assert_eq!(progress.into_inner(), read.observations.len());
+    assert_eq!(read.observations.len(), 10);
 }
 
 #[test]

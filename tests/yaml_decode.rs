@@ -62,8 +62,8 @@ fn fixtures_read_the_same() {
     }
     assert!(seen >= 3, "{seen} fixtures");
     // And through the source: the same servers and facts as the JSON-era reference.
-    let harvest = puppet_cache::load(&[dir]).unwrap();
-    assert!(!harvest.observations.is_empty());
+    let read = puppet_cache::load(&[dir]).unwrap();
+    assert!(!read.observations.is_empty());
 }
 
 #[test]

@@ -65,8 +65,8 @@ pub fn run(url: String, [cert, key, ca]: [PathBuf; 3]) {
 }
 
 fn refresh(source: &PuppetdbSource, previous: Option<&Index>) -> Index {
-    let (harvest, environments) = source.refresh(previous, now()).expect("a refresh");
-    let (index, tables) = harvest.into_index_and_tables(previous, &environments, ROLE_FACT, now());
+    let (read, environments) = source.refresh(previous, now()).expect("a refresh");
+    let (index, tables) = read.into_index_and_tables(previous, &environments, ROLE_FACT, now());
     source.carry(index.generation(), tables);
     index
 }

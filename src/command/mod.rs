@@ -1,6 +1,6 @@
 //! What `puppet kicker` (lib/puppet/face/kicker/) asks of the core: one JSON request
 //! per subcommand, one JSON answer. Both bindings carry every subcommand through one
-//! function ([`crate::seam::command`]), so a new subcommand touches no binding.
+//! function (`api::command`), so a new subcommand touches no binding.
 //!
 //! A request is `{"name": SUBCOMMAND, "args": {...}}`. Arguments are checked here:
 //! an unknown one, or one of the wrong type, is a [`Error::Query`] that names it.

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::facts::FactPath;
-use crate::seam::Server;
+use crate::reply::Server;
 use crate::service::{Selection, Service};
 use crate::store::View;
 use serde::{Deserialize, Serialize};

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::service::{Outcome, Service};
-use crate::sync::lock;
+use crate::unpoisoned::lock;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -74,7 +74,7 @@ pub fn run(service: &Service, args: Args) -> Result<Value> {
             "retry_at_ms": last_refresh.as_ref().and_then(|r| r.retry_at_ms).filter(|at| *at > now),
         },
         "kicks": kicks(&config.cache_dir),
-        "helper": crate::helper::describe(&config.cache_dir),
+        "helper": crate::helper_presence::describe(&config.cache_dir),
         "max_age_seconds": args.max_age,
         "stale": stale,
         "exit_code": if stale { STALE_EXIT_CODE } else { 0 },

@@ -5,14 +5,16 @@
 
 mod error;
 pub mod keys;
-pub(crate) mod redact;
 mod values;
 
 pub use error::ConfigError;
 pub(crate) use error::Problem;
 pub use keys::{Key, KeyDefault, KEYS};
 
+use crate::kick::{KickConfig, KickSettings, ReportBudget};
 use crate::mcollective::Overrides;
+pub use crate::source::mcollective::McollectiveSettings;
+pub use crate::source::puppetdb::PuppetdbSettings;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -73,81 +75,13 @@ pub struct Config {
     /// The fact holding a server's role.
     pub role_fact: String,
     /// The `kick` section: planner, agent and dispatch settings.
-    pub kick: crate::kick::KickSettings,
+    pub kick: KickSettings,
     /// Seconds before the first retry of a failed refresh; doubled per failure...
     pub retry_min: u64,
     /// ... up to this many.
     pub retry_max: u64,
     pub mcollective: McollectiveSettings,
     pub puppetdb: PuppetdbSettings,
-}
-
-/// `puppetdb.*`: where PuppetDB is, how to prove who we are, and how to page and
-/// refresh. `None` means "from Puppet": puppetdb.conf, Puppet's settings.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PuppetdbSettings {
-    /// `puppetdb.config`: the puppetdb.conf giving `server_urls` when not set here.
-    pub config_file: PathBuf,
-    pub server_urls: Option<Vec<String>>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    pub ca: Option<PathBuf>,
-    /// Read only when the file exists.
-    pub crl: Option<PathBuf>,
-    /// Seconds one request (connect, send, answer read) may take.
-    pub timeout: u64,
-    /// Servers asked for per request.
-    pub page_size: usize,
-    /// Requests a full read has PuppetDB answer at once.
-    pub requests_in_flight: usize,
-    /// Most bytes of one answer.
-    pub max_page_bytes: usize,
-    /// Seconds before the newest change seen that an incremental refresh asks again.
-    pub overlap: u64,
-    /// Seconds between full reads.
-    pub full_refresh: u64,
-}
-
-/// `mcollective.*`: which client.cfg to read, the values that override it, and the
-/// source's own settings.
-#[derive(Clone, PartialEq)]
-pub struct McollectiveSettings {
-    /// Overrides of client.cfg values; `config_path` is `mcollective.client_config`
-    /// (`None`: the first of `/etc/mcollective/client.cfg`, `/etc/puppetlabs/mcollective/client.cfg`).
-    pub overrides: Overrides,
-    /// Broker login for every host of the pool.
-    pub user: Option<String>,
-    pub password: Option<String>,
-    /// Seconds to wait for inventory replies once discovery has answered.
-    pub timeout: u64,
-    /// Seconds a server that stopped answering stays in the index.
-    pub grace: u64,
-}
-
-impl Default for McollectiveSettings {
-    /// The defaults of [`KEYS`].
-    fn default() -> Self {
-        Config::defaults(&PuppetSettings::default()).mcollective
-    }
-}
-
-redact::debug_showing!(McollectiveSettings: overrides, user, timeout, grace);
-
-impl McollectiveSettings {
-    /// The operator's client.cfg with these overrides, `user` and `password` applied
-    /// to every broker of the pool.
-    pub fn client_config(&self) -> crate::mcollective::Result<crate::mcollective::Config> {
-        let mut config = crate::mcollective::Config::load(&self.overrides)?;
-        for broker in &mut config.pool {
-            if let Some(user) = &self.user {
-                broker.user.clone_from(user);
-            }
-            if let Some(password) = &self.password {
-                broker.password.clone_from(password);
-            }
-        }
-        Ok(config)
-    }
 }
 
 /// Each key with its value, as named in the file; secrets only say whether they are set.
@@ -168,6 +102,32 @@ impl std::fmt::Debug for Config {
     }
 }
 
+impl Default for McollectiveSettings {
+    /// The defaults of the `mcollective.*` keys.
+    fn default() -> Self {
+        Config::defaults(&PuppetSettings::default()).mcollective
+    }
+}
+
+impl Default for KickSettings {
+    /// The defaults of the `kick.*` keys.
+    fn default() -> KickSettings {
+        Config::defaults(&PuppetSettings::default()).kick
+    }
+}
+
+impl Default for KickConfig {
+    fn default() -> KickConfig {
+        KickSettings::default().planner
+    }
+}
+
+impl Default for ReportBudget {
+    fn default() -> ReportBudget {
+        KickConfig::default().budget
+    }
+}
+
 impl Config {
     /// Puppet's layout, then every key's default from [`KEYS`].
     pub fn defaults(settings: &PuppetSettings) -> Config {
@@ -182,7 +142,7 @@ impl Config {
             on_no_data: OnNoData::Fail,
             max_age: 0,
             role_fact: String::new(),
-            kick: crate::kick::KickSettings::unset(),
+            kick: KickSettings::unset(),
             retry_min: 0,
             retry_max: 0,
             mcollective: McollectiveSettings {
@@ -254,7 +214,10 @@ impl Config {
             })?;
             key.set(&mut config, value, base).map_err(|p| p.into_error(file(), key.name, value))?;
         }
-        config.kick.validate().map_err(|p| p.into_error(file(), "kick.reply_timeout", &Value::Null))?;
+        config
+            .kick
+            .validate()
+            .map_err(|e| Problem::Invalid(e.to_string()).into_error(file(), "kick.reply_timeout", &Value::Null))?;
         Ok(config)
     }
 }

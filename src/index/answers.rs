@@ -10,7 +10,7 @@
 //! `max_age`, and is computed again after that (or if the clock went back).
 
 use super::{Freshness, Index};
-use crate::sync::lock;
+use crate::unpoisoned::lock;
 use hashbrown::HashMap;
 use lru::LruCache;
 use std::num::NonZeroUsize;
@@ -51,20 +51,20 @@ type Key = (Question, u64);
 
 #[derive(Debug)]
 pub(super) struct Answers {
-    kept: Mutex<Kept>,
+    kept: Mutex<CachedAnswers>,
 }
 
 /// The answers by question and max_age, and the key of each by its id (for
 /// [`Index::answer_holds`]): the two always hold the same answers.
 #[derive(Debug)]
-struct Kept {
+struct CachedAnswers {
     by_key: LruCache<Key, Arc<Answer>>,
     by_id: HashMap<u64, Key>,
 }
 
 impl Default for Answers {
     fn default() -> Answers {
-        Answers { kept: Mutex::new(Kept { by_key: LruCache::new(ANSWERS), by_id: HashMap::new() }) }
+        Answers { kept: Mutex::new(CachedAnswers { by_key: LruCache::new(ANSWERS), by_id: HashMap::new() }) }
     }
 }
 
@@ -112,7 +112,7 @@ impl Index {
     /// `id` may then return it without asking the question again.
     pub fn answer_holds(&self, id: u64, fresh: Freshness) -> bool {
         let mut kept = lock(&self.answers.kept);
-        let Kept { by_key, by_id } = &mut *kept;
+        let CachedAnswers { by_key, by_id } = &mut *kept;
         let Some(key) = by_id.get(&id).filter(|key| key.1 == fresh.max_age) else { return false };
         by_key.get(key).is_some_and(|answer| answer.id == id && answer.holds_at(fresh.now))
     }

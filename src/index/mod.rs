@@ -163,28 +163,28 @@ pub struct Index {
 /// sort name, found in one visit a server. The visits are reads scattered across
 /// the store, a few cache misses each, so a large index makes them on two threads
 /// (a snapshot's first answer waits for them).
-struct Visits<'a> {
+struct RolesAndSortNames<'a> {
     /// Each server's sort name (`fqdn`, or its certname), if asked for.
     sort_names: Vec<&'a str>,
     /// (position, role) for every role of every server, positions ascending.
     roles: Vec<(u32, &'a str)>,
 }
 
-/// How many servers ahead [`Visits::of`] starts loading a server's facts.
+/// How many servers ahead [`RolesAndSortNames::of`] starts loading a server's facts.
 const PREFETCH_AHEAD: u32 = 8;
 
-/// Servers from which [`Visits::of`] runs on two threads.
+/// Servers from which [`RolesAndSortNames::of`] runs on two threads.
 const VISIT_IN_PARALLEL_FROM: usize = 4096;
 
-impl<'a> Visits<'a> {
-    fn of(index: &'a Index, role_fact: &str, sort_names: bool) -> Visits<'a> {
-        Visits::of_with(index, role_fact, sort_names, index.len() >= VISIT_IN_PARALLEL_FROM)
+impl<'a> RolesAndSortNames<'a> {
+    fn of(index: &'a Index, role_fact: &str, sort_names: bool) -> RolesAndSortNames<'a> {
+        RolesAndSortNames::of_with(index, role_fact, sort_names, index.len() >= VISIT_IN_PARALLEL_FROM)
     }
 
-    fn of_with(index: &'a Index, role_fact: &str, sort_names: bool, parallel: bool) -> Visits<'a> {
+    fn of_with(index: &'a Index, role_fact: &str, sort_names: bool, parallel: bool) -> RolesAndSortNames<'a> {
         let servers = index.len() as u32;
         let visit = |positions: std::ops::Range<u32>| {
-            let mut visits = Visits { sort_names: Vec::new(), roles: Vec::with_capacity(positions.len()) };
+            let mut visits = RolesAndSortNames { sort_names: Vec::new(), roles: Vec::with_capacity(positions.len()) };
             if sort_names {
                 visits.sort_names.reserve(positions.len());
             }
@@ -317,7 +317,7 @@ impl Index {
         if let Some((x, _)) = a.zip(b).find(|(x, y)| index.server(**x).certname() == index.server(**y).certname()) {
             return Err(InvalidRows(format!("certname '{}' is stored twice", index.server(*x).certname())));
         }
-        let visits = Visits::of(&index, role_fact, true);
+        let visits = RolesAndSortNames::of(&index, role_fact, true);
         // As `canonical_cmp` on each neighbour pair, each server's sort name found once.
         let mut previous: Option<(&str, &str)> = None;
         for (p, &sort_name) in visits.sort_names.iter().enumerate() {
@@ -335,11 +335,11 @@ impl Index {
     /// in certname order.
     fn assemble(store: Store, rows: Rows, role_fact: &str, built_at: i64, by_certname: Option<Vec<u32>>) -> Index {
         let mut index = Index::without_role_maps(store, rows, role_fact, built_at, by_certname);
-        index.by_environment = Visits::of(&index, role_fact, false).role_maps(&index);
+        index.by_environment = RolesAndSortNames::of(&index, role_fact, false).role_maps(&index);
         index
     }
 
-    /// [`Index::assemble`] but for the role maps (see [`Visits`]).
+    /// [`Index::assemble`] but for the role maps (see [`RolesAndSortNames`]).
     fn without_role_maps(
         store: Store,
         rows: Rows,

@@ -11,7 +11,7 @@ use super::server::PathHints;
 use super::Index;
 use crate::query::Clause;
 use crate::store::{StrId, ValueId};
-use crate::sync::lock;
+use crate::unpoisoned::lock;
 use hashbrown::HashMap;
 use lru::LruCache;
 use std::num::NonZeroUsize;

@@ -127,7 +127,8 @@ fn a_large_index_visits_its_servers_on_two_threads_alike() {
     let idx = Index::build(crate::synthetic::fleet(VISIT_IN_PARALLEL_FROM + 101, 3, NOW), "role", NOW);
     let n = idx.len();
     assert!(n >= VISIT_IN_PARALLEL_FROM);
-    let (one, two) = (Visits::of_with(&idx, "role", true, false), Visits::of_with(&idx, "role", true, true));
+    let (one, two) =
+        (RolesAndSortNames::of_with(&idx, "role", true, false), RolesAndSortNames::of_with(&idx, "role", true, true));
     assert_eq!(one.sort_names, two.sort_names);
     assert_eq!(one.roles, two.roles);
     assert_eq!(one.sort_names.len(), n);

@@ -1,11 +1,11 @@
 //! The `kick` section of `puppet_kicker.yaml`: its keys are declared with all the
-//! others in [`crate::config::keys`]; here are the settings they fill and the check
-//! that spans two of them.
+//! others in `config::keys` (which gives these settings their defaults); here are
+//! the settings they fill and the check that spans two of them.
 
 use super::policy::{Policy, RateLimit};
 use super::transport::Agent;
 use super::{KickConfig, ReportBudget};
-use crate::config::Problem;
+use std::fmt;
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -16,25 +16,6 @@ pub struct KickSettings {
     pub reply_timeout: Duration,
     /// How long a short-lived process (`puppet apply`) waits at exit for due kicks.
     pub exit_wait: Duration,
-}
-
-impl Default for KickSettings {
-    /// The defaults of the `kick.*` keys.
-    fn default() -> KickSettings {
-        crate::config::Config::defaults(&crate::config::PuppetSettings::default()).kick
-    }
-}
-
-impl Default for KickConfig {
-    fn default() -> KickConfig {
-        KickSettings::default().planner
-    }
-}
-
-impl Default for ReportBudget {
-    fn default() -> ReportBudget {
-        KickConfig::default().budget
-    }
 }
 
 impl KickSettings {
@@ -67,20 +48,37 @@ impl KickSettings {
     /// Checks what no single key can: a `runonce` must be answered (or given up)
     /// well within the time after which another process sends it again, or two
     /// processes send the same kick. The problem is about `kick.reply_timeout`.
-    pub(crate) fn validate(&self) -> Result<(), Problem> {
-        let in_flight = self.planner.in_flight_timeout_ms;
-        let reply = self.reply_timeout.as_millis() as i64;
-        if reply.saturating_mul(2) > in_flight {
-            return Err(Problem::Invalid(format!(
-                "({}s) must be at most half of 'kick.in_flight_timeout' ({}s): \
-                 a kick unanswered for kick.in_flight_timeout is sent again by another process",
-                reply / 1000,
-                in_flight / 1000
-            )));
+    pub fn validate(&self) -> Result<(), ReplyTimeoutTooLong> {
+        let in_flight_ms = self.planner.in_flight_timeout_ms;
+        let reply_ms = self.reply_timeout.as_millis() as i64;
+        if reply_ms.saturating_mul(2) > in_flight_ms {
+            return Err(ReplyTimeoutTooLong { reply_ms, in_flight_ms });
         }
         Ok(())
     }
 }
+
+/// `kick.reply_timeout` is more than half of `kick.in_flight_timeout`. Displayed as
+/// the reason that follows the key's name in the configuration error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyTimeoutTooLong {
+    pub reply_ms: i64,
+    pub in_flight_ms: i64,
+}
+
+impl fmt::Display for ReplyTimeoutTooLong {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "({}s) must be at most half of 'kick.in_flight_timeout' ({}s): \
+             a kick unanswered for kick.in_flight_timeout is sent again by another process",
+            self.reply_ms / 1000,
+            self.in_flight_ms / 1000
+        )
+    }
+}
+
+impl std::error::Error for ReplyTimeoutTooLong {}
 
 #[cfg(test)]
 mod tests {

@@ -15,7 +15,7 @@ mod transport;
 mod wire;
 
 pub use chain::Chain;
-pub use config::KickSettings;
+pub use config::{KickSettings, ReplyTimeoutTooLong};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
     Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target,
@@ -68,7 +68,7 @@ pub struct ReportKicks {
 }
 
 /// Tunables, from `puppet_kicker.yaml`'s `kick` section (defaults: the `kick.*` keys of
-/// [`crate::config::KEYS`]).
+/// `config::KEYS`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KickConfig {
     /// Kicks of one server within this window become one run.

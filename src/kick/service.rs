@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 pub use crate::log::{Level, LogLine};
-use crate::sync::lock;
 pub use crate::time::now_ms;
+use crate::unpoisoned::lock;
 
 pub const STATE_FILE: &str = "kicks.msgpack";
 pub const STATUS_FILE: &str = "kick-status.json";
@@ -418,7 +418,7 @@ impl Inner {
 
     /// The masterless helper of this cache dir, if one runs (`helper.json`).
     fn helper(&self) -> serde_json::Value {
-        self.status_path.parent().map_or(serde_json::Value::Null, crate::helper::describe)
+        self.status_path.parent().map_or(serde_json::Value::Null, crate::helper_presence::describe)
     }
 
     fn log(&self, line: LogLine) {

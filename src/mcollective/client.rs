@@ -148,7 +148,7 @@ pub const VERIFY_BATCH: usize = 64;
 
 /// What a collect kept so far.
 #[derive(Default)]
-struct Kept {
+struct AcceptedReplies {
     replies: BTreeMap<String, Reply>,
     ambiguous: BTreeSet<String>,
     /// The senders of each body signature; bodies are compared in full when
@@ -157,7 +157,7 @@ struct Kept {
     bytes: usize,
 }
 
-impl Kept {
+impl AcceptedReplies {
     /// Keeps `reply` when it passes every check (each refusal counted); true once
     /// `expect.count` senders are kept.
     fn accept(
@@ -522,7 +522,7 @@ impl Client {
     /// the answer it gets alone; and no frame is read past a batch that may meet
     /// `expect.count` before that batch has been kept, as without the thread.
     fn collect(&self, session: &mut impl Frames, expect: &Expect<'_>) -> Result<Collected> {
-        let mut kept = Kept::default();
+        let mut kept = AcceptedReplies::default();
         if expect.count == Some(0) {
             return Ok(kept.collected());
         }
@@ -847,17 +847,17 @@ impl<'scope, 'env> Verifier<'scope, 'env> {
 
     /// Keeps the batches already decoded, in order, without waiting; true once the
     /// count is met.
-    fn keep_ready(&mut self, kept: &mut Kept, expect: &Expect<'_>) -> bool {
+    fn keep_ready(&mut self, kept: &mut AcceptedReplies, expect: &Expect<'_>) -> bool {
         self.keep(kept, expect, false)
     }
 
     /// Keeps every batch sent, in order, waiting for those under way; true once the
     /// count is met (the rest is then dropped, as replies after the last expected).
-    fn keep_all(&mut self, kept: &mut Kept, expect: &Expect<'_>) -> bool {
+    fn keep_all(&mut self, kept: &mut AcceptedReplies, expect: &Expect<'_>) -> bool {
         self.keep(kept, expect, true)
     }
 
-    fn keep(&mut self, kept: &mut Kept, expect: &Expect<'_>, wait: bool) -> bool {
+    fn keep(&mut self, kept: &mut AcceptedReplies, expect: &Expect<'_>, wait: bool) -> bool {
         loop {
             // Decoded here only before the worker started: all of them come first.
             let batch = match self.ready.pop_front() {

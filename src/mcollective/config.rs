@@ -75,7 +75,7 @@ impl BrokerHost {
 }
 
 // The password stays out of logs.
-crate::config::redact::debug_showing!(BrokerHost: host, port, user, tls);
+crate::redact::debug_showing!(BrokerHost: host, port, user, tls);
 
 /// Everything the client needs, resolved.
 #[derive(Clone, PartialEq)]
@@ -128,7 +128,7 @@ impl Default for ReplyLimits {
 }
 
 // The PSK stays out of logs.
-crate::config::redact::debug_showing!(Config: connector, pool, vhost, identity, main_collective, collectives,
+crate::redact::debug_showing!(Config: connector, pool, vhost, identity, main_collective, collectives,
     callerid, ttl, discovery_timeout, connect_timeout, stomp_versions, reply_limits, source);
 
 /// Caller-supplied values that win over the file.
@@ -156,7 +156,7 @@ pub struct Overrides {
 }
 
 // The psk stays out of logs (brokers' passwords are hidden by BrokerHost).
-crate::config::redact::debug_showing!(Overrides: config_path, connector, pool, identity, main_collective, collectives,
+crate::redact::debug_showing!(Overrides: config_path, connector, pool, identity, main_collective, collectives,
     callerid);
 
 /// `key = value` lines with the line number each came from.

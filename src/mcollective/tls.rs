@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 // A panic elsewhere cannot leave rustls' state half-updated in a way that matters
 // more than the error the next call reports: a poisoned session is used anyway.
-use crate::sync::lock;
+use crate::unpoisoned::lock;
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;

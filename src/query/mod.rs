@@ -76,7 +76,7 @@ impl ClauseCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Clause>>> {
         // A poisoned cache only means another thread panicked mid-`put`; the map is
         // still consistent, so keep using it.
-        crate::sync::lock(&self.cache)
+        crate::unpoisoned::lock(&self.cache)
     }
 }
 

@@ -49,7 +49,7 @@ impl Service {
 
     /// What this process leaves undone if it exits now: `refresh` while a refresh
     /// is in flight, `kicks` while kicks wait to be delivered. A short-lived process
-    /// (`puppet apply`) hands these to the masterless helper (see [`crate::helper`]).
+    /// (`puppet apply`) hands these to the masterless helper (the module `masterless_helper`).
     pub fn work_left(&self) -> Vec<&'static str> {
         let mut work = Vec::new();
         if self.index.refreshing() {

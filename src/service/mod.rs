@@ -1,4 +1,4 @@
-//! The process-wide service the bindings call (through [`crate::seam`]): one per
+//! The process-wide service the bindings call (through [`crate::api`]): one per
 //! Puppet process, shared by every compile and (under puppetserver) every JRuby
 //! instance.
 //!
@@ -17,7 +17,7 @@ pub use record::{source_name, Outcome, Recorded, RefreshRecord, RECORD_FILE};
 
 use crate::config::PuppetSettings;
 use crate::error::{Error, Result};
-use crate::sync::lock;
+use crate::unpoisoned::lock;
 use std::sync::{Arc, Mutex};
 
 /// Warnings kept for the bindings to log; newer ones are dropped, counted.

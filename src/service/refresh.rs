@@ -11,10 +11,10 @@ use crate::snapshot::{self, SnapshotRef};
 use crate::source::mcollective::McollectiveSource;
 use crate::source::puppet_cache::{Previous, ReadMemo};
 use crate::source::puppetdb::PuppetdbSource;
-use crate::source::{puppet_cache, Harvest};
+use crate::source::{puppet_cache, SourceRead};
 use crate::store::Tables;
-use crate::sync::lock;
 use crate::time::{now, now_ms};
+use crate::unpoisoned::lock;
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::BTreeMap;
@@ -50,7 +50,7 @@ pub(super) struct Shared {
     pub(super) worst_case: Duration,
     /// `source: puppet_cache`: what the refresh that built the current index read,
     /// so the next reads only the files changed since.
-    pub(super) carried: Mutex<Option<Carried>>,
+    pub(super) carried: Mutex<Option<IncrementalBase>>,
     /// Servers read so far by the refresh in flight (a progress line's count).
     pub(super) progress: AtomicUsize,
     /// This process's last refresh, as written to [`record::RECORD_FILE`].
@@ -59,7 +59,7 @@ pub(super) struct Shared {
 
 /// What a fact cache refresh leaves the next: the builder's tables for the store of
 /// index `generation`, and each file's stamp and outcome.
-pub(super) struct Carried {
+pub(super) struct IncrementalBase {
     pub(super) generation: u64,
     tables: Tables,
     memo: ReadMemo,
@@ -213,15 +213,14 @@ impl Shared {
         let carried = lock(&self.carried).take();
         // PuppetDB's recorded environments stand in for where the master saw servers.
         let mut recorded = None;
-        let (mut harvest, memo): (Harvest, Option<ReadMemo>) = match (self.config.source, &self.mcollective) {
+        let (mut read, memo): (SourceRead, Option<ReadMemo>) = match (self.config.source, &self.mcollective) {
             (SourceKind::Mcollective, Some(mcollective)) => (mcollective.refresh(previous.as_deref(), started)?, None),
             (SourceKind::Puppetdb, _) => {
                 let puppetdb =
                     self.puppetdb.as_ref().ok_or_else(|| Error::Io("the puppetdb source is not open".into()))?;
-                let (harvest, environments) =
-                    puppetdb.refresh_counting(previous.as_deref(), started, &self.progress)?;
+                let (read, environments) = puppetdb.refresh_counting(previous.as_deref(), started, &self.progress)?;
                 recorded = Some(environments);
-                (harvest, None)
+                (read, None)
             }
             _ => {
                 let base = match (carried, previous.as_deref()) {
@@ -230,27 +229,26 @@ impl Shared {
                     }
                     _ => None,
                 };
-                let (harvest, memo) =
+                let (read, memo) =
                     puppet_cache::load_since_counting(&self.config.puppet_cache_dirs, base, &self.progress)?;
-                (harvest, Some(memo))
+                (read, Some(memo))
             }
         };
-        self.progress.store(harvest.observations.len(), Ordering::Relaxed);
-        let signal = match (&harvest.changes, self.config.source) {
+        self.progress.store(read.observations.len(), Ordering::Relaxed);
+        let signal = match (&read.changes, self.config.source) {
             (Some(changes), _) if previous.as_ref().is_some_and(|p| p.generation() == changes.since) => {
                 ChangeSignal::Certnames(changes.certnames.clone())
             }
-            (_, SourceKind::Mcollective) => ChangeSignal::Reused(harvest.reused),
+            (_, SourceKind::Mcollective) => ChangeSignal::Reused(read.reused),
             _ => ChangeSignal::Timestamps,
         };
-        for warning in std::mem::take(&mut harvest.warnings) {
+        for warning in std::mem::take(&mut read.warnings) {
             self.warn(warning.to_string());
         }
         #[cfg(test)]
-        let reused = harvest.reused;
+        let reused = read.reused;
         let seen = recorded.unwrap_or_else(|| lock(&self.seen_environments).clone());
-        let (index, tables) =
-            harvest.into_index_and_tables(previous.as_deref(), &seen, &self.config.role_fact, started);
+        let (index, tables) = read.into_index_and_tables(previous.as_deref(), &seen, &self.config.role_fact, started);
         if !self.is_current(ticket) {
             return Ok((Outcome::Ok, Counts::default()));
         }
@@ -260,7 +258,7 @@ impl Shared {
             if state.ticket == ticket {
                 self.current.store(Some(index.clone()));
                 if let Some(memo) = memo {
-                    *lock(&self.carried) = Some(Carried {
+                    *lock(&self.carried) = Some(IncrementalBase {
                         generation: index.generation(),
                         tables,
                         memo,

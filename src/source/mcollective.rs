@@ -19,16 +19,15 @@
 
 mod inventory;
 
-use super::{Harvest, Observation};
-use crate::config::McollectiveSettings;
+use super::{Observation, SourceRead};
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::mcollective::message::Reply;
 use crate::mcollective::{self as mco, Client, Filter, RpcReply};
 use crate::source::puppet_cache::GARBAGE_FACTOR;
 use crate::store::{Builder, Tables, ValueId, FALSE, NULL, TRUE};
-use crate::sync::lock;
 use crate::time::now;
+use crate::unpoisoned::lock;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -54,6 +53,41 @@ const MIN_SERVERS_PER_THREAD: usize = 256;
 /// Servers per share of the decoding on several threads.
 const SHARE_SERVERS: usize = 256;
 
+/// `mcollective.*`: which client.cfg to read, the values that override it, and the
+/// source's own settings.
+#[derive(Clone, PartialEq)]
+pub struct McollectiveSettings {
+    /// Overrides of client.cfg values; `config_path` is `mcollective.client_config`
+    /// (`None`: the first of `/etc/mcollective/client.cfg`, `/etc/puppetlabs/mcollective/client.cfg`).
+    pub overrides: mco::Overrides,
+    /// Broker login for every host of the pool.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// Seconds to wait for inventory replies once discovery has answered.
+    pub timeout: u64,
+    /// Seconds a server that stopped answering stays in the index.
+    pub grace: u64,
+}
+
+crate::redact::debug_showing!(McollectiveSettings: overrides, user, timeout, grace);
+
+impl McollectiveSettings {
+    /// The operator's client.cfg with these overrides, `user` and `password` applied
+    /// to every broker of the pool.
+    pub fn client_config(&self) -> crate::mcollective::Result<crate::mcollective::Config> {
+        let mut config = crate::mcollective::Config::load(&self.overrides)?;
+        for broker in &mut config.pool {
+            if let Some(user) = &self.user {
+                broker.user.clone_from(user);
+            }
+            if let Some(password) = &self.password {
+                broker.password.clone_from(password);
+            }
+        }
+        Ok(config)
+    }
+}
+
 pub struct McollectiveSource {
     client: Client,
     /// Wait for inventory replies after discovery.
@@ -62,13 +96,13 @@ pub struct McollectiveSource {
     grace: i64,
     /// What the last refresh leaves the next, once the service has built its index
     /// ([`McollectiveSource::carry`]); and the memo of the refresh in flight.
-    carried: Mutex<Option<Carried>>,
+    carried: Mutex<Option<IncrementalBase>>,
     pending: Mutex<Option<ReplyMemo>>,
 }
 
 /// The builder's tables for the store of index `generation`, and each server's
 /// last body and observation in that store.
-struct Carried {
+struct IncrementalBase {
     generation: u64,
     tables: Tables,
     memo: ReplyMemo,
@@ -115,7 +149,7 @@ impl McollectiveSource {
     /// `generation`), with that refresh's memo, for the next refresh.
     pub fn carry(&self, generation: u64, tables: Tables) {
         if let Some(memo) = lock(&self.pending).take() {
-            *lock(&self.carried) = Some(Carried { generation, tables, memo });
+            *lock(&self.carried) = Some(IncrementalBase { generation, tables, memo });
         }
     }
 
@@ -167,7 +201,7 @@ impl McollectiveSource {
 
     /// One refresh: discovery and inventory in every target collective, then the
     /// grace period for servers of `previous` that did not answer.
-    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<Harvest> {
+    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<SourceRead> {
         let targets = self.targets(previous);
         let before = self.client.stats();
         let answers: Vec<(String, mco::Result<Answer>)> = std::thread::scope(|scope| {
@@ -187,15 +221,15 @@ impl McollectiveSource {
         let misdated = after.bad_msgtime.saturating_sub(before.bad_msgtime);
         let over_limit = after.over_limit.saturating_sub(before.over_limit);
 
-        let mut harvest = Harvest::default();
+        let mut read = SourceRead::default();
         if forged > 0 {
-            harvest.warnings.push(format!(
+            read.warnings.push(format!(
                 "mcollective: ignored {forged} {} with a bad psk signature (a daemon with another psk, or forged)",
                 replies(forged)
             ));
         }
         if misdated > 0 {
-            harvest.warnings.push(format!(
+            read.warnings.push(format!(
                 "mcollective: ignored {misdated} {} whose msgtime is more than the ttl ({}s) away from the request: replayed, or a daemon's clock is off",
                 replies(misdated),
                 self.client.config().ttl
@@ -203,7 +237,7 @@ impl McollectiveSource {
         }
         if over_limit > 0 {
             let limits = self.client.config().reply_limits;
-            harvest.warnings.push(format!(
+            read.warnings.push(format!(
                 "mcollective: dropped {over_limit} {} over the limit of {} servers or {} bytes per request (mcollective.max_servers, mcollective.max_reply_bytes)",
                 replies(over_limit),
                 limits.max_replies,
@@ -221,7 +255,7 @@ impl McollectiveSource {
                 Ok(answer) => {
                     discovered.extend(answer.discovered);
                     if !answer.ambiguous.is_empty() {
-                        harvest.warnings.push(format!(
+                        read.warnings.push(format!(
                             "mcollective: collective {collective}: ignored the inventories of {}: the same signed reply came under more than one sender id, and the psk cannot tell who sent it (a replay on the broker?)",
                             join(&answer.ambiguous)
                         ));
@@ -237,7 +271,7 @@ impl McollectiveSource {
             return Err(Error::Io(format!("mcollective: {}", summarize(&failures))));
         }
         for (collective, error) in &failures {
-            harvest.warnings.push(format!("mcollective: collective {collective}: {error}"));
+            read.warnings.push(format!("mcollective: collective {collective}: {error}"));
         }
 
         let servers: Vec<Vec<(Reply, i64)>> = candidates
@@ -256,7 +290,7 @@ impl McollectiveSource {
                     && c.tables.fit(index.store())
                     && index.store().values() <= GARBAGE_FACTOR.saturating_mul(c.memo.values_after_full.max(1)) =>
             {
-                harvest.builder = Builder::resume(index.store(), c.tables);
+                read.builder = Builder::resume(index.store(), c.tables);
                 (c.memo, true)
             }
             (c, _) => {
@@ -268,30 +302,30 @@ impl McollectiveSource {
             &config.main_collective,
             config.marshal_limits,
             DECODE_THREADS,
-            &mut harvest.builder,
+            &mut read.builder,
             &memo,
         );
         let mut memo = memo;
         if !resumed {
             // Garbage (values no server uses any more) is bounded by this store's size.
-            memo.values_after_full = harvest.builder.store().values();
+            memo.values_after_full = read.builder.store().values();
         }
         *lock(&self.pending) = Some(memo);
-        harvest.reused = reused;
+        read.reused = reused;
         self.client.record_inner(observed.accepted, observed.malformed);
-        harvest.observations = observed.observations;
-        harvest.warnings.extend(observed.warnings);
-        let answered_owned: Vec<String> = harvest.observations.iter().map(|o| o.certname.clone()).collect();
+        read.observations = observed.observations;
+        read.warnings.extend(observed.warnings);
+        let answered_owned: Vec<String> = read.observations.iter().map(|o| o.certname.clone()).collect();
         let answered: BTreeSet<&str> = answered_owned.iter().map(String::as_str).collect();
         let silent: Vec<&String> = discovered.iter().filter(|d| !answered.contains(d.as_str())).collect();
         if !silent.is_empty() {
-            harvest.warnings.push(format!(
+            read.warnings.push(format!(
                 "mcollective: discovered but no {AGENT}#{ACTION} answer within {}s from: {}",
                 self.timeout.as_secs(),
                 join(silent)
             ));
         }
-        if harvest.observations.is_empty() {
+        if read.observations.is_empty() {
             let mut why = format!(
                 "no mcollective server answered {AGENT}#{ACTION} in collective{} {} (discovery {}s{})",
                 if targets.len() == 1 { "" } else { "s" },
@@ -312,14 +346,14 @@ impl McollectiveSource {
         }
 
         if let Some(previous) = previous {
-            self.apply_grace(previous, &answered, started, &mut harvest);
+            self.apply_grace(previous, &answered, started, &mut read);
         }
-        Ok(harvest)
+        Ok(read)
     }
 
     /// Keeps silent servers of `previous` for the grace period, with one warning when
     /// a server first goes silent and one when it is dropped.
-    fn apply_grace(&self, previous: &Index, answered: &BTreeSet<&str>, started: i64, harvest: &mut Harvest) {
+    fn apply_grace(&self, previous: &Index, answered: &BTreeSet<&str>, started: i64, read: &mut SourceRead) {
         let mut newly_silent = Vec::new();
         let mut dropped = Vec::new();
         for server in previous.servers() {
@@ -331,20 +365,20 @@ impl McollectiveSource {
                 if last >= previous.built_at() {
                     newly_silent.push(server.certname());
                 }
-                harvest.kept.push(server.position());
+                read.kept.push(server.position());
             } else {
                 dropped.push(server.certname());
             }
         }
         if !newly_silent.is_empty() {
-            harvest.warnings.push(format!(
+            read.warnings.push(format!(
                 "mcollective: no answer from {}; kept for the grace period of {}s",
                 join(newly_silent),
                 self.grace
             ));
         }
         if !dropped.is_empty() {
-            harvest.warnings.push(format!(
+            read.warnings.push(format!(
                 "mcollective: dropped {}: no answer for longer than the grace period of {}s",
                 join(dropped),
                 self.grace
@@ -1089,9 +1123,9 @@ mod tests {
 
     #[test]
     fn an_inventory_reply_becomes_facts_plus_classes_agents_and_collectives() {
-        let (o, harvest) = observe(&reply("web1.example.com", &["staging", "mcollective"]), 1_700_000_005).unwrap();
+        let (o, read) = observe(&reply("web1.example.com", &["staging", "mcollective"]), 1_700_000_005).unwrap();
         assert_eq!(o.certname, "web1.example.com");
-        let node = harvest.node(&o, None);
+        let node = read.node(&o, None);
         assert_eq!(
             Value::Object(node.facts.clone()),
             json!({"role": "node", "processorcount": "4", "os": {"release": {"full": "12.5"}},
@@ -1105,7 +1139,7 @@ mod tests {
 
         // The hint only decides when neither the facts nor the master name the environment.
         assert_eq!(node.environment, "staging");
-        assert_eq!(harvest.node(&o, Some("dev")).environment, "dev");
+        assert_eq!(read.node(&o, Some("dev")).environment, "dev");
         let (only_main, _) = observe(&reply("a.example.com", &["mcollective"]), 1).unwrap();
         assert_eq!(only_main.environment_hint, None);
         let (two, _) = observe(&reply("a.example.com", &["mcollective", "x", "y"]), 1).unwrap();
@@ -1124,8 +1158,8 @@ mod tests {
 
     #[test]
     fn classes_and_friends_are_queryable_and_never_hide_a_fact() {
-        let (o, harvest) = observe(&reply("web1.example.com", &["mcollective"]), 1).unwrap();
-        let node = harvest.node(&o, None);
+        let (o, read) = observe(&reply("web1.example.com", &["mcollective"]), 1).unwrap();
+        let node = read.node(&o, None);
         let q = crate::Query::parse(&["mcollective::classes=role::node", "os.release.full>=12"]).unwrap();
         assert!(q.matches(&node));
         let q = crate::Query::parse(&["mcollective::agents=puppetd"]).unwrap();
@@ -1151,10 +1185,10 @@ mod tests {
         assert_eq!(observe(&r, 1).unwrap_err(), InventoryError::NoFacts);
     }
 
-    fn observe(reply: &RpcReply, at: i64) -> std::result::Result<(Observation, Harvest), InventoryError> {
-        let mut harvest = Harvest::default();
-        let o = observation(reply, at, "mcollective", &mut harvest.builder)?;
-        Ok((o, harvest))
+    fn observe(reply: &RpcReply, at: i64) -> std::result::Result<(Observation, SourceRead), InventoryError> {
+        let mut read = SourceRead::default();
+        let o = observation(reply, at, "mcollective", &mut read.builder)?;
+        Ok((o, read))
     }
 
     fn source(collectives: &[&str], grace: u64) -> McollectiveSource {
@@ -1211,24 +1245,24 @@ mod tests {
             "role",
             1000,
         );
-        let mut harvest = Harvest::default();
-        s.apply_grace(&previous, &BTreeSet::from(["answered"]), 1010, &mut harvest);
-        let kept: Vec<&str> = harvest.kept.iter().map(|p| previous.server(*p).certname()).collect();
+        let mut read = SourceRead::default();
+        s.apply_grace(&previous, &BTreeSet::from(["answered"]), 1010, &mut read);
+        let kept: Vec<&str> = read.kept.iter().map(|p| previous.server(*p).certname()).collect();
         assert_eq!(kept, ["silent-now"]);
-        assert_eq!(harvest.warnings.len(), 2, "{:?}", harvest.warnings);
-        assert!(harvest.warnings[0].contains("no answer from silent-now; kept"), "{:?}", harvest.warnings);
-        assert!(harvest.warnings[1].contains("dropped silent-long"), "{:?}", harvest.warnings);
+        assert_eq!(read.warnings.len(), 2, "{:?}", read.warnings);
+        assert!(read.warnings[0].contains("no answer from silent-now; kept"), "{:?}", read.warnings);
+        assert!(read.warnings[1].contains("dropped silent-long"), "{:?}", read.warnings);
 
         // Still silent at the next refresh: kept, without a new warning, until the grace ends.
-        let next = harvest.into_index(Some(&previous), &BTreeMap::new(), "role", 1010);
+        let next = read.into_index(Some(&previous), &BTreeMap::new(), "role", 1010);
         let carried = next.by_certname("silent-now").expect("kept");
         assert_eq!((carried.environment(), carried.answered_at()), ("production", Some(1000)));
         assert_eq!(next.len(), 1);
-        let mut again = Harvest::default();
+        let mut again = SourceRead::default();
         s.apply_grace(&next, &BTreeSet::new(), 1060, &mut again);
         assert_eq!(again.kept.len(), 1);
         assert!(again.warnings.is_empty(), "{:?}", again.warnings);
-        let mut last = Harvest::default();
+        let mut last = SourceRead::default();
         s.apply_grace(&next, &BTreeSet::new(), 1061, &mut last);
         assert!(last.kept.is_empty());
         assert!(last.warnings[0].contains("dropped silent-now"));

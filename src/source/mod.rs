@@ -10,11 +10,15 @@ use crate::index::{Index, Staged, NEVER_ANSWERED};
 use crate::store::{Builder, KeyHint, Store, StrId, Tables, ValueId, View, EMPTY_OBJECT};
 use std::collections::{BTreeMap, HashMap};
 
-/// One server as a source saw it, its facts decoded into the [`Harvest`]'s store.
+// The store is built for documents as deep as the YAML reader accepts (the store
+// cannot ask the reader, which writes into it).
+const _: () = assert!(crate::yaml::MAX_DEPTH == crate::store::MAX_DOCUMENT_DEPTH);
+
+/// One server as a source saw it, its facts decoded into the [`SourceRead`]'s store.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observation {
     pub certname: String,
-    /// An object value of [`Harvest::builder`].
+    /// An object value of [`SourceRead::builder`].
     pub facts: ValueId,
     /// Unix seconds when the facts were collected.
     pub timestamp: i64,
@@ -93,7 +97,7 @@ impl Default for EnvironmentHints {
 
 /// What a refresh read: the servers, and what it had to skip and why.
 #[derive(Default)]
-pub struct Harvest {
+pub struct SourceRead {
     /// The store the observations' facts were decoded into.
     pub builder: Builder,
     pub observations: Vec<Observation>,
@@ -103,11 +107,11 @@ pub struct Harvest {
     pub warnings: Vec<String>,
     /// Servers given as the previous refresh read them, their source unchanged.
     pub reused: usize,
-    /// What changed since the index this harvest goes on from, when it does.
+    /// What changed since the index this read goes on from, when it does.
     pub changes: Option<Changes>,
 }
 
-/// What changed since index `since` was built from the harvest before: every
+/// What changed since index `since` was built from the read before: every
 /// server whose certname is not listed is the one it holds.
 #[derive(Debug, Default)]
 pub struct Changes {
@@ -117,9 +121,9 @@ pub struct Changes {
     pub certnames: Vec<String>,
 }
 
-impl std::fmt::Debug for Harvest {
+impl std::fmt::Debug for SourceRead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Harvest")
+        f.debug_struct("SourceRead")
             .field("observations", &self.observations.len())
             .field("kept", &self.kept)
             .field("warnings", &self.warnings)
@@ -129,7 +133,7 @@ impl std::fmt::Debug for Harvest {
     }
 }
 
-impl Harvest {
+impl SourceRead {
     /// The facts of an observation, as JSON (tests and tools).
     pub fn facts_json(&self, observation: &Observation) -> serde_json::Value {
         self.builder.store().view(observation.facts).to_json()
@@ -153,8 +157,8 @@ impl Harvest {
     }
 
     /// The new index: every observation, then the kept servers of `previous` copied
-    /// over. `seen` is where the master last saw each certname compile. A harvest
-    /// that goes on from `previous` ([`Harvest::changes`]) examines only the
+    /// over. `seen` is where the master last saw each certname compile. A read
+    /// that goes on from `previous` ([`SourceRead::changes`]) examines only the
     /// servers that changed: the others keep their rows, order and role maps.
     pub fn into_index(
         self,
@@ -166,7 +170,7 @@ impl Harvest {
         self.into_index_and_tables(previous, seen, role_fact, built_at).0
     }
 
-    /// [`Harvest::into_index`], and the tables of the builder that made its store, for
+    /// [`SourceRead::into_index`], and the tables of the builder that made its store, for
     /// the next refresh to go on from (see [`puppet_cache::load_since`]).
     pub fn into_index_and_tables(
         self,
@@ -175,7 +179,7 @@ impl Harvest {
         role_fact: &str,
         built_at: i64,
     ) -> (Index, Tables) {
-        let Harvest { mut builder, observations, kept, changes, .. } = self;
+        let SourceRead { mut builder, observations, kept, changes, .. } = self;
         let base = previous.zip(changes).filter(|(previous, changes)| {
             // Hints are not kept in the index, so an environment from one is decided again.
             changes.since == previous.generation()

@@ -2,7 +2,7 @@
 //! agent sends its facts. puppetserver 7 writes JSON (`$server_datadir/facts`),
 //! older masters wrote Ruby-tagged YAML (`$vardir/yaml/facts`); we read both.
 
-use super::{Changes, Harvest, Observation};
+use super::{Changes, Observation, SourceRead};
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::store::json::{self, Depth, JsonError, Skip, ValueSeed};
@@ -28,12 +28,12 @@ pub const MAX_FILE_SIZE: u64 = 16 << 20;
 /// The files are read by up to [`MAX_READERS`] threads (never more than the cores),
 /// each decoding its share into a store of its own; the stores are then merged in
 /// file order, so the index is the same whatever the number of threads.
-pub fn load(dirs: &[PathBuf]) -> Result<Harvest> {
+pub fn load(dirs: &[PathBuf]) -> Result<SourceRead> {
     load_with_readers(dirs, default_readers())
 }
 
 /// [`load`] on `readers` threads at most.
-pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
+pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<SourceRead> {
     Ok(load_since_with_readers(dirs, None, readers, &AtomicUsize::new(0))?.0)
 }
 
@@ -48,7 +48,7 @@ pub fn load_with_readers(dirs: &[PathBuf], readers: usize) -> Result<Harvest> {
 /// changed and removed servers stay in the store until then). A file modified
 /// less than [`RACY_SECONDS`] before the read is read again next time: a rewrite
 /// within the same tick of the file system's clock could keep its stamp.
-pub fn load_since(dirs: &[PathBuf], previous: Option<Previous<'_>>) -> Result<(Harvest, ReadMemo)> {
+pub fn load_since(dirs: &[PathBuf], previous: Option<Previous<'_>>) -> Result<(SourceRead, ReadMemo)> {
     load_since_counting(dirs, previous, &AtomicUsize::new(0))
 }
 
@@ -57,7 +57,7 @@ pub fn load_since_counting(
     dirs: &[PathBuf],
     previous: Option<Previous<'_>>,
     progress: &AtomicUsize,
-) -> Result<(Harvest, ReadMemo)> {
+) -> Result<(SourceRead, ReadMemo)> {
     load_since_with_readers(dirs, previous, default_readers(), progress)
 }
 
@@ -186,7 +186,7 @@ fn load_since_with_readers(
     previous: Option<Previous<'_>>,
     readers: usize,
     progress: &AtomicUsize,
-) -> Result<(Harvest, ReadMemo)> {
+) -> Result<(SourceRead, ReadMemo)> {
     let listed_at = crate::time::now();
     let listings = list(dirs)?;
     let mut previous = previous.filter(|p| {
@@ -234,10 +234,10 @@ fn load_since_with_readers(
         outcomes[read_into[i]] = Some(outcome);
     }
     let changes = since.map(|since| Changes { since, certnames: changed });
-    let mut harvest = Harvest { builder, reused, changes, ..Harvest::default() };
+    let mut read = SourceRead { builder, reused, changes, ..SourceRead::default() };
     let mut memo = ReadMemo {
         dirs: Vec::with_capacity(listings.len()),
-        values_after_full: values_after_full.unwrap_or(harvest.builder.store().values()),
+        values_after_full: values_after_full.unwrap_or(read.builder.store().values()),
     };
     let mut outcomes = outcomes.into_iter();
     for listing in listings {
@@ -245,8 +245,8 @@ fn load_since_with_readers(
         for ((name, _), stamp) in listing.names.into_iter().zip(listing.stamps) {
             let Some(outcome) = outcomes.next().flatten() else { continue };
             match &outcome {
-                Ok(observation) => harvest.observations.push(observation.clone()),
-                Err(warning) => harvest.warnings.push(warning.clone()),
+                Ok(observation) => read.observations.push(observation.clone()),
+                Err(warning) => read.warnings.push(warning.clone()),
             }
             // A file modified in the last seconds may be written again within the
             // same tick of the file system's clock, in place, at the same size: its
@@ -256,7 +256,7 @@ fn load_since_with_readers(
         }
         memo.dirs.push((listing.dir, files));
     }
-    Ok((harvest, memo))
+    Ok((read, memo))
 }
 
 /// The fact files of `dirs`, each directory's in name order, stamped (on up to

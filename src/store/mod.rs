@@ -43,9 +43,13 @@ pub const FALSE: ValueId = 1;
 pub const TRUE: ValueId = 2;
 pub const EMPTY_OBJECT: ValueId = 3;
 
+/// Deepest nesting of a fact document the fact readers accept (YAML's `MAX_DEPTH`,
+/// which the sources hold equal to this, and JSON's).
+pub const MAX_DOCUMENT_DEPTH: usize = 64;
+
 /// Deepest nesting a store accepts: what the fact readers accept, plus room for the
 /// wrapping a source adds. Traversals may recurse this deep and no deeper.
-pub const MAX_DEPTH: u32 = crate::yaml::MAX_DEPTH as u32 + 8;
+pub const MAX_DEPTH: u32 = MAX_DOCUMENT_DEPTH as u32 + 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[repr(u8)]

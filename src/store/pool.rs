@@ -10,7 +10,7 @@
 //! fifth of the cost of reading it, and on two cores it was what both waited on.
 
 use super::{Builder, Remap};
-use crate::sync::lock;
+use crate::unpoisoned::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;

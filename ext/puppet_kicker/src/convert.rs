@@ -12,7 +12,7 @@ use crate::template;
 use magnus::rb_sys::{protect, AsRawValue, FromRawValue};
 use magnus::value::{Lazy, ReprValue};
 use magnus::{Error, RArray, RHash, RString, Ruby, Value};
-use puppet_kicker::seam::{Entry, Failure, IdCounts, Selected, Server};
+use puppet_kicker::api::{Entry, Failure, IdCounts, Selected, Server};
 use puppet_kicker::store::{Kind, StrId, View};
 use rb_sys::{
     rb_ary_cat, rb_ary_new_from_values, rb_hash_bulk_insert, rb_hash_new, rb_obj_freeze, rb_str_new, rb_utf8_encindex,

@@ -16,8 +16,8 @@ use magnus::r_hash::ForEach;
 use magnus::value::ReprValue;
 use magnus::RString;
 use magnus::{function, prelude::*, Error, ExceptionClass, RHash, RModule, Ruby, Value};
+use puppet_kicker::api::{self, Failure, NoteEnvironment, Query, Settings};
 use puppet_kicker::log::LogLine;
-use puppet_kicker::seam::{self, Failure, NoteEnvironment, Query, Settings};
 use serde_json::Value as Json;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -25,7 +25,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// (lib/puppet_kicker.rb), else `PuppetKicker::Error`. Looked up rather than kept:
 /// the lookup cannot panic, and a missing class (a broken load) degrades to
 /// `RuntimeError` instead of `fatal`.
-fn error_class(ruby: &Ruby, kind: seam::Kind) -> ExceptionClass {
+fn error_class(ruby: &Ruby, kind: api::Kind) -> ExceptionClass {
     let module = ruby.class_object().const_get::<_, RModule>("PuppetKicker").ok();
     let listed = module.and_then(|m| m.const_get::<_, RHash>("ERRORS").ok());
     listed
@@ -45,7 +45,7 @@ fn entry<T>(ruby: &Ruby, body: impl FnOnce() -> Result<T, Error>) -> Result<T, E
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| Err(raise(ruby, Failure::panic(&*panic))))
 }
 
-/// Runs a seam call without the GVL, its errors and panics raised as
+/// Runs an api call without the GVL, its errors and panics raised as
 /// `PuppetKicker::*Error`. When Ruby has an interrupt pending, the call has not
 /// started: Ruby handles it first (switches threads, runs a signal's handler, or
 /// raises what `Thread#raise` sent, which then propagates), then the call runs.
@@ -69,7 +69,7 @@ fn core<T: Send>(ruby: &Ruby, body: impl FnOnce() -> Result<T, puppet_kicker::Er
 /// so a call that meets this many has waited for the other threads long enough.
 const MAX_INTERRUPTS: u32 = 1000;
 
-/// A seam call whose value converts to Ruby.
+/// An api call whose value converts to Ruby.
 fn call<T: Send>(
     ruby: &Ruby,
     body: impl FnOnce() -> Result<T, puppet_kicker::Error> + Send,
@@ -103,7 +103,7 @@ fn settings(
 fn servers(ruby: &Ruby, query: Query) -> Result<Value, Error> {
     call(
         ruby,
-        || seam::select(query),
+        || api::select(query),
         |ruby, selected| {
             let mut converter = Converter::new(ruby, &selected)?;
             let id = selected.answer_id();
@@ -126,7 +126,7 @@ fn servers(ruby: &Ruby, query: Query) -> Result<Value, Error> {
 fn first(ruby: &Ruby, query: Query) -> Result<Value, Error> {
     call(
         ruby,
-        || seam::select(query),
+        || api::select(query),
         |ruby, selected| match selected.positions().first() {
             Some(position) => Converter::new(ruby, &selected)?.server(&selected, *position),
             None => Ok(ruby.qnil().as_value()),
@@ -151,7 +151,7 @@ fn log_lines(ruby: &Ruby, lines: Vec<LogLine>) -> Result<Value, Error> {
     Ok(array.as_value())
 }
 
-fn status(ruby: &Ruby, status: seam::Status) -> Result<Value, Error> {
+fn status(ruby: &Ruby, status: api::Status) -> Result<Value, Error> {
     let hash = ruby.hash_new();
     for (name, value) in status.fields() {
         hash.aset(name, to_ruby(ruby, &value)?)?;
@@ -208,20 +208,20 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
 #[rustfmt::skip]
 fn define(ruby: &Ruby) -> Result<(), Error> {
     let native = ruby.define_module("PuppetKicker")?.define_module("Native")?;
-    native.define_module_function("configure", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || seam::configure(s), nil) }, 5))?;
+    native.define_module_function("configure", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || api::configure(s), nil) }, 5))?;
     native.define_module_function("servers_with_role", function!(|r: &Ruby, roles, environment| servers(r, Query::ServersWithRole { roles, environment }), 2))?;
     native.define_module_function("server_with_role", function!(|r: &Ruby, roles, environment| first(r, Query::ServerWithRole { roles, environment }), 2))?;
     native.define_module_function("servers_with_facts", function!(|r: &Ruby, clauses, environment| servers(r, Query::ServersWithFacts { clauses, environment }), 2))?;
-    native.define_module_function("note_environment", function!(|r: &Ruby, certname, environment| call(r, || seam::note_environment(NoteEnvironment { certname, environment }), nil), 2))?;
-    native.define_module_function("take_log", function!(|r: &Ruby| call(r, seam::take_log, log_lines), 0))?;
-    native.define_module_function("log_pending", function!(|r: &Ruby| entry(r, || Ok(seam::log_pending())), 0))?;
-    native.define_module_function("status", function!(|r: &Ruby| call(r, seam::status, status), 0))?;
-    native.define_module_function("version", function!(|r: &Ruby| call(r, seam::version, string), 0))?;
-    native.define_module_function("kick_report", function!(|r: &Ruby, report: RString| { let report = bytes(report); call(r, move || seam::kick_report(&report), log_lines) }, 1))?;
-    native.define_module_function("kick_flush", function!(|r: &Ruby| call(r, seam::kick_flush, log_lines), 0))?;
-    native.define_module_function("kick_status", function!(|r: &Ruby| call(r, seam::kick_status, string), 0))?;
-    native.define_module_function("command", function!(|r: &Ruby, request: RString| { let request = bytes(request); call(r, move || seam::command(&request), string) }, 1))?;
-    native.define_module_function("run_helper", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || seam::run_helper(s), string) }, 5))?;
+    native.define_module_function("note_environment", function!(|r: &Ruby, certname, environment| call(r, || api::note_environment(NoteEnvironment { certname, environment }), nil), 2))?;
+    native.define_module_function("take_log", function!(|r: &Ruby| call(r, api::take_log, log_lines), 0))?;
+    native.define_module_function("log_pending", function!(|r: &Ruby| entry(r, || Ok(api::log_pending())), 0))?;
+    native.define_module_function("status", function!(|r: &Ruby| call(r, api::status, status), 0))?;
+    native.define_module_function("version", function!(|r: &Ruby| call(r, api::version, string), 0))?;
+    native.define_module_function("kick_report", function!(|r: &Ruby, report: RString| { let report = bytes(report); call(r, move || api::kick_report(&report), log_lines) }, 1))?;
+    native.define_module_function("kick_flush", function!(|r: &Ruby| call(r, api::kick_flush, log_lines), 0))?;
+    native.define_module_function("kick_status", function!(|r: &Ruby| call(r, api::kick_status, string), 0))?;
+    native.define_module_function("command", function!(|r: &Ruby, request: RString| { let request = bytes(request); call(r, move || api::command(&request), string) }, 1))?;
+    native.define_module_function("run_helper", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || api::run_helper(s), string) }, 5))?;
     Ok(())
 }
 
@@ -251,7 +251,7 @@ mod tests {
     }
 
     fn each_failure_kind_raises_the_class_the_facade_lists(ruby: &Ruby) {
-        use seam::Kind;
+        use api::Kind;
         for (kind, class) in [
             (Kind::Query, "PuppetKicker::QueryError"),
             (Kind::Config, "PuppetKicker::ConfigError"),
@@ -265,7 +265,7 @@ mod tests {
     }
 
     fn assert_puppet_kicker_error(ruby: &Ruby, error: Error, message: &str) {
-        let class = error_class(ruby, seam::Kind::Internal);
+        let class = error_class(ruby, api::Kind::Internal);
         assert!(error.is_kind_of(class), "{error} is not a PuppetKicker::Error");
         assert!(!error.is_kind_of(ruby.exception_fatal()), "{error} is fatal");
         assert!(error.to_string().contains(message), "{error:?} does not say {message:?}");
@@ -292,10 +292,10 @@ mod tests {
             "timestamp":"2099-01-01T00:00:00.000000000+00:00","expiration":"2099-01-01T00:00:00.000000000+00:00"}"#;
         fs::write(facts.join("web1.example.com.json"), document).unwrap();
         let path = |p: PathBuf| p.display().to_string();
-        seam::configure(settings(ruby, path(dir.join("etc")), path(dir.join("var")), None, None, None).unwrap())
+        api::configure(settings(ruby, path(dir.join("etc")), path(dir.join("var")), None, None, None).unwrap())
             .unwrap();
         let query = Query::ServersWithRole { roles: vec!["web".into()], environment: "production".into() };
-        let selected = seam::select(query).unwrap();
+        let selected = api::select(query).unwrap();
         assert_eq!(selected.positions().len(), 1, "the fixture server is found");
 
         let mut converter = Converter::new(ruby, &selected).unwrap();
@@ -309,7 +309,7 @@ mod tests {
 
     fn a_panic_or_a_ruby_exception_while_converting_is_an_error_and_leaves_the_stack_empty(ruby: &Ruby) {
         let query = Query::ServersWithRole { roles: vec!["web".into()], environment: "production".into() };
-        let selected = seam::select(query).unwrap();
+        let selected = api::select(query).unwrap();
         let mut converter = Converter::new(ruby, &selected).unwrap();
 
         let error = converter

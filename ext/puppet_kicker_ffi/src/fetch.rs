@@ -45,7 +45,7 @@
 //! its facts, then `certname` unless a fact has that name).
 
 use crossbeam_channel::{Receiver, Sender};
-use puppet_kicker::seam::{self, Entry, Failure, Server, ServersAt};
+use puppet_kicker::api::{self, Entry, Failure, Server, ServersAt};
 use puppet_kicker::store::{Kind, StrId, View};
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -342,7 +342,7 @@ fn encode_replies(
     most: usize,
     mut give: impl FnMut(Reply) -> bool,
 ) {
-    let servers = match seam::servers_at(ServersAt { generation, positions }) {
+    let servers = match api::servers_at(ServersAt { generation, positions }) {
         Ok(Some(servers)) => servers,
         Ok(None) => {
             give(finish(STALE, [0; 6], &[], &[], |word| word, b"", b""));

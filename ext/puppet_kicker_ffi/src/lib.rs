@@ -1,7 +1,7 @@
 //! `libpuppet_kicker_ffi.so`: puppet-kicker's core behind a small C ABI, for Rubies
 //! that cannot load a C extension: JRuby, so puppetserver, through Ruby's `ffi`. The
-//! magnus extension (`ext/puppet_kicker`) and this library call the same seam
-//! ([`puppet_kicker::seam`]) and only convert its values; `lib/puppet_kicker.rb`
+//! magnus extension (`ext/puppet_kicker`) and this library call the same entry points
+//! ([`puppet_kicker::api`]) and only convert its values; `lib/puppet_kicker.rb`
 //! picks one of them.
 //!
 //! # The ABI (version [`ABI_VERSION`]; C declarations in `include/puppet_kicker_ffi.h`)
@@ -39,7 +39,7 @@
 //!   KIND one of `query`, `config`, `no_data`, `report`, `io` (the core's error
 //!   kinds), `request` (a malformed request: a bug in the caller), `internal`.
 //! - A server is its facts in the core's order, then `certname` when no fact has
-//!   that name ([`seam::Server`]): the same Hash, key for key, that the magnus
+//!   that name ([`api::Server`]): the same Hash, key for key, that the magnus
 //!   extension builds. `pk_servers_at` gives it by reference (name and value ids of
 //!   the index generation) and `pk_values` the names and values themselves, so a
 //!   caller parses each distinct value once per index, not once per server.
@@ -53,7 +53,7 @@
 
 pub mod fetch;
 
-use puppet_kicker::seam::{self, Failure};
+use puppet_kicker::api::{self, Failure};
 use serde::{Deserialize, Serialize};
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -101,33 +101,33 @@ macro_rules! with_request {
 }
 
 with_request!(
-    /// Configures the process-wide core from Puppet's settings ([`seam::Settings`]);
+    /// Configures the process-wide core from Puppet's settings ([`api::Settings`]);
     /// a no-op while they are unchanged. `ok`: `null`.
-    pk_configure => seam::configure);
+    pk_configure => api::configure);
 with_request!(
-    /// A query ([`seam::Query`]) as index generation and positions: a caller that
+    /// A query ([`api::Query`]) as index generation and positions: a caller that
     /// keeps the servers it converted, per generation, fetches only new ones with
     /// `pk_servers_at` instead of parsing every server's facts on every call.
-    pk_select => seam::select_known);
+    pk_select => api::select_known);
 with_request!(
     /// The servers at `positions` of index `generation`, or `null` once that index
     /// has been replaced (the caller selects again).
-    pk_servers_at => seam::servers_at);
+    pk_servers_at => api::servers_at);
 with_request!(
     /// Values and fact names of index `generation` by id, for the servers
     /// `pk_servers_at` gave: `{"values": [..], "keys": [..]}`, or `null` once that
     /// index has been replaced.
-    pk_values => seam::values_at);
+    pk_values => api::values_at);
 with_request!(
     /// Records the environment a certname compiles in. `ok`: `null`.
-    pk_note_environment => seam::note_environment);
+    pk_note_environment => api::note_environment);
 without_request!(
     /// `{"ok": "<crate version> (index format N)"}`.
-    pk_version => seam::version);
+    pk_version => api::version);
 without_request!(
     /// What to log since the last call: refresh warnings, then kick lines (`[]`
     /// before the core is configured).
-    pk_take_log => seam::take_log);
+    pk_take_log => api::take_log);
 /// 1 when `answer`, a non-zero answer id `pk_select` gave, is still what that
 /// identical call would get now: the same index generation, the answer still kept,
 /// none of its servers past `max_age`. Then, exactly as the call would, it queues a
@@ -137,7 +137,7 @@ without_request!(
 /// caller that kept what it built for `answer` returns it for the cost of one call.
 #[no_mangle]
 pub extern "C" fn pk_answer_holds(answer: u64) -> u32 {
-    catch_unwind(|| seam::answer_holds(answer)).map_or(0, u32::from)
+    catch_unwind(|| api::answer_holds(answer)).map_or(0, u32::from)
 }
 
 /// How many lines `pk_take_log` would give now (0 before the core is configured),
@@ -146,19 +146,19 @@ pub extern "C" fn pk_answer_holds(answer: u64) -> u32 {
 /// `u32::MAX`; a panic (a bug) answers 1, so the caller takes the log.
 #[no_mangle]
 pub extern "C" fn pk_log_pending() -> u32 {
-    catch_unwind(seam::log_pending).unwrap_or(1)
+    catch_unwind(api::log_pending).unwrap_or(1)
 }
 
 without_request!(
     /// The index's size and age, the last refresh error, the configuration in use.
-    pk_status => seam::status);
+    pk_status => api::status);
 without_request!(
     /// Waits (bounded by `kick.exit_wait`) for due kicks to be sent, for a process
     /// about to exit. `ok`: the lines to log.
-    pk_kick_flush => seam::kick_flush);
+    pk_kick_flush => api::kick_flush);
 without_request!(
     /// The kick status document. `ok`: its JSON text, as a string.
-    pk_kick_status => seam::kick_status);
+    pk_kick_status => api::kick_status);
 
 /// The `kick` report processor: a report's kicks (the JSON `lib/puppet_kicker/kick.rb`
 /// builds, passed on as bytes) to the core's planner. `ok`: the lines to log,
@@ -169,7 +169,7 @@ without_request!(
 #[no_mangle]
 pub unsafe extern "C" fn pk_kick(req: *const u8, len: usize) -> *mut c_char {
     let bytes = request_bytes(req, len);
-    reply(|| Ok(seam::kick_report(bytes?)?))
+    reply(|| Ok(api::kick_report(bytes?)?))
 }
 
 /// A `puppet kicker` subcommand (`{"name", "args"}`, see `puppet_kicker::command`).
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn pk_kick(req: *const u8, len: usize) -> *mut c_char {
 #[no_mangle]
 pub unsafe extern "C" fn pk_command(req: *const u8, len: usize) -> *mut c_char {
     let bytes = request_bytes(req, len);
-    reply(|| Ok(seam::command(bytes?)?))
+    reply(|| Ok(api::command(bytes?)?))
 }
 
 /// A new fetch session ([`fetch::Session`]): what one caller holds of an index

@@ -23,16 +23,16 @@ pub mod query;
 mod state;
 pub mod tls;
 
-use super::{Changes, Harvest};
-use crate::config::PuppetdbSettings;
+use super::{Changes, SourceRead};
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::store::{Builder, Tables};
-use crate::sync::lock;
+use crate::unpoisoned::lock;
 use client::{Client, Session};
 use decode::Entry;
-use state::{Carried, Held, State};
+use state::{Held, IncrementalBase, State};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -47,6 +47,32 @@ const WORST_CASE_WORK: Duration = Duration::from_secs(300);
 /// Answers fetched ahead of the one being decoded.
 const PAGES_AHEAD: usize = 1;
 
+/// `puppetdb.*`: where PuppetDB is, how to prove who we are, and how to page and
+/// refresh. `None` means "from Puppet": puppetdb.conf, Puppet's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PuppetdbSettings {
+    /// `puppetdb.config`: the puppetdb.conf giving `server_urls` when not set here.
+    pub config_file: PathBuf,
+    pub server_urls: Option<Vec<String>>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+    /// Read only when the file exists.
+    pub crl: Option<PathBuf>,
+    /// Seconds one request (connect, send, answer read) may take.
+    pub timeout: u64,
+    /// Servers asked for per request.
+    pub page_size: usize,
+    /// Requests a full read has PuppetDB answer at once.
+    pub requests_in_flight: usize,
+    /// Most bytes of one answer.
+    pub max_page_bytes: usize,
+    /// Seconds before the newest change seen that an incremental refresh asks again.
+    pub overlap: u64,
+    /// Seconds between full reads.
+    pub full_refresh: u64,
+}
+
 /// The PuppetDB servers, and what the last refresh left the next.
 pub struct PuppetdbSource {
     client: Client,
@@ -54,7 +80,7 @@ pub struct PuppetdbSource {
     /// certificate or a new CRL is used from the next refresh on.
     tls: Mutex<(tls::TlsFiles, tls::Stamp)>,
     settings: PuppetdbSettings,
-    carried: Mutex<Option<Carried>>,
+    carried: Mutex<Option<IncrementalBase>>,
     pending: Mutex<Option<State>>,
 }
 
@@ -105,14 +131,14 @@ impl PuppetdbSource {
     /// was built from it with `tables`.
     pub fn carry(&self, generation: u64, tables: Tables) {
         if let Some(state) = lock(&self.pending).take() {
-            *lock(&self.carried) = Some(Carried { generation, tables, state });
+            *lock(&self.carried) = Some(IncrementalBase { generation, tables, state });
         }
     }
 
     /// Reads PuppetDB: incrementally from `previous` when the last refresh built it,
     /// else in full. Also gives where PuppetDB recorded each server's environment.
     /// The error names the URLs and what failed.
-    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<(Harvest, BTreeMap<String, String>)> {
+    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<(SourceRead, BTreeMap<String, String>)> {
         self.refresh_counting(previous, started, &AtomicUsize::new(0))
     }
 
@@ -123,7 +149,7 @@ impl PuppetdbSource {
         previous: Option<&Index>,
         started: i64,
         progress: &AtomicUsize,
-    ) -> Result<(Harvest, BTreeMap<String, String>)> {
+    ) -> Result<(SourceRead, BTreeMap<String, String>)> {
         // Taken: a refresh that fails leaves none, and the next one reads in full.
         let carried = lock(&self.carried).take();
         let base = carried.zip(previous).filter(|(c, index)| {
@@ -135,13 +161,13 @@ impl PuppetdbSource {
         });
         self.reload_tls_if_changed()?;
         let mut session = self.client.session();
-        let (harvest, state) = match base {
+        let (read, state) = match base {
             Some((carried, index)) => self.incremental(&mut session, index, carried, progress)?,
             None => self.full(&mut session, started, progress)?,
         };
         let environments = state.environments();
         *lock(&self.pending) = Some(state);
-        Ok((harvest, environments))
+        Ok((read, environments))
     }
 
     /// Makes the TLS configuration again when a file changed since it was made; an
@@ -159,7 +185,7 @@ impl PuppetdbSource {
     }
 
     /// Every node: the listing, then the facts a page at a time.
-    fn full(&self, session: &mut Session, started: i64, progress: &AtomicUsize) -> Result<(Harvest, State)> {
+    fn full(&self, session: &mut Session, started: i64, progress: &AtomicUsize) -> Result<(SourceRead, State)> {
         let mut listed = self.list(session, None)?;
         listed.sort_by(|a, b| a.certname.cmp(&b.certname));
         listed.dedup_by(|a, b| a.certname == b.certname);
@@ -170,8 +196,8 @@ impl PuppetdbSource {
         let newest = listed.iter().filter_map(|l| crate::time::parse_timestamp(&l.timestamp)).max().unwrap_or(0);
         let servers: BTreeMap<String, Held> = entries.into_iter().map(Held::of).collect();
         let state = State { servers, newest, full_at: started, values_after_full: builder.store().values() };
-        let harvest = Harvest { observations: state.observations(), builder, warnings, ..Harvest::default() };
-        Ok((harvest, state))
+        let read = SourceRead { observations: state.observations(), builder, warnings, ..SourceRead::default() };
+        Ok((read, state))
     }
 
     /// The nodes changed since the newest seen (less the overlap) fetched again, the
@@ -180,10 +206,10 @@ impl PuppetdbSource {
         &self,
         session: &mut Session,
         index: &Index,
-        carried: Carried,
+        carried: IncrementalBase,
         progress: &AtomicUsize,
-    ) -> Result<(Harvest, State)> {
-        let Carried { tables, mut state, .. } = carried;
+    ) -> Result<(SourceRead, State)> {
+        let IncrementalBase { tables, mut state, .. } = carried;
         let since = query::timestamp(state.newest.saturating_sub(self.settings.overlap as i64));
         let listed = self.list(session, Some(&since))?;
         let answer = session.query(&query::gone()).map_err(Error::Io)?;
@@ -221,8 +247,9 @@ impl PuppetdbSource {
         changed.sort_unstable();
         changed.dedup();
         let changes = Some(Changes { since: index.generation(), certnames: changed });
-        let harvest = Harvest { observations: state.observations(), builder, warnings, changes, ..Harvest::default() };
-        Ok((harvest, state))
+        let read =
+            SourceRead { observations: state.observations(), builder, warnings, changes, ..SourceRead::default() };
+        Ok((read, state))
     }
 
     /// The listing since `since` (every node without it).

@@ -49,7 +49,7 @@ impl State {
 }
 
 /// [`State`] with the tables of the builder that made the store of index `generation`.
-pub struct Carried {
+pub struct IncrementalBase {
     pub generation: u64,
     pub tables: Tables,
     pub state: State,

@@ -17,7 +17,7 @@
 //! * it exits when nothing is left, or after [`max_lifetime`], whichever comes first;
 //!   what is left stays in `kicks.msgpack` for the next process.
 //!
-//! `helper.json` says what it waits for; `kick-status.json` and the status call show
+//! `helper.json` says what it waits for ([`crate::helper_presence`]); `kick-status.json` and the status call show
 //! it under `helper`. It logs to `helper.log` in the cache dir, kept under
 //! [`MAX_LOG_BYTES`] (rotated once, to `helper.log.1`).
 //!
@@ -26,12 +26,14 @@
 //! then no helper at all. So the helper releases the lock, looks once more, and
 //! takes the lock again (or leaves it to the helper that did) when work appeared.
 
+pub use crate::helper_presence::{describe, HELPER_FILE};
+
 use crate::config::{Config, PuppetSettings};
 use crate::error::{Error, Result};
 use crate::kick::{KickService, STATE_FILE};
 use crate::process;
 use crate::service::Service;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,16 +41,12 @@ use std::time::{Duration, Instant};
 
 /// Held by the running helper; `flock`, so it ends with the process however it ends.
 pub const HELPER_LOCK: &str = "helper.lock";
-/// The running helper's pid, start, deadline and what it waits for.
-pub const HELPER_FILE: &str = "helper.json";
 /// The helper's log, in the cache dir.
 pub const HELPER_LOG: &str = "helper.log";
 /// Left by a process that wants a refresh while a helper runs.
 pub const REFRESH_WANTED: &str = "refresh.wanted";
 /// `helper.log` is rotated (once, to `helper.log.1`) before it grows past this.
 pub const MAX_LOG_BYTES: u64 = 1 << 20;
-/// `helper.json` is a few lines; a larger one is not ours.
-const MAX_HELPER_FILE: u64 = 64 << 10;
 /// Lines of "waiting for" kept in `helper.json`.
 const MAX_WAITING_LINES: usize = 20;
 
@@ -205,16 +203,6 @@ pub fn run_with(settings: PuppetSettings, options: &Options) -> Result<Ending> {
     }
     log.line(&format!("helper exits after {}s: {ending:?}", started.elapsed().as_secs()));
     Ok(ending)
-}
-
-/// `helper.json` of the helper running for `cache_dir`, or null when none runs.
-pub fn describe(cache_dir: &Path) -> Value {
-    let path = cache_dir.join(HELPER_FILE);
-    let Ok(bytes) = crate::bounded_read::read(&path, MAX_HELPER_FILE) else { return Value::Null };
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(doc) if doc["pid"].as_u64().and_then(|p| u32::try_from(p).ok()).is_some_and(process::alive) => doc,
-        _ => Value::Null,
-    }
 }
 
 /// Whether the index is missing or older than `cache.ttl`.

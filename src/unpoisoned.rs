@@ -1,4 +1,4 @@
-//! Locking that survives a panic elsewhere.
+//! A `Mutex` lock that ignores poisoning: locking that survives a panic elsewhere.
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -3,8 +3,8 @@
 //! them; `kick.dry_run` so no kick leaves the machine (a dispatch fails with "dry run",
 //! which is logged as a retry: proof of when it was tried).
 
-use puppet_kicker::helper::{self, Ending, Options};
 use puppet_kicker::kick::{KickConfig, PlannerState, STATE_FILE};
+use puppet_kicker::masterless_helper::{self as helper, Ending, Options};
 use puppet_kicker::{PuppetSettings, Service};
 use std::fs;
 use std::path::{Path, PathBuf};
