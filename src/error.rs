@@ -27,8 +27,11 @@ pub enum Error {
     System { context: String, source: std::io::Error },
     /// `cache.dir` cannot be created, or others could write in it.
     CacheDir(crate::cache_dir::CacheDirError),
-    /// `source: mcollective` cannot start: its client configuration is unusable.
-    McollectiveSource(crate::source::mcollective::SourceError),
+    /// A fact source cannot start: its settings or files are unusable. The source's
+    /// own error (`source::mcollective::SourceError`, `source::puppetdb::SourceError`).
+    SourceUnusable(Box<dyn std::error::Error + Send + Sync>),
+    /// A fact source could not be read; the source's own error.
+    SourceFailed(Box<dyn std::error::Error + Send + Sync>),
     /// The kick service cannot start; shared, because every later report gets it too.
     Kick(std::sync::Arc<crate::kick::KickError>),
 }
@@ -75,10 +78,12 @@ impl Error {
     pub fn kind(&self) -> Kind {
         match self {
             Error::Query(_) => Kind::Query,
-            Error::Config(_) | Error::ConfigFile(_) | Error::McollectiveSource(_) => Kind::Config,
+            Error::Config(_) | Error::ConfigFile(_) | Error::SourceUnusable(_) => Kind::Config,
             Error::NoData(_) => Kind::NoData,
             Error::Report(_) => Kind::Report,
-            Error::Io(_) | Error::System { .. } | Error::CacheDir(_) | Error::Kick(_) => Kind::Io,
+            Error::Io(_) | Error::System { .. } | Error::CacheDir(_) | Error::Kick(_) | Error::SourceFailed(_) => {
+                Kind::Io
+            }
         }
     }
 }
@@ -100,7 +105,7 @@ impl fmt::Display for Error {
             Error::Query(m) | Error::Config(m) | Error::NoData(m) | Error::Report(m) | Error::Io(m) => f.write_str(m),
             Error::ConfigFile(e) => e.fmt(f),
             Error::CacheDir(e) => e.fmt(f),
-            Error::McollectiveSource(e) => e.fmt(f),
+            Error::SourceUnusable(e) | Error::SourceFailed(e) => e.fmt(f),
             Error::Kick(e) => e.fmt(f),
             Error::System { context, source } => write!(f, "{context}: {source}"),
         }
@@ -114,7 +119,7 @@ impl std::error::Error for Error {
             // A module error's message is this one's; its cause comes next.
             Error::ConfigFile(e) => std::error::Error::source(e),
             Error::CacheDir(e) => std::error::Error::source(e),
-            Error::McollectiveSource(e) => std::error::Error::source(e),
+            Error::SourceUnusable(e) | Error::SourceFailed(e) => e.source(),
             Error::Kick(e) => std::error::Error::source(&**e),
             _ => None,
         }

@@ -110,13 +110,14 @@ impl Rows {
 
     /// Rows over the blobs of a snapshot in `file` (checked by [`Index::from_rows`]).
     pub fn from_blobs(file: &Arc<FileBytes>, blobs: RowBlobs<'_>) -> Result<Rows, InvalidRows> {
+        let ragged = |e: crate::store::RaggedColumn| InvalidRows(e.to_string());
         Ok(Rows {
-            certname: Column::from_blob(file, "certname", blobs.certname.0).map_err(InvalidRows)?,
-            environment: Column::from_blob(file, "environment", blobs.environment.0).map_err(InvalidRows)?,
-            facts: Column::from_blob(file, "facts", blobs.facts.0).map_err(InvalidRows)?,
-            extra: Column::from_blob(file, "extra", blobs.extra.0).map_err(InvalidRows)?,
-            timestamp: Column::from_blob(file, "timestamp", blobs.timestamp.0).map_err(InvalidRows)?,
-            answered_at: Column::from_blob(file, "answered_at", blobs.answered_at.0).map_err(InvalidRows)?,
+            certname: Column::from_blob(file, "certname", blobs.certname.0).map_err(ragged)?,
+            environment: Column::from_blob(file, "environment", blobs.environment.0).map_err(ragged)?,
+            facts: Column::from_blob(file, "facts", blobs.facts.0).map_err(ragged)?,
+            extra: Column::from_blob(file, "extra", blobs.extra.0).map_err(ragged)?,
+            timestamp: Column::from_blob(file, "timestamp", blobs.timestamp.0).map_err(ragged)?,
+            answered_at: Column::from_blob(file, "answered_at", blobs.answered_at.0).map_err(ragged)?,
         })
     }
 }

@@ -446,7 +446,7 @@ fn check_override_tls(pool: &[BrokerHost]) -> Result<Vec<BrokerHost>> {
             reason,
         };
         tls.client_config().map_err(|e| fail(&e.setting.cfg_key().replace('.', "_"), e.reason))?;
-        super::tls::server_name(&broker.host).map_err(|e| fail("host", e))?;
+        super::tls::server_name(&broker.host).map_err(|e| fail("host", e.to_string()))?;
     }
     Ok(pool.to_vec())
 }

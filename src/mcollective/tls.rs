@@ -140,10 +140,24 @@ fn parse_certs(path: &Path, pem: &[u8]) -> std::result::Result<Vec<CertificateDe
 }
 
 /// The name the broker's certificate must be valid for: a DNS name or an IP address.
-pub fn server_name(host: &str) -> std::result::Result<ServerName<'static>, String> {
-    ServerName::try_from(host.to_string())
-        .map_err(|_| format!("{host:?} is neither a DNS name nor an IP address a certificate can be checked against"))
+pub fn server_name(host: &str) -> std::result::Result<ServerName<'static>, NotAServerName> {
+    ServerName::try_from(host.to_string()).map_err(|_| NotAServerName { host: host.to_string() })
 }
+
+/// A pool entry's host that no certificate can be checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotAServerName {
+    pub host: String,
+}
+
+impl std::fmt::Display for NotAServerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} is neither a DNS name nor an IP address a certificate can be checked against", self.host)
+    }
+}
+
+impl std::error::Error for NotAServerName {}
 
 /// A connection to a broker: plain TCP or TLS over TCP.
 ///

@@ -126,7 +126,7 @@ impl McollectiveSource {
         let config = settings.client_config().map_err(|source| {
             let no_default_file = settings.overrides.config_path.is_none()
                 && !mco::config::DEFAULT_PATHS.iter().any(|p| std::path::Path::new(p).is_file());
-            Error::McollectiveSource(SourceError::ClientConfig { source, no_default_file })
+            Error::SourceUnusable(Box::new(SourceError::ClientConfig { source, no_default_file }))
         })?;
         Ok(McollectiveSource::with_client(Client::new(config), settings))
     }
@@ -1282,10 +1282,11 @@ mod tests {
         let settings = McollectiveSettings { overrides, ..McollectiveSettings::default() };
         let Err(err) = McollectiveSource::open(&settings) else { panic!("opened without a broker") };
         assert_eq!(err.kind(), crate::error::Kind::Config, "Ruby's PuppetKicker::ConfigError, as before");
+        let Error::SourceUnusable(unusable) = &err else { panic!("not a source error: {err:?}") };
         assert!(
             matches!(
-                &err,
-                Error::McollectiveSource(SourceError::ClientConfig { source: mco::Error::Config { .. }, .. })
+                unusable.downcast_ref::<SourceError>(),
+                Some(SourceError::ClientConfig { source: mco::Error::Config { .. }, .. })
             ),
             "{err:?}"
         );

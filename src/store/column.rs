@@ -18,6 +18,25 @@ fn room_past(len: usize) -> usize {
     (len / 8).max(64)
 }
 
+/// A stored array whose length is not a whole number of its words: `bytes` bytes
+/// of `width`-byte words in the array `name`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RaggedColumn {
+    pub name: &'static str,
+    pub bytes: usize,
+    pub width: usize,
+}
+
+impl std::fmt::Display for RaggedColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let RaggedColumn { name, bytes, width } = self;
+        write!(f, "{name}: {bytes} bytes are not a whole number of {width}-byte words")
+    }
+}
+
+impl std::error::Error for RaggedColumn {}
+
 /// A read-only array of words that dereferences to a slice. [`Column::make_mut`]
 /// gives a `Vec` to change (copying a borrowed column first).
 pub struct Column<T: Word>(Words<T>);
@@ -96,10 +115,9 @@ impl<T: Word> Column<T> {
     /// The words of `blob`, the little-endian array `name`: borrowed when `blob` lies
     /// in `file` and is aligned for `T` on a little-endian machine, else copied. An
     /// error, naming the array, when its length is not a whole number of words.
-    pub fn from_blob(file: &Arc<FileBytes>, name: &str, blob: &[u8]) -> Result<Column<T>, String> {
+    pub fn from_blob(file: &Arc<FileBytes>, name: &'static str, blob: &[u8]) -> Result<Column<T>, RaggedColumn> {
         if !blob.len().is_multiple_of(T::WIDTH) {
-            let len = blob.len();
-            return Err(format!("{name}: {len} bytes are not a whole number of {}-byte words", T::WIDTH));
+            return Err(RaggedColumn { name, bytes: blob.len(), width: T::WIDTH });
         }
         let len = blob.len() / T::WIDTH;
         let inside = file.as_ptr_range().start <= blob.as_ptr() && blob.as_ptr_range().end <= file.as_ptr_range().end;
@@ -325,7 +343,8 @@ mod tests {
         let elsewhere = [7u8, 0, 0, 0];
         assert!(!Column::<u32>::from_blob(&file, "t", &elsewhere).unwrap().is_mapped());
         let error = Column::<u32>::from_blob(&file, "t", &file[4..7]).unwrap_err();
-        assert_eq!(error, "t: 3 bytes are not a whole number of 4-byte words");
+        assert_eq!(error, RaggedColumn { name: "t", bytes: 3, width: 4 });
+        assert_eq!(error.to_string(), "t: 3 bytes are not a whole number of 4-byte words");
         let mut copy = in_place.clone();
         copy.make_mut().push(3);
         assert_eq!(*copy, [1, 2, u32::MAX, 3]);

@@ -25,7 +25,7 @@ mod recent;
 mod view;
 
 pub use build::{lossy_text, Builder, Remap, Tables};
-pub use column::Column;
+pub use column::{Column, RaggedColumn};
 pub use view::{ArrayRef, KeyHint, Kind, ObjectRef, View};
 
 use crate::bounded_read::FileBytes;
@@ -209,13 +209,14 @@ impl Store {
     /// are UTF-8, every reference points back to an earlier value, object keys are
     /// sorted and unique, nesting stays within [`MAX_DEPTH`].
     pub fn from_blobs(file: &Arc<FileBytes>, blobs: StoreBlobs<'_>) -> Result<Store, Invalid> {
+        let ragged = |e: RaggedColumn| Invalid(e.to_string());
         let store = Store {
-            text: Column::from_blob(file, "text", blobs.text.0).map_err(Invalid)?,
-            text_ends: Column::from_blob(file, "text_ends", blobs.text_ends.0).map_err(Invalid)?,
-            tags: Column::from_blob(file, "tags", blobs.tags.0).map_err(Invalid)?,
-            lo: Column::from_blob(file, "lo", blobs.lo.0).map_err(Invalid)?,
-            hi: Column::from_blob(file, "hi", blobs.hi.0).map_err(Invalid)?,
-            children: Column::from_blob(file, "children", blobs.children.0).map_err(Invalid)?,
+            text: Column::from_blob(file, "text", blobs.text.0).map_err(ragged)?,
+            text_ends: Column::from_blob(file, "text_ends", blobs.text_ends.0).map_err(ragged)?,
+            tags: Column::from_blob(file, "tags", blobs.tags.0).map_err(ragged)?,
+            lo: Column::from_blob(file, "lo", blobs.lo.0).map_err(ragged)?,
+            hi: Column::from_blob(file, "hi", blobs.hi.0).map_err(ragged)?,
+            children: Column::from_blob(file, "children", blobs.children.0).map_err(ragged)?,
         };
         store.validate()?;
         Ok(store)

@@ -3,6 +3,7 @@
 //! URLs tried and why each failed.
 
 use rustls::ClientConfig;
+use std::fmt;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +57,7 @@ impl Client {
     }
 
     /// The answer of `url` to `pql`, through `agent`.
-    fn ask(&self, agent: &ureq::Agent, url: &str, pql: &str) -> Result<Vec<u8>, String> {
+    fn ask(&self, agent: &ureq::Agent, url: &str, pql: &str) -> Result<Vec<u8>, RequestError> {
         let body = serde_json::json!({ "query": pql }).to_string();
         let response = agent
             .post(&format!("{url}/pdb/query/v4"))
@@ -70,11 +71,9 @@ impl Client {
             .into_reader()
             .take(limit.saturating_add(1))
             .read_to_end(&mut bytes)
-            .map_err(|e| format!("reading the answer: {e}"))?;
+            .map_err(RequestError::ReadAnswer)?;
         if bytes.len() as u64 > limit {
-            return Err(format!(
-                "an answer larger than puppetdb.max_page_bytes ({limit} bytes); lower puppetdb.page_size or raise it"
-            ));
+            return Err(RequestError::TooLarge { limit });
         }
         Ok(bytes)
     }
@@ -90,7 +89,7 @@ pub struct Session<'c> {
 
 impl Session<'_> {
     /// The first answer to `pql`, trying every URL; else every URL's failure.
-    pub fn query(&mut self, pql: &str) -> Result<Answer, String> {
+    pub fn query(&mut self, pql: &str) -> Result<Answer, QueryError> {
         let urls = &self.client.urls;
         let mut failures = Vec::new();
         for i in (0..urls.len()).map(|k| (self.first + k) % urls.len()) {
@@ -99,10 +98,10 @@ impl Session<'_> {
                     self.first = i;
                     return Ok(Answer { url: urls[i].clone(), bytes });
                 }
-                Err(why) => failures.push(format!("{}: {why}", urls[i])),
+                Err(why) => failures.push((urls[i].clone(), why)),
             }
         }
-        Err(format!("PuppetDB did not answer: {}", failures.join("; ")))
+        Err(QueryError { failures })
     }
 }
 
@@ -110,20 +109,78 @@ fn agent(tls: Arc<ClientConfig>, timeout: Duration) -> ureq::Agent {
     ureq::AgentBuilder::new().tls_config(tls).timeout(timeout).redirects(0).build()
 }
 
-/// A failed request in words: the HTTP status with the start of PuppetDB's
-/// explanation, or what failed below HTTP (connection, TLS, timeout).
-fn describe(error: ureq::Error) -> String {
+/// No URL answered a query: each URL tried, in order, with why it failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct QueryError {
+    pub failures: Vec<(String, RequestError)>,
+}
+
+impl fmt::Display for QueryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PuppetDB did not answer: ")?;
+        for (n, (url, why)) in self.failures.iter().enumerate() {
+            write!(f, "{}{url}: {why}", if n == 0 { "" } else { "; " })?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+/// Why one URL gave no answer to a query.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// PuppetDB answered with an error status; `body`: the start of its
+    /// explanation, whitespace collapsed.
+    Status { code: u16, status: String, body: String },
+    /// No answer within `puppetdb.timeout`; `detail`: what timed out.
+    Timeout { detail: String },
+    /// The connection, TLS or the request failed below HTTP.
+    Transport { kind: ureq::ErrorKind, detail: String },
+    /// The answer could not be read to its end.
+    ReadAnswer(std::io::Error),
+    /// The answer is larger than `puppetdb.max_page_bytes`.
+    TooLarge { limit: u64 },
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestError::Status { code, status, body } if body.is_empty() => write!(f, "HTTP {code} {status}"),
+            RequestError::Status { code, status, body } => write!(f, "HTTP {code} {status}: {body}"),
+            RequestError::Timeout { detail } => write!(f, "no answer within puppetdb.timeout ({detail})"),
+            RequestError::Transport { kind, detail } if detail.is_empty() => write!(f, "{kind}"),
+            RequestError::Transport { kind, detail } => write!(f, "{kind}: {detail}{}", tls_hint(detail)),
+            RequestError::ReadAnswer(e) => write!(f, "reading the answer: {e}"),
+            RequestError::TooLarge { limit } => write!(
+                f,
+                "an answer larger than puppetdb.max_page_bytes ({limit} bytes); lower puppetdb.page_size or raise it"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RequestError::ReadAnswer(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A failed request as a [`RequestError`]: the HTTP status with the start of
+/// PuppetDB's explanation, or what failed below HTTP (connection, TLS, timeout).
+fn describe(error: ureq::Error) -> RequestError {
     match error {
         ureq::Error::Status(code, response) => {
             let status = response.status_text().to_string();
             let mut body = String::new();
             let _ = response.into_reader().take(QUOTED_BODY_BYTES).read_to_string(&mut body);
             let body = body.split_whitespace().collect::<Vec<_>>().join(" ");
-            if body.is_empty() {
-                format!("HTTP {code} {status}")
-            } else {
-                format!("HTTP {code} {status}: {body}")
-            }
+            RequestError::Status { code, status, body }
         }
         ureq::Error::Transport(transport) => {
             let message = transport.message().map(str::to_string).unwrap_or_default();
@@ -131,10 +188,9 @@ fn describe(error: ureq::Error) -> String {
             let detail = [message, source].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(": ");
             match transport.kind() {
                 ureq::ErrorKind::Io if detail.contains("timed out") || detail.contains("WouldBlock") => {
-                    format!("no answer within puppetdb.timeout ({detail})")
+                    RequestError::Timeout { detail }
                 }
-                kind if detail.is_empty() => kind.to_string(),
-                kind => format!("{kind}: {detail}{}", tls_hint(&detail)),
+                kind => RequestError::Transport { kind, detail },
             }
         }
     }

@@ -2,7 +2,8 @@
 //! `[main] server_urls` is taken (and the older `server` + `port`). An INI subset:
 //! `[section]`, `key = value`, comments after `#` or `;` at the start of a line.
 
-use std::path::Path;
+use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// A puppetdb.conf is a few lines.
 const MAX_FILE_SIZE: u64 = 1 << 20;
@@ -17,31 +18,108 @@ pub fn is_https_url(url: &str) -> bool {
         && !url.contains(|c: char| c.is_whitespace() || c.is_control())
 }
 
-/// The `server_urls` of the puppetdb.conf at `path`; the error names the file, and
-/// the line when one is wrong.
-pub fn server_urls(path: &Path) -> Result<Vec<String>, String> {
-    let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE).map_err(|e| {
-        format!("cannot read {} for PuppetDB's server_urls (or set puppetdb.server_urls): {e}", path.display())
-    })?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
-    parse_server_urls(text).map_err(|why| format!("{}{why}", path.display()))
+/// Why puppetdb.conf gives no `server_urls`. Each names the file (when read from
+/// one: [`parse_server_urls`] of a text has none), and the line when one is wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConfError {
+    /// The file could not be read (missing, unreadable, over 1 MiB).
+    Read { file: PathBuf, source: std::io::Error },
+    /// The file is not UTF-8.
+    NotUtf8 { file: PathBuf },
+    /// A line (1-based) that is wrong, and what it says.
+    Line { file: Option<PathBuf>, line: usize, problem: LineProblem, text: String },
+    /// `[main]` has neither `server_urls` nor `server`.
+    NoServerUrls { file: Option<PathBuf> },
 }
 
-/// [`server_urls`] of a file's text; the error starts with `:line: ` when about a line.
-pub fn parse_server_urls(text: &str) -> Result<Vec<String>, String> {
+/// What is wrong with a line of puppetdb.conf.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LineProblem {
+    /// `[section` without its `]`.
+    UnclosedSection,
+    /// Neither a section, a comment nor `key = value`.
+    NotKeyValue,
+    /// An entry of `server_urls` that is not an `https://` URL with a host.
+    NotHttps { url: String },
+    /// `port` is not a port number.
+    BadPort,
+}
+
+impl ConfError {
+    /// The same error, about the file `path`.
+    fn in_file(self, path: &Path) -> ConfError {
+        match self {
+            ConfError::Line { line, problem, text, .. } => {
+                ConfError::Line { file: Some(path.to_path_buf()), line, problem, text }
+            }
+            ConfError::NoServerUrls { .. } => ConfError::NoServerUrls { file: Some(path.to_path_buf()) },
+            other => other,
+        }
+    }
+}
+
+impl fmt::Display for LineProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LineProblem::UnclosedSection => f.write_str("a section without its closing ']'"),
+            LineProblem::NotKeyValue => f.write_str("expected 'key = value'"),
+            LineProblem::NotHttps { url } => write!(f, "server_urls holds {url:?}, not an https:// URL"),
+            LineProblem::BadPort => f.write_str("port is not a port number"),
+        }
+    }
+}
+
+impl fmt::Display for ConfError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |file: &Option<PathBuf>| file.as_ref().map(|f| f.display().to_string()).unwrap_or_default();
+        match self {
+            ConfError::Read { file, source } => write!(
+                f,
+                "cannot read {} for PuppetDB's server_urls (or set puppetdb.server_urls): {source}",
+                file.display()
+            ),
+            ConfError::NotUtf8 { file } => write!(f, "{}: not UTF-8", file.display()),
+            ConfError::Line { file, line, problem, text } => write!(f, "{}:{line}: {problem}: {text:?}", shown(file)),
+            ConfError::NoServerUrls { file } => write!(f, "{}: no server_urls in its [main] section", shown(file)),
+        }
+    }
+}
+
+impl std::error::Error for ConfError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfError::Read { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// The `server_urls` of the puppetdb.conf at `path`; the error names the file, and
+/// the line when one is wrong.
+pub fn server_urls(path: &Path) -> Result<Vec<String>, ConfError> {
+    let bytes = crate::bounded_read::read(path, MAX_FILE_SIZE)
+        .map_err(|source| ConfError::Read { file: path.to_path_buf(), source })?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| ConfError::NotUtf8 { file: path.to_path_buf() })?;
+    parse_server_urls(text).map_err(|e| e.in_file(path))
+}
+
+/// [`server_urls`] of a file's text; the error names no file.
+pub fn parse_server_urls(text: &str) -> Result<Vec<String>, ConfError> {
     let mut section = String::new();
     let (mut urls, mut server, mut port) = (None, None, None);
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
-        let wrong = |why: &str| format!(":{}: {why}: {line:?}", n + 1);
+        let wrong = |problem: LineProblem| ConfError::Line { file: None, line: n + 1, problem, text: line.to_string() };
         if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
             continue;
         }
         if let Some(name) = line.strip_prefix('[') {
-            section = name.strip_suffix(']').ok_or_else(|| wrong("a section without its closing ']'"))?.trim().into();
+            section = name.strip_suffix(']').ok_or_else(|| wrong(LineProblem::UnclosedSection))?.trim().into();
             continue;
         }
-        let (key, value) = line.split_once('=').ok_or_else(|| wrong("expected 'key = value'"))?;
+        let (key, value) = line.split_once('=').ok_or_else(|| wrong(LineProblem::NotKeyValue))?;
         if section != "main" {
             continue;
         }
@@ -50,19 +128,19 @@ pub fn parse_server_urls(text: &str) -> Result<Vec<String>, String> {
             "server_urls" => {
                 let list: Vec<String> = value.split(',').map(|u| u.trim().to_string()).collect();
                 if let Some(bad) = list.iter().find(|u| !is_https_url(u)) {
-                    return Err(wrong(&format!("server_urls holds {bad:?}, not an https:// URL")));
+                    return Err(wrong(LineProblem::NotHttps { url: bad.clone() }));
                 }
                 urls = Some(list);
             }
             "server" if !value.is_empty() => server = Some(value.to_string()),
-            "port" => port = Some(value.parse::<u16>().map_err(|_| wrong("port is not a port number"))?),
+            "port" => port = Some(value.parse::<u16>().map_err(|_| wrong(LineProblem::BadPort))?),
             _ => {}
         }
     }
     match (urls, server) {
         (Some(urls), _) => Ok(urls),
         (None, Some(server)) => Ok(vec![format!("https://{server}:{}", port.unwrap_or(DEFAULT_PORT))]),
-        (None, None) => Err(": no server_urls in its [main] section".into()),
+        (None, None) => Err(ConfError::NoServerUrls { file: None }),
     }
 }
 
@@ -84,18 +162,22 @@ mod tests {
     #[test]
     fn mistakes_name_the_line() {
         let e = parse_server_urls("[main]\nserver_urls = http://pdb:8080\n").unwrap_err();
+        assert!(
+            matches!(&e, ConfError::Line { file: None, line: 2, problem: LineProblem::NotHttps { url }, .. } if url == "http://pdb:8080"),
+            "{e:?}"
+        );
         assert_eq!(
-            e,
+            e.to_string(),
             r#":2: server_urls holds "http://pdb:8080", not an https:// URL: "server_urls = http://pdb:8080""#
         );
-        let e = parse_server_urls("[main\n").unwrap_err();
+        let e = parse_server_urls("[main\n").unwrap_err().to_string();
         assert!(e.starts_with(":1: a section without its closing ']'"), "{e}");
-        let e = parse_server_urls("[main]\njust words\n").unwrap_err();
+        let e = parse_server_urls("[main]\njust words\n").unwrap_err().to_string();
         assert!(e.starts_with(":2: expected 'key = value'"), "{e}");
-        let e = parse_server_urls("[main]\nport = lots\n").unwrap_err();
+        let e = parse_server_urls("[main]\nport = lots\n").unwrap_err().to_string();
         assert!(e.starts_with(":2: port is not a port number"), "{e}");
         assert_eq!(
-            parse_server_urls("[other]\nserver_urls = https://a\n").unwrap_err(),
+            parse_server_urls("[other]\nserver_urls = https://a\n").unwrap_err().to_string(),
             ": no server_urls in its [main] section"
         );
         assert!(parse_server_urls("[main]\nserver_urls = https://a,\n").is_err(), "an empty entry");
@@ -107,9 +189,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("puppetdb.conf");
         std::fs::write(&path, "[main]\nserver_urls = pdb:8081\n").unwrap();
-        let e = server_urls(&path).unwrap_err();
+        let e = server_urls(&path).unwrap_err().to_string();
         assert!(e.starts_with(&format!("{}:2: ", path.display())), "{e}");
         let e = server_urls(&dir.join("missing.conf")).unwrap_err();
+        assert!(matches!(&e, ConfError::Read { file, .. } if file.ends_with("missing.conf")), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()));
+        let e = e.to_string();
         assert!(e.contains("missing.conf") && e.contains("puppetdb.server_urls"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

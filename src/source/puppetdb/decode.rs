@@ -49,7 +49,7 @@ pub fn inventory(
     builder: &mut Builder,
     entries: &mut Vec<Entry>,
     warnings: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), AnswerError> {
     inventory_by(bytes, builder, entries, warnings, Path::Fast)
 }
 
@@ -60,7 +60,7 @@ pub fn inventory_with_serde(
     builder: &mut Builder,
     entries: &mut Vec<Entry>,
     warnings: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), AnswerError> {
     inventory_by(bytes, builder, entries, warnings, Path::Serde)
 }
 
@@ -79,9 +79,9 @@ fn inventory_by(
     entries: &mut Vec<Entry>,
     warnings: &mut Vec<String>,
     path: Path,
-) -> Result<(), String> {
-    let raw: Vec<&RawValue> =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON array of inventory entries: {e}"))?;
+) -> Result<(), AnswerError> {
+    let raw: Vec<&RawValue> = serde_json::from_slice(bytes)
+        .map_err(|e| AnswerError::NotAnArray { of: "inventory entries", reason: e.to_string() })?;
     for (i, element) in raw.into_iter().enumerate() {
         let text = element.get().as_bytes();
         if text.len() as u64 > MAX_FILE_SIZE {
@@ -96,26 +96,58 @@ fn inventory_by(
             Err(EntryError::Skipped(why)) => {
                 warnings.push(format!("skipped PuppetDB inventory entry {i} ({}): {why}", certname_in(text)))
             }
-            Err(EntryError::Malformed(why)) => return Err(format!("inventory entry {i}: {why}")),
+            Err(EntryError::Malformed(reason)) => return Err(AnswerError::Entry { index: i, reason }),
         }
     }
     Ok(())
 }
 
 /// The servers of a listing answer.
-pub fn listing(bytes: &[u8]) -> Result<Vec<Listed>, String> {
+pub fn listing(bytes: &[u8]) -> Result<Vec<Listed>, AnswerError> {
     let listed: Vec<Listed> = serde_json::from_slice(bytes)
-        .map_err(|e| format!("not a JSON array of {{certname, timestamp}} strings: {e}"))?;
+        .map_err(|e| AnswerError::NotAnArray { of: "{certname, timestamp} strings", reason: e.to_string() })?;
     match listed.iter().find(|l| crate::time::parse_timestamp(&l.timestamp).is_none()) {
-        Some(bad) => Err(format!("{:?} has an unreadable timestamp {:?}", bad.certname, bad.timestamp)),
+        Some(bad) => {
+            Err(AnswerError::UnreadableTimestamp { certname: bad.certname.clone(), timestamp: bad.timestamp.clone() })
+        }
         None => Ok(listed),
     }
 }
 
 /// The nodes of a `nodes` answer.
-pub fn gone(bytes: &[u8]) -> Result<Vec<Gone>, String> {
-    serde_json::from_slice(bytes).map_err(|e| format!("not a JSON array of {{certname, deactivated, expired}}: {e}"))
+pub fn gone(bytes: &[u8]) -> Result<Vec<Gone>, AnswerError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| AnswerError::NotAnArray { of: "{certname, deactivated, expired}", reason: e.to_string() })
 }
+
+/// What is wrong with an answer of the wrong shape (never silently fewer servers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AnswerError {
+    /// Not a JSON array of what the query asks for (`of`); `reason`: serde_json's.
+    NotAnArray { of: &'static str, reason: String },
+    /// Inventory entry `index` (0-based) is not an inventory entry, and why.
+    Entry { index: usize, reason: String },
+    /// A listed server whose timestamp is not a date and time.
+    UnreadableTimestamp { certname: String, timestamp: String },
+    /// An entry for a server the request did not ask for.
+    NotAskedFor { certname: String },
+}
+
+impl fmt::Display for AnswerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AnswerError::NotAnArray { of, reason } => write!(f, "not a JSON array of {of}: {reason}"),
+            AnswerError::Entry { index, reason } => write!(f, "inventory entry {index}: {reason}"),
+            AnswerError::UnreadableTimestamp { certname, timestamp } => {
+                write!(f, "{certname:?} has an unreadable timestamp {timestamp:?}")
+            }
+            AnswerError::NotAskedFor { certname } => write!(f, "an entry for {certname:?}, which was not asked for"),
+        }
+    }
+}
+
+impl std::error::Error for AnswerError {}
 
 enum EntryError {
     /// Over a limit, or a certname the index cannot hold: this server only.
@@ -289,7 +321,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn decoded(text: &str) -> (Builder, Result<Vec<Entry>, String>, Vec<String>) {
+    fn decoded(text: &str) -> (Builder, Result<Vec<Entry>, AnswerError>, Vec<String>) {
         let mut builder = Builder::new();
         let (mut entries, mut warnings) = (Vec::new(), Vec::new());
         let result = inventory(text.as_bytes(), &mut builder, &mut entries, &mut warnings).map(|()| entries);
@@ -382,7 +414,7 @@ mod tests {
         ];
         for (text, expected) in cases {
             let (builder, result, _) = decoded(text);
-            let error = result.unwrap_err();
+            let error = result.unwrap_err().to_string();
             assert!(error.contains(expected), "{text}: {error}");
             assert!(builder.store().values() < 64, "nothing much left behind");
         }
@@ -432,8 +464,10 @@ mod tests {
     fn listings_and_gone_nodes() {
         let listed = listing(br#"[{"certname": "a", "timestamp": "2026-11-26T02:33:00.000Z"}]"#).unwrap();
         assert_eq!(listed, [Listed { certname: "a".into(), timestamp: "2026-11-26T02:33:00.000Z".into() }]);
-        assert!(listing(br#"[{"certname": "a"}]"#).unwrap_err().contains("missing field `timestamp`"));
-        assert!(listing(br#"[{"certname": "a", "timestamp": "soon"}]"#).unwrap_err().contains("unreadable timestamp"));
+        assert!(listing(br#"[{"certname": "a"}]"#).unwrap_err().to_string().contains("missing field `timestamp`"));
+        let e = listing(br#"[{"certname": "a", "timestamp": "soon"}]"#).unwrap_err();
+        assert_eq!(e, AnswerError::UnreadableTimestamp { certname: "a".into(), timestamp: "soon".into() });
+        assert!(e.to_string().contains("unreadable timestamp"));
         let gone = gone(br#"[{"certname": "a", "deactivated": "2026-11-26T02:33:00.000Z", "expired": null}]"#).unwrap();
         assert_eq!(gone[0].deactivated.as_deref(), Some("2026-11-26T02:33:00.000Z"));
         assert!(super::gone(b"{}").is_err());

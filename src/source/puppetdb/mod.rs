@@ -90,12 +90,10 @@ impl PuppetdbSource {
     pub fn open(settings: &PuppetdbSettings) -> Result<PuppetdbSource> {
         let urls = match &settings.server_urls {
             Some(urls) => urls.clone(),
-            None => conf::server_urls(&settings.config_file).map_err(Error::Config)?,
+            None => conf::server_urls(&settings.config_file).map_err(SourceError::Conf)?,
         };
-        let file = |file: &Option<std::path::PathBuf>, key: &str, puppet: &str| {
-            file.clone().ok_or_else(|| {
-                Error::Config(format!("source: puppetdb needs {key}: Puppet gave no {puppet} setting, so set {key}"))
-            })
+        let file = |file: &Option<PathBuf>, key: &'static str, puppet_setting: &'static str| {
+            file.clone().ok_or(SourceError::MissingSetting { key, puppet_setting })
         };
         let files = tls::TlsFiles {
             ca: file(&settings.ca, "puppetdb.ca", "localcacert")?,
@@ -104,7 +102,7 @@ impl PuppetdbSource {
             crl: settings.crl.clone(),
         };
         let stamp = tls::Stamp::of(&files);
-        let config = tls::client_config(&files).map_err(|e| Error::Config(format!("source: puppetdb: {e}")))?;
+        let config = tls::client_config(&files).map_err(SourceError::Tls)?;
         let timeout = Duration::from_secs(settings.timeout);
         Ok(PuppetdbSource {
             client: Client::new(&urls, config, timeout, settings.max_page_bytes),
@@ -177,7 +175,7 @@ impl PuppetdbSource {
         let (files, stamp) = &mut *tls;
         let now = tls::Stamp::of(files);
         if now != *stamp {
-            let config = tls::client_config(files).map_err(|e| Error::Config(format!("source: puppetdb: {e}")))?;
+            let config = tls::client_config(files).map_err(SourceError::Tls)?;
             self.client.set_tls(config);
             *stamp = now;
         }
@@ -212,8 +210,8 @@ impl PuppetdbSource {
         let IncrementalBase { tables, mut state, .. } = carried;
         let since = query::timestamp(state.newest.saturating_sub(self.settings.overlap as i64));
         let listed = self.list(session, Some(&since))?;
-        let answer = session.query(&query::gone()).map_err(Error::Io)?;
-        let gone = decode::gone(&answer.bytes).map_err(|why| malformed(&answer.url, &why))?;
+        let answer = session.query(&query::gone()).map_err(SourceError::Query)?;
+        let gone = decode::gone(&answer.bytes).map_err(|e| malformed(&answer.url, e))?;
         let mut changed: Vec<String> = Vec::new();
         for node in gone {
             if state.servers.remove(&node.certname).is_some() {
@@ -254,8 +252,8 @@ impl PuppetdbSource {
 
     /// The listing since `since` (every node without it).
     fn list(&self, session: &mut Session, since: Option<&str>) -> Result<Vec<decode::Listed>> {
-        let answer = session.query(&query::listing(since)).map_err(Error::Io)?;
-        decode::listing(&answer.bytes).map_err(|why| malformed(&answer.url, &why))
+        let answer = session.query(&query::listing(since)).map_err(SourceError::Query)?;
+        Ok(decode::listing(&answer.bytes).map_err(|e| malformed(&answer.url, e))?)
     }
 
     /// The entries of `certnames`, a page at a time, decoded into `builder` in page
@@ -301,14 +299,14 @@ impl PuppetdbSource {
                 let answer = lane_answers[k % lanes]
                     .recv()
                     .map_err(|_| Error::Io("a PuppetDB fetch thread stopped before its page".into()))?;
-                let answer = answer.map_err(Error::Io)?;
+                let answer = answer.map_err(SourceError::Query)?;
                 let before = entries.len();
                 decode::inventory(&answer.bytes, builder, &mut entries, warnings)
-                    .map_err(|why| malformed(&answer.url, &why))?;
+                    .map_err(|e| malformed(&answer.url, e))?;
                 let asked = |e: &Entry| page.binary_search(&e.certname.as_str()).is_ok();
                 if let Some(stranger) = entries[before..].iter().find(|e| !asked(e)) {
-                    let why = format!("an entry for {:?}, which was not asked for", stranger.certname);
-                    return Err(malformed(&answer.url, &why));
+                    let certname = stranger.certname.clone();
+                    return Err(malformed(&answer.url, decode::AnswerError::NotAskedFor { certname }).into());
                 }
                 progress.fetch_add(entries.len() - before, Ordering::Relaxed);
             }
@@ -318,6 +316,140 @@ impl PuppetdbSource {
 }
 
 /// A refresh error for an answer of the wrong shape.
-fn malformed(url: &str, why: &str) -> Error {
-    Error::Io(format!("PuppetDB {url} gave a malformed answer: {why}"))
+fn malformed(url: &str, error: decode::AnswerError) -> SourceError {
+    SourceError::Malformed { url: url.to_string(), error }
+}
+
+/// Why `source: puppetdb` cannot start (a configuration error for the bindings) or
+/// a refresh failed. Each names the file, the setting or the URL.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// puppetdb.conf gives no `server_urls`.
+    Conf(conf::ConfError),
+    /// A TLS file Puppet gave no setting for, and `puppet_kicker.yaml` does not set.
+    MissingSetting { key: &'static str, puppet_setting: &'static str },
+    /// The TLS files do not make a client configuration (at start, or changed since).
+    Tls(tls::TlsError),
+    /// No URL answered a query.
+    Query(client::QueryError),
+    /// `url` gave an answer of the wrong shape.
+    Malformed { url: String, error: decode::AnswerError },
+}
+
+impl SourceError {
+    /// Whether an operator's setting or file is at fault (not PuppetDB's answer).
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, SourceError::Conf(_) | SourceError::MissingSetting { .. } | SourceError::Tls(_))
+    }
+}
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceError::Conf(e) => e.fmt(f),
+            SourceError::MissingSetting { key, puppet_setting } => {
+                write!(f, "source: puppetdb needs {key}: Puppet gave no {puppet_setting} setting, so set {key}")
+            }
+            SourceError::Tls(e) => write!(f, "source: puppetdb: {e}"),
+            SourceError::Query(e) => e.fmt(f),
+            SourceError::Malformed { url, error } => write!(f, "PuppetDB {url} gave a malformed answer: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for SourceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SourceError::Conf(e) => Some(e),
+            SourceError::Tls(e) => Some(e),
+            SourceError::Query(e) => Some(e),
+            SourceError::Malformed { error, .. } => Some(error),
+            SourceError::MissingSetting { .. } => None,
+        }
+    }
+}
+
+/// A configuration error for the bindings when a setting or file is at fault, else
+/// a refresh that failed.
+impl From<SourceError> for Error {
+    fn from(e: SourceError) -> Error {
+        if e.is_configuration() {
+            Error::SourceUnusable(Box::new(e))
+        } else {
+            Error::SourceFailed(Box::new(e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Kind;
+
+    fn settings(ca: Option<&str>) -> PuppetdbSettings {
+        let dir = std::env::temp_dir().join(format!("pk-pdb-open-{}", std::process::id()));
+        PuppetdbSettings {
+            config_file: dir.join("puppetdb.conf"),
+            server_urls: Some(vec!["https://pdb:8081".into()]),
+            cert: Some(dir.join("cert.pem")),
+            key: Some(dir.join("key.pem")),
+            ca: ca.map(|name| dir.join(name)),
+            crl: None,
+            timeout: 1,
+            page_size: 1,
+            requests_in_flight: 1,
+            max_page_bytes: 1,
+            overlap: 0,
+            full_refresh: 0,
+        }
+    }
+
+    #[test]
+    fn unusable_settings_are_typed_configuration_errors_naming_the_setting() {
+        let Err(err) = PuppetdbSource::open(&settings(None)) else { panic!("opened without a CA") };
+        assert_eq!(err.kind(), Kind::Config);
+        assert_eq!(
+            err.to_string(),
+            "source: puppetdb needs puppetdb.ca: Puppet gave no localcacert setting, so set puppetdb.ca"
+        );
+        let Error::SourceUnusable(e) = &err else { panic!("{err:?}") };
+        assert!(matches!(
+            e.downcast_ref::<SourceError>(),
+            Some(SourceError::MissingSetting { key: "puppetdb.ca", puppet_setting: "localcacert" })
+        ));
+
+        let Err(err) = PuppetdbSource::open(&settings(Some("missing-ca.pem"))) else { panic!("opened without a CA") };
+        assert_eq!(err.kind(), Kind::Config);
+        let message = err.to_string();
+        assert!(
+            message.starts_with("source: puppetdb: puppetdb.ca: cannot read ") && message.contains("missing-ca.pem")
+        );
+        let Error::SourceUnusable(e) = &err else { panic!("{err:?}") };
+        let Some(SourceError::Tls(tls::TlsError::Read { setting: "puppetdb.ca", path, .. })) = e.downcast_ref() else {
+            panic!("{err:?}")
+        };
+        assert!(path.ends_with("missing-ca.pem"));
+        assert!(std::error::Error::source(&err).is_some_and(|s| s.is::<tls::TlsError>()));
+    }
+
+    #[test]
+    fn a_failed_refresh_is_an_io_error_naming_the_url() {
+        let failure = client::QueryError {
+            failures: vec![("https://pdb:8081".into(), client::RequestError::TooLarge { limit: 10 })],
+        };
+        let err = Error::from(SourceError::Query(failure));
+        assert_eq!(err.kind(), Kind::Io);
+        assert_eq!(
+            err.to_string(),
+            "PuppetDB did not answer: https://pdb:8081: an answer larger than puppetdb.max_page_bytes (10 bytes); lower puppetdb.page_size or raise it"
+        );
+        let malformed = malformed("https://pdb:8081", decode::AnswerError::NotAskedFor { certname: "x".into() });
+        let err = Error::from(malformed);
+        assert_eq!(err.kind(), Kind::Io);
+        assert_eq!(
+            err.to_string(),
+            "PuppetDB https://pdb:8081 gave a malformed answer: an entry for \"x\", which was not asked for"
+        );
+    }
 }

@@ -7,6 +7,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,12 +39,79 @@ impl Stamp {
     }
 }
 
+/// Why the TLS files do not make a client configuration. Each names the setting
+/// (`puppetdb.ca`, ...) and the file.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The file could not be read, or is over 16 MiB.
+    Read { setting: &'static str, path: PathBuf, source: std::io::Error },
+    /// The file is not PEM.
+    InvalidPem { setting: &'static str, path: PathBuf, source: rustls::pki_types::pem::Error },
+    /// A certificate file holding no certificate.
+    NoCertificate { setting: &'static str, path: PathBuf },
+    /// The CRL file (`puppetdb.crl`) holding no CRL.
+    NoCrl { path: PathBuf },
+    /// A CA certificate of `puppetdb.ca` that rustls refuses.
+    UnusableCa { path: PathBuf, source: rustls::Error },
+    /// The CRLs do not make a verifier.
+    Crl { source: rustls::client::VerifierBuilderError },
+    /// `puppetdb.key` holds no usable private key.
+    NoKey { path: PathBuf, source: rustls::pki_types::pem::Error },
+    /// rustls has no protocol version to offer.
+    Setup { source: rustls::Error },
+    /// The key does not go with the certificate.
+    KeyMismatch { key: PathBuf, cert: PathBuf, source: rustls::Error },
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsError::Read { setting, path, source } => {
+                write!(f, "{setting}: cannot read {}: {source}", path.display())
+            }
+            TlsError::InvalidPem { setting, path, source } => {
+                write!(f, "{setting} {}: invalid PEM: {source}", path.display())
+            }
+            TlsError::NoCertificate { setting, path } => {
+                write!(f, "{setting} {} holds no PEM certificate", path.display())
+            }
+            TlsError::NoCrl { path } => write!(f, "puppetdb.crl {} holds no PEM CRL", path.display()),
+            TlsError::UnusableCa { path, source } => {
+                write!(f, "puppetdb.ca {}: unusable CA certificate: {source}", path.display())
+            }
+            TlsError::Crl { source } => write!(f, "puppetdb.crl: {source}"),
+            TlsError::NoKey { path, source } => {
+                write!(f, "puppetdb.key {}: no usable PEM private key ({source})", path.display())
+            }
+            TlsError::Setup { source } => write!(f, "TLS setup: {source}"),
+            TlsError::KeyMismatch { key, cert, source } => {
+                write!(f, "puppetdb.key {} cannot be used with {}: {source}", key.display(), cert.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for TlsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TlsError::Read { source, .. } => Some(source),
+            TlsError::InvalidPem { source, .. } | TlsError::NoKey { source, .. } => Some(source),
+            TlsError::UnusableCa { source, .. } | TlsError::Setup { source } | TlsError::KeyMismatch { source, .. } => {
+                Some(source)
+            }
+            TlsError::Crl { source } => Some(source),
+            TlsError::NoCertificate { .. } | TlsError::NoCrl { .. } => None,
+        }
+    }
+}
+
 /// The rustls configuration of `files`; the error names the file and the setting.
-pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, String> {
+pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     for cert in certificates(&files.ca, "puppetdb.ca")? {
-        roots.add(cert).map_err(|e| format!("puppetdb.ca {}: unusable CA certificate: {e}", files.ca.display()))?;
+        roots.add(cert).map_err(|source| TlsError::UnusableCa { path: files.ca.clone(), source })?;
     }
     let crls = match files.crl.as_deref().filter(|crl| crl.exists()) {
         Some(crl) => revocation_lists(crl)?,
@@ -55,45 +123,47 @@ pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, String> {
         // against it (an intermediate CA's own status is the root's business).
         verifier = verifier.with_crls(crls).only_check_end_entity_revocation();
     }
-    let verifier = verifier.build().map_err(|e| format!("puppetdb.crl: {e}"))?;
+    let verifier = verifier.build().map_err(|source| TlsError::Crl { source })?;
     let chain = certificates(&files.cert, "puppetdb.cert")?;
     let pem = read(&files.key, "puppetdb.key")?;
-    let key = PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|e| format!("puppetdb.key {}: no usable PEM private key ({e})", files.key.display()))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(&pem).map_err(|source| TlsError::NoKey { path: files.key.clone(), source })?;
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup: {e}"))?
+        .map_err(|source| TlsError::Setup { source })?
         .with_webpki_verifier(verifier)
         .with_client_auth_cert(chain, key)
-        .map_err(|e| {
-            format!("puppetdb.key {} cannot be used with {}: {e}", files.key.display(), files.cert.display())
-        })?;
+        .map_err(|source| TlsError::KeyMismatch { key: files.key.clone(), cert: files.cert.clone(), source })?;
     Ok(Arc::new(config))
 }
 
-fn read(path: &Path, setting: &str) -> Result<Vec<u8>, String> {
-    crate::bounded_read::read(path, MAX_PEM_FILE_BYTES)
-        .map_err(|e| format!("{setting}: cannot read {}: {e}", path.display()))
+fn read(path: &Path, setting: &'static str) -> Result<Vec<u8>, TlsError> {
+    crate::bounded_read::read(path, MAX_PEM_FILE_BYTES).map_err(|source| TlsError::Read {
+        setting,
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
-fn certificates(path: &Path, setting: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+fn certificates(path: &Path, setting: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(path, setting)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{setting} {}: invalid PEM: {e}", path.display()))?;
+        .map_err(|source| TlsError::InvalidPem { setting, path: path.to_path_buf(), source })?;
     if certs.is_empty() {
-        return Err(format!("{setting} {} holds no PEM certificate", path.display()));
+        return Err(TlsError::NoCertificate { setting, path: path.to_path_buf() });
     }
     Ok(certs)
 }
 
-fn revocation_lists(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
-    let pem = read(path, "puppetdb.crl")?;
+fn revocation_lists(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let setting = "puppetdb.crl";
+    let pem = read(path, setting)?;
     let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("puppetdb.crl {}: invalid PEM: {e}", path.display()))?;
+        .map_err(|source| TlsError::InvalidPem { setting, path: path.to_path_buf(), source })?;
     if crls.is_empty() {
-        return Err(format!("puppetdb.crl {} holds no PEM CRL", path.display()));
+        return Err(TlsError::NoCrl { path: path.to_path_buf() });
     }
     Ok(crls)
 }
