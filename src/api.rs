@@ -212,7 +212,7 @@ pub fn select_known(request: Select) -> Result<Selected> {
 }
 
 /// Whether `answer`, an answer id [`select`] gave, is still what an identical call
-/// would get ([`Service::answer_holds`]; it queues a refresh of a stale index, as
+/// would get ([`crate::service::IndexService::answer_holds`]; it queues a refresh of a stale index, as
 /// the call would). False for 0, an id not kept or aged out, or no service or
 /// index: the caller then makes the call, which answers and reports any error.
 pub fn answer_holds(answer: u64) -> bool {
