@@ -25,6 +25,7 @@ mod report;
 use fake_puppetdb::{server_config, Ca, Dir, FakePuppetdb, PdbNode};
 use puppet_kicker::config::{Config, PuppetSettings};
 use puppet_kicker::source::puppetdb::PuppetdbSource;
+use puppet_kicker::source::Source;
 use puppet_kicker::time::now;
 use puppet_kicker::{synthetic, Index};
 use serde_json::{json, Value};
@@ -70,13 +71,14 @@ fn main() {
         localcacert: Some(dir.write("ca.pem", &ca.cert.pem())),
         ..Default::default()
     };
-    let mut settings = Config::defaults(&puppet).puppetdb;
+    let mut settings = Config::defaults(&puppet).sources.puppetdb;
     settings.server_urls = Some(vec![pdb.url.clone()]);
 
     let refresh = |source: &PuppetdbSource, previous: Option<&Index>| {
-        let (read, environments) = source.refresh(previous, now()).expect("a refresh");
-        let (index, tables) = read.into_index_and_tables(previous, &environments, ROLE_FACT, now());
-        source.carry(index.generation(), tables);
+        let mut read = source.refresh(previous, now(), &Default::default()).expect("a refresh");
+        let environments = read.environments.take().unwrap_or_default();
+        let (index, base) = read.into_index_and_base(previous, &environments, ROLE_FACT, now());
+        source.carry(base);
         index
     };
 

@@ -20,6 +20,7 @@ pub mod log;
 pub mod masterless_helper;
 pub mod mcollective;
 pub mod process;
+pub mod puppet_settings;
 pub mod query;
 pub mod redact;
 pub mod reply;

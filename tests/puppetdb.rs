@@ -13,10 +13,12 @@ use fake_puppetdb::{
     quoted_strings, server_config, server_config_presenting, server_config_trusting, Behaviour, Ca, Dir, FakePuppetdb,
     PdbNode,
 };
-use puppet_kicker::config::{Config, PuppetSettings, PuppetdbSettings};
+use puppet_kicker::config::{Config, PuppetSettings};
 use puppet_kicker::index::RoleSelector;
 use puppet_kicker::service::IndexService;
+use puppet_kicker::source::puppetdb::PuppetdbSettings;
 use puppet_kicker::source::puppetdb::{query, PuppetdbSource};
+use puppet_kicker::source::Source;
 use puppet_kicker::{Freshness, Index, Node};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -39,7 +41,7 @@ fn puppet_settings(dir: &Dir, ca: &Ca) -> PuppetSettings {
 }
 
 fn settings(puppet: &PuppetSettings, urls: &[&str]) -> PuppetdbSettings {
-    let mut s = Config::defaults(puppet).puppetdb;
+    let mut s = Config::defaults(puppet).sources.puppetdb;
     s.server_urls = Some(urls.iter().map(|u| u.to_string()).collect());
     s.timeout = 2;
     s
@@ -59,9 +61,10 @@ fn node(role: &str, timestamp: i64) -> PdbNode {
 /// One refresh, its index built and what it leaves carried for the next.
 fn refresh(source: &PuppetdbSource, previous: Option<&Index>, role_fact: &str) -> puppet_kicker::Result<Index> {
     let now = puppet_kicker::time::now();
-    let (read, environments) = source.refresh(previous, now)?;
-    let (index, tables) = read.into_index_and_tables(previous, &environments, role_fact, now);
-    source.carry(index.generation(), tables);
+    let mut read = source.refresh(previous, now, &Default::default())?;
+    let environments = read.environments.take().unwrap_or_default();
+    let (index, base) = read.into_index_and_base(previous, &environments, role_fact, now);
+    source.carry(base);
     Ok(index)
 }
 
@@ -138,7 +141,7 @@ fn a_full_read_over_verified_tls_pages_and_adds_trusted_facts() {
 
     // `puppet kicker refresh --wait` counts the servers decoded, page by page.
     let progress = std::sync::atomic::AtomicUsize::new(0);
-    let (read, _) = source.refresh_counting(None, now, &progress).unwrap();
+    let read = source.refresh(None, now, &progress).unwrap();
     assert_eq!(progress.into_inner(), read.observations.len());
     assert_eq!(read.observations.len(), 10);
 }

@@ -9,9 +9,11 @@
 //! - an incremental refresh after replace_facts for 10 nodes (waited for until PuppetDB
 //!   lists them), with the cost of each of its requests alone.
 
-use puppet_kicker::config::{Config, PuppetSettings, PuppetdbSettings};
+use puppet_kicker::config::{Config, PuppetSettings};
 use puppet_kicker::source::puppetdb::client::{Client, Session};
+use puppet_kicker::source::puppetdb::PuppetdbSettings;
 use puppet_kicker::source::puppetdb::{decode, query, tls, PuppetdbSource};
+use puppet_kicker::source::Source;
 use puppet_kicker::store::Builder;
 use puppet_kicker::time::now;
 use puppet_kicker::Index;
@@ -48,7 +50,7 @@ pub fn run(url: String, [cert, key, ca]: [PathBuf; 3]) {
         localcacert: Some(ca.clone()),
         ..Default::default()
     };
-    let mut settings = Config::defaults(&puppet).puppetdb;
+    let mut settings = Config::defaults(&puppet).sources.puppetdb;
     settings.server_urls = Some(vec![url.clone()]);
     let files = tls::TlsFiles { ca, cert, key, crl: None };
     let tls = tls::client_config(&files).expect("the TLS files");
@@ -65,9 +67,10 @@ pub fn run(url: String, [cert, key, ca]: [PathBuf; 3]) {
 }
 
 fn refresh(source: &PuppetdbSource, previous: Option<&Index>) -> Index {
-    let (read, environments) = source.refresh(previous, now()).expect("a refresh");
-    let (index, tables) = read.into_index_and_tables(previous, &environments, ROLE_FACT, now());
-    source.carry(index.generation(), tables);
+    let mut read = source.refresh(previous, now(), &Default::default()).expect("a refresh");
+    let environments = read.environments.take().unwrap_or_default();
+    let (index, base) = read.into_index_and_base(previous, &environments, ROLE_FACT, now());
+    source.carry(base);
     index
 }
 

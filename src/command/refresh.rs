@@ -52,7 +52,7 @@ pub fn start(service: &Service, _args: StartArgs) -> Result<Value> {
     tickets.insert(ticket, Ticket { started: Instant::now(), finished });
     Ok(json!({
         "ticket": ticket,
-        "source": crate::service::source_name(service.config().source),
+        "source": service.config().source.name(),
         "source_description": service.describe_source(),
     }))
 }

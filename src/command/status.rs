@@ -55,7 +55,7 @@ pub fn run(service: &Service, args: Args) -> Result<Value> {
     };
     Ok(json!({
         "now_ms": now,
-        "source": crate::service::source_name(config.source),
+        "source": config.source.name(),
         "source_description": service.describe_source(),
         "config_file": config.file.as_ref().map(|f| f.display().to_string()),
         "cache_dir": config.cache_dir.display().to_string(),

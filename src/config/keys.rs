@@ -11,7 +11,7 @@
 
 use super::error::Problem;
 use super::values::*;
-use super::{Config, OnNoData, SourceKind};
+use super::{Config, OnNoData};
 use crate::kick::{Agent, RateLimit};
 use crate::mcollective::ConnectorKind;
 use serde_json::Value;
@@ -123,7 +123,7 @@ keys! {
     /// (`rpcutil#inventory` of your mcollectived daemons; see [The mcollective source](#the-mcollective-source))
     /// or `puppetdb` (PuppetDB's inventory; see [The PuppetDB source](#the-puppetdb-source)).
     Plain "source" = Value("puppet_cache"),
-        set |c, v, _| c.source = choice(v, &[("puppet_cache", SourceKind::PuppetCache), ("mcollective", SourceKind::Mcollective), ("puppetdb", SourceKind::Puppetdb)], "one of: puppet_cache, mcollective, puppetdb")?,
+        set |c, v, _| c.source = source_kind(v)?,
         show |c| &c.source;
     /// Directories of cached facts: JSON (puppetserver 7, `facts_terminus = json`) and Ruby-tagged YAML
     /// (older masters). Read on up to two threads (never more than the cores). A file that does not
@@ -131,8 +131,8 @@ keys! {
     /// 16 MiB or nested deeper than 64 levels; a YAML file is also skipped past 10,000 aliases, aliases
     /// repeating 100,000 values, or 1,000,000 values or 64 MiB of text counting what aliases repeat.
     Plain "puppet_cache.dirs" = Described("`[$server_datadir/facts, $vardir/yaml/facts]`"),
-        set |c, v, base| c.puppet_cache_dirs = directories(v, base)?,
-        show |c| &c.puppet_cache_dirs;
+        set |c, v, base| c.sources.puppet_cache.dirs = directories(v, base)?,
+        show |c| &c.sources.puppet_cache.dirs;
     /// Where the index snapshot (`index.msgpack`) and the kick state are kept. Created with mode 0750
     /// if missing. Refused, with an error naming it and what to change, when others could plant files
     /// there: writable by every user, writable by its group and not owned by the user Puppet runs as,
@@ -175,132 +175,132 @@ keys! {
     /// The mcollective client configuration to read: the one `mco` already uses. Every
     /// `mcollective.*` key below overrides the value it names in that file.
     Plain "mcollective.client_config" = Described("`/etc/mcollective/client.cfg`, else `/etc/puppetlabs/mcollective/client.cfg`"),
-        set |c, v, base| c.mcollective.overrides.config_path = Some(base.join(text(v, "a file")?)),
-        show |c| &c.mcollective.overrides.config_path;
+        set |c, v, base| c.sources.mcollective.overrides.config_path = Some(base.join(text(v, "a file")?)),
+        show |c| &c.sources.mcollective.overrides.config_path;
     /// `rabbitmq` or `activemq`.
     Plain "mcollective.connector" = Described("from client.cfg (`activemq` if unset there)"),
-        set |c, v, _| c.mcollective.overrides.connector = Some(v.as_str().and_then(ConnectorKind::parse).ok_or(expected("rabbitmq or activemq"))?),
-        show |c| &c.mcollective.overrides.connector;
+        set |c, v, _| c.sources.mcollective.overrides.connector = Some(v.as_str().and_then(ConnectorKind::parse).ok_or(expected("rabbitmq or activemq"))?),
+        show |c| &c.sources.mcollective.overrides.connector;
     /// Brokers, tried in order: a list of `{host, port, user, password}` or `host:port`; `ssl: true`
     /// with `ssl_ca` (a file or a list), `ssl_cert`, `ssl_key` for TLS (see "TLS to the broker";
     /// relative to this file).
     Plain "mcollective.pool" = Described("from client.cfg (`plugin.<connector>.pool.*`)"),
-        set |c, v, base| c.mcollective.overrides.pool = Some(pool(v, base)?),
-        show |c| &c.mcollective.overrides.pool;
+        set |c, v, base| c.sources.mcollective.overrides.pool = Some(pool(v, base)?),
+        show |c| &c.sources.mcollective.overrides.pool;
     /// Broker login, for every broker of the pool.
     Plain "mcollective.user" = Described("from client.cfg"),
-        set |c, v, _| c.mcollective.user = Some(string(v)?),
-        show |c| &c.mcollective.user;
+        set |c, v, _| c.sources.mcollective.user = Some(string(v)?),
+        show |c| &c.sources.mcollective.user;
     Secret "mcollective.password" = Described("from client.cfg"),
-        set |c, v, _| c.mcollective.password = Some(string(v)?),
-        show |c| &c.mcollective.password;
+        set |c, v, _| c.sources.mcollective.password = Some(string(v)?),
+        show |c| &c.sources.mcollective.password;
     /// STOMP `host` header (`plugin.<connector>.vhost`).
     Plain "mcollective.vhost" = Described("from client.cfg (`/` for RabbitMQ, `mcollective` for ActiveMQ)"),
-        set |c, v, _| c.mcollective.overrides.vhost = Some(text(v, "a vhost")?),
-        show |c| &c.mcollective.overrides.vhost;
+        set |c, v, _| c.sources.mcollective.overrides.vhost = Some(text(v, "a vhost")?),
+        show |c| &c.sources.mcollective.overrides.vhost;
     /// The pre-shared key. Only the `psk` security provider is supported: any other
     /// `securityprovider` is a configuration error naming the file, the line and the key.
     Secret "mcollective.psk" = Described("from client.cfg (`plugin.psk`), else `$MCOLLECTIVE_PSK`"),
-        set |c, v, _| c.mcollective.overrides.psk = Some(text(v, "a pre-shared key")?),
-        show |c| &c.mcollective.overrides.psk;
+        set |c, v, _| c.sources.mcollective.overrides.psk = Some(text(v, "a pre-shared key")?),
+        show |c| &c.sources.mcollective.overrides.psk;
     /// The master's identity on the middleware.
     Plain "mcollective.identity" = Described("from client.cfg, else the host name"),
-        set |c, v, _| c.mcollective.overrides.identity = Some(text(v, "an identity")?),
-        show |c| &c.mcollective.overrides.identity;
+        set |c, v, _| c.sources.mcollective.overrides.identity = Some(text(v, "an identity")?),
+        show |c| &c.sources.mcollective.overrides.identity;
     /// The collectives to ask (see below).
     Plain "mcollective.main_collective" = Described("from client.cfg"),
-        set |c, v, _| c.mcollective.overrides.main_collective = Some(text(v, "a collective")?),
-        show |c| &c.mcollective.overrides.main_collective;
+        set |c, v, _| c.sources.mcollective.overrides.main_collective = Some(text(v, "a collective")?),
+        show |c| &c.sources.mcollective.overrides.main_collective;
     Plain "mcollective.collectives" = Described("from client.cfg"),
-        set |c, v, _| c.mcollective.overrides.collectives = Some(collectives(v)?),
-        show |c| &c.mcollective.overrides.collectives;
+        set |c, v, _| c.sources.mcollective.overrides.collectives = Some(collectives(v)?),
+        show |c| &c.sources.mcollective.overrides.collectives;
     /// The caller the daemons log.
     Plain "mcollective.callerid" = Described("`uid=<the master's uid>`"),
-        set |c, v, _| c.mcollective.overrides.callerid = Some(text(v, "a callerid such as cert=puppet")?),
-        show |c| &c.mcollective.overrides.callerid;
+        set |c, v, _| c.sources.mcollective.overrides.callerid = Some(text(v, "a callerid such as cert=puppet")?),
+        show |c| &c.sources.mcollective.overrides.callerid;
     /// Seconds a request stays valid; daemons drop older ones (clocks must agree).
     Plain "mcollective.ttl" = Described("from client.cfg (`60`)"),
-        set |c, v, _| c.mcollective.overrides.ttl = Some(u32::try_from(positive_seconds(v, "a duration (60)")?).map_err(|_| expected("a duration (60)"))?),
-        show |c| &c.mcollective.overrides.ttl;
+        set |c, v, _| c.sources.mcollective.overrides.ttl = Some(u32::try_from(positive_seconds(v, "a duration (60)")?).map_err(|_| expected("a duration (60)"))?),
+        show |c| &c.sources.mcollective.overrides.ttl;
     /// How long discovery listens, in each collective.
     Plain "mcollective.discovery_timeout" = Described("from client.cfg (`2`)"),
-        set |c, v, _| c.mcollective.overrides.discovery_timeout = Some(Duration::from_secs(positive_seconds(v, "a duration (2)")?)),
-        show |c| &c.mcollective.overrides.discovery_timeout;
+        set |c, v, _| c.sources.mcollective.overrides.discovery_timeout = Some(Duration::from_secs(positive_seconds(v, "a duration (2)")?)),
+        show |c| &c.sources.mcollective.overrides.discovery_timeout;
     /// TCP connect plus STOMP handshake, per broker.
     Plain "mcollective.connect_timeout" = Described("from client.cfg (`10`)"),
-        set |c, v, _| c.mcollective.overrides.connect_timeout = Some(Duration::from_secs(positive_seconds(v, "a duration (10)")?)),
-        show |c| &c.mcollective.overrides.connect_timeout;
+        set |c, v, _| c.sources.mcollective.overrides.connect_timeout = Some(Duration::from_secs(positive_seconds(v, "a duration (10)")?)),
+        show |c| &c.sources.mcollective.overrides.connect_timeout;
     /// How long to wait for `rpcutil#inventory` replies once discovery answered (it returns as soon
     /// as every discovered server replied).
     Plain "mcollective.timeout" = Value("10"),
-        set |c, v, _| c.mcollective.timeout = positive_seconds(v, "a duration (10)")?,
-        show |c| &c.mcollective.timeout;
+        set |c, v, _| c.sources.mcollective.timeout = positive_seconds(v, "a duration (10)")?,
+        show |c| &c.sources.mcollective.timeout;
     /// A server that stops answering stays in the index this long after its last answer, then is
     /// dropped. `0` drops it at the first refresh it misses.
     Plain "mcollective.grace" = Value("10m"),
-        set |c, v, _| c.mcollective.grace = seconds(v, "a duration (10m)")?,
-        show |c| &c.mcollective.grace;
+        set |c, v, _| c.sources.mcollective.grace = seconds(v, "a duration (10m)")?,
+        show |c| &c.sources.mcollective.grace;
     /// Most distinct servers one request (discovery, inventory, kick) keeps; replies beyond are
     /// dropped, and a warning says how many.
     Plain "mcollective.max_servers" = Described("`100000`"),
-        set |c, v, _| c.mcollective.overrides.reply_limits.get_or_insert_with(Default::default).max_replies =
+        set |c, v, _| c.sources.mcollective.overrides.reply_limits.get_or_insert_with(Default::default).max_replies =
             usize::try_from(v.as_u64().filter(|n| *n > 0).ok_or(expected("a number of servers (100000)"))?).unwrap_or(usize::MAX),
-        show |c| c.mcollective.overrides.reply_limits.map(|l| l.max_replies);
+        show |c| c.sources.mcollective.overrides.reply_limits.map(|l| l.max_replies);
     /// Most bytes of replies one request keeps (a number, or with `K`, `M`, `G`); beyond, the same.
     Plain "mcollective.max_reply_bytes" = Described("`1G`"),
-        set |c, v, _| c.mcollective.overrides.reply_limits.get_or_insert_with(Default::default).max_bytes = byte_size(v)?,
-        show |c| c.mcollective.overrides.reply_limits.map(|l| l.max_bytes);
+        set |c, v, _| c.sources.mcollective.overrides.reply_limits.get_or_insert_with(Default::default).max_bytes = byte_size(v)?,
+        show |c| c.sources.mcollective.overrides.reply_limits.map(|l| l.max_bytes);
 
     /// The puppetdb.conf to read `server_urls` from (`[main]`, `server_urls = https://a:8081,https://b:8081`).
     Plain "puppetdb.config" = Described("`$confdir/puppetdb.conf`"),
-        set |c, v, base| c.puppetdb.config_file = base.join(text(v, "a file")?),
-        show |c| &c.puppetdb.config_file;
+        set |c, v, base| c.sources.puppetdb.config_file = base.join(text(v, "a file")?),
+        show |c| &c.sources.puppetdb.config_file;
     /// PuppetDB's URLs, tried in order (a list, or one string with commas); each must be `https://`.
     Plain "puppetdb.server_urls" = Described("from puppetdb.config"),
-        set |c, v, _| c.puppetdb.server_urls = Some(https_urls(v)?),
-        show |c| &c.puppetdb.server_urls;
+        set |c, v, _| c.sources.puppetdb.server_urls = Some(https_urls(v)?),
+        show |c| &c.sources.puppetdb.server_urls;
     /// The client certificate and key presented to PuppetDB, the CA its certificate must chain
     /// to, and the CRL checked when the file exists (relative to this file). TLS verification is
     /// always on.
     Plain "puppetdb.cert" = Described("Puppet's `hostcert`"),
-        set |c, v, base| c.puppetdb.cert = Some(base.join(text(v, "a file")?)),
-        show |c| &c.puppetdb.cert;
+        set |c, v, base| c.sources.puppetdb.cert = Some(base.join(text(v, "a file")?)),
+        show |c| &c.sources.puppetdb.cert;
     Plain "puppetdb.key" = Described("Puppet's `hostprivkey`"),
-        set |c, v, base| c.puppetdb.key = Some(base.join(text(v, "a file")?)),
-        show |c| &c.puppetdb.key;
+        set |c, v, base| c.sources.puppetdb.key = Some(base.join(text(v, "a file")?)),
+        show |c| &c.sources.puppetdb.key;
     Plain "puppetdb.ca" = Described("Puppet's `localcacert`"),
-        set |c, v, base| c.puppetdb.ca = Some(base.join(text(v, "a file")?)),
-        show |c| &c.puppetdb.ca;
+        set |c, v, base| c.sources.puppetdb.ca = Some(base.join(text(v, "a file")?)),
+        show |c| &c.sources.puppetdb.ca;
     Plain "puppetdb.crl" = Described("Puppet's `hostcrl`"),
-        set |c, v, base| c.puppetdb.crl = Some(base.join(text(v, "a file")?)),
-        show |c| &c.puppetdb.crl;
+        set |c, v, base| c.sources.puppetdb.crl = Some(base.join(text(v, "a file")?)),
+        show |c| &c.sources.puppetdb.crl;
     /// One request to one URL (connect, TLS, answer read) fails past this; the next URL is tried.
     Plain "puppetdb.timeout" = Value("30"),
-        set |c, v, _| c.puppetdb.timeout = positive_seconds(v, "a duration (30)")?,
-        show |c| &c.puppetdb.timeout;
+        set |c, v, _| c.sources.puppetdb.timeout = positive_seconds(v, "a duration (30)")?,
+        show |c| &c.sources.puppetdb.timeout;
     /// Servers whose facts one request fetches; each answer is decoded into the index as it arrives.
     Plain "puppetdb.page_size" = Value("500"),
-        set |c, v, _| c.puppetdb.page_size = usize_count(v)?,
-        show |c| &c.puppetdb.page_size;
+        set |c, v, _| c.sources.puppetdb.page_size = usize_count(v)?,
+        show |c| &c.sources.puppetdb.page_size;
     /// Pages a full read asks of PuppetDB at once (1 to 8): PuppetDB answers one request on one
     /// core, so two take about half the time on a PuppetDB with two cores or more.
     Plain "puppetdb.requests_in_flight" = Value("2"),
-        set |c, v, _| c.puppetdb.requests_in_flight = at_most(usize_count(v)?, 8)?,
-        show |c| &c.puppetdb.requests_in_flight;
+        set |c, v, _| c.sources.puppetdb.requests_in_flight = at_most(usize_count(v)?, 8)?,
+        show |c| &c.sources.puppetdb.requests_in_flight;
     /// Most bytes of one answer; a larger one fails the refresh. One server's entry is bounded
     /// as one fact cache file is (16 MiB, 64 levels).
     Plain "puppetdb.max_page_bytes" = Value("256M"),
-        set |c, v, _| c.puppetdb.max_page_bytes = byte_size(v)?,
-        show |c| &c.puppetdb.max_page_bytes;
+        set |c, v, _| c.sources.puppetdb.max_page_bytes = byte_size(v)?,
+        show |c| &c.sources.puppetdb.max_page_bytes;
     /// An incremental refresh asks for the nodes changed since the newest change it saw, less
     /// this (commands commit out of order).
     Plain "puppetdb.overlap" = Value("60"),
-        set |c, v, _| c.puppetdb.overlap = seconds(v, "a duration (60)")?,
-        show |c| &c.puppetdb.overlap;
+        set |c, v, _| c.sources.puppetdb.overlap = seconds(v, "a duration (60)")?,
+        show |c| &c.sources.puppetdb.overlap;
     /// A full read at least this often, whatever the incremental refreshes found.
     Plain "puppetdb.full_refresh" = Value("1h"),
-        set |c, v, _| c.puppetdb.full_refresh = seconds(v, "a duration (3600, 1h)")?,
-        show |c| &c.puppetdb.full_refresh;
+        set |c, v, _| c.sources.puppetdb.full_refresh = seconds(v, "a duration (3600, 1h)")?,
+        show |c| &c.sources.puppetdb.full_refresh;
 
     /// mcollective agent: `puppet` (mcollective-puppet-agent) or the legacy `puppetd` (`runonce` with
     /// `forcerun` as the String `"true"`, as `mco puppetd runonce` sends it: the DDLs in the field
@@ -498,7 +498,10 @@ mod tests {
         let yaml = "mcollective:\n  user: broker-login\n  password: pw-s3cret\n  psk: psk-s3cret\n  pool:\n    - {host: mq1, user: u, password: pool-s3cret}\n    - mq2\nkick:\n  coalesce: 30s\n";
         let config =
             Config::parse(yaml, Path::new("/etc/puppet/puppet_kicker.yaml"), &PuppetSettings::default()).unwrap();
-        let debug = format!("{config:?} {config:#?} {:?} {:?}", config.mcollective, config.mcollective.overrides);
+        let debug = format!(
+            "{config:?} {config:#?} {:?} {:?}",
+            config.sources.mcollective, config.sources.mcollective.overrides
+        );
         for secret in ["pw-s3cret", "psk-s3cret", "pool-s3cret"] {
             assert!(!debug.contains(secret), "{secret} in {debug}");
         }

@@ -12,42 +12,13 @@ pub(crate) use error::Problem;
 pub use keys::{Key, KeyDefault, KEYS};
 
 use crate::kick::{KickConfig, KickSettings, ReportBudget};
-use crate::mcollective::Overrides;
-pub use crate::source::mcollective::McollectiveSettings;
-pub use crate::source::puppetdb::PuppetdbSettings;
+pub use crate::puppet_settings::PuppetSettings;
+pub use crate::source::{SourceKind, SourceSettings};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// A larger `puppet_kicker.yaml` is a configuration error: it is a few lines.
 pub const MAX_FILE_SIZE: u64 = 1 << 20;
-
-/// What Puppet tells us about its own layout; the bindings read these from
-/// `Puppet.settings` (never hard-coded: puppetserver and agents differ).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PuppetSettings {
-    pub confdir: PathBuf,
-    pub vardir: PathBuf,
-    /// `Puppet[:server_datadir]`; `$vardir/server_data` when not given.
-    pub server_datadir: Option<PathBuf>,
-    /// `PUPPET_KICKER_CONFIG`, read by the caller (JRuby's ENV is not the process's).
-    pub config_file: Option<PathBuf>,
-    /// `Puppet[:hostcert]`, `[:hostprivkey]`, `[:localcacert]`, `[:hostcrl]`: the
-    /// master's own identity, what the PuppetDB source presents and trusts by default.
-    pub hostcert: Option<PathBuf>,
-    pub hostprivkey: Option<PathBuf>,
-    pub localcacert: Option<PathBuf>,
-    pub hostcrl: Option<PathBuf>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SourceKind {
-    /// The master's own fact cache, one file per node.
-    PuppetCache,
-    /// `rpcutil#inventory` of the mcollective daemons, through the operator's client.cfg.
-    Mcollective,
-    /// PuppetDB's `inventory`, through the master's puppetdb.conf and certificate.
-    Puppetdb,
-}
 
 /// What the functions do when the index holds no server at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,8 +33,12 @@ pub enum OnNoData {
 pub struct Config {
     /// The file these settings came from, if any.
     pub file: Option<PathBuf>,
+    /// The source in use (`source`).
     pub source: SourceKind,
-    pub puppet_cache_dirs: Vec<PathBuf>,
+    /// Every source's section (`puppet_cache.*`, `mcollective.*`, `puppetdb.*`), the
+    /// one in use or not: the mcollective section also configures the client kicks
+    /// are sent with.
+    pub sources: SourceSettings,
     pub cache_dir: PathBuf,
     /// Seconds before a snapshot is refreshed in the background.
     pub cache_ttl: u64,
@@ -80,8 +55,6 @@ pub struct Config {
     pub retry_min: u64,
     /// ... up to this many.
     pub retry_max: u64,
-    pub mcollective: McollectiveSettings,
-    pub puppetdb: PuppetdbSettings,
 }
 
 /// Each key with its value, as named in the file; secrets only say whether they are set.
@@ -99,13 +72,6 @@ impl std::fmt::Debug for Config {
             }
         }
         map.finish()
-    }
-}
-
-impl Default for McollectiveSettings {
-    /// The defaults of the `mcollective.*` keys.
-    fn default() -> Self {
-        Config::defaults(&PuppetSettings::default()).mcollective
     }
 }
 
@@ -131,11 +97,10 @@ impl Default for ReportBudget {
 impl Config {
     /// Puppet's layout, then every key's default from [`KEYS`].
     pub fn defaults(settings: &PuppetSettings) -> Config {
-        let server_datadir = settings.server_datadir.clone().unwrap_or_else(|| settings.vardir.join("server_data"));
         let mut config = Config {
             file: None,
-            source: SourceKind::PuppetCache,
-            puppet_cache_dirs: vec![server_datadir.join("facts"), settings.vardir.join("yaml").join("facts")],
+            source: SourceKind::ALL[0],
+            sources: SourceSettings::unset(settings),
             cache_dir: settings.vardir.join("puppet_kicker"),
             cache_ttl: 0,
             cold_start_timeout: 0,
@@ -145,27 +110,6 @@ impl Config {
             kick: KickSettings::unset(),
             retry_min: 0,
             retry_max: 0,
-            mcollective: McollectiveSettings {
-                overrides: Overrides::default(),
-                user: None,
-                password: None,
-                timeout: 0,
-                grace: 0,
-            },
-            puppetdb: PuppetdbSettings {
-                config_file: settings.confdir.join("puppetdb.conf"),
-                server_urls: None,
-                cert: settings.hostcert.clone(),
-                key: settings.hostprivkey.clone(),
-                ca: settings.localcacert.clone(),
-                crl: settings.hostcrl.clone(),
-                timeout: 0,
-                page_size: 0,
-                requests_in_flight: 0,
-                max_page_bytes: 0,
-                overlap: 0,
-                full_refresh: 0,
-            },
         };
         for key in KEYS {
             if let KeyDefault::Value(text) = key.default {
@@ -265,20 +209,20 @@ mod tests {
     fn defaults_follow_puppets_layout() {
         let c = Config::defaults(&settings());
         assert_eq!(
-            c.puppet_cache_dirs,
+            c.sources.puppet_cache.dirs,
             [PathBuf::from("/var/lib/puppet/server_data/facts"), PathBuf::from("/var/lib/puppet/yaml/facts")]
         );
         assert_eq!(c.cache_dir, PathBuf::from("/var/lib/puppet/puppet_kicker"));
         assert_eq!(c.on_no_data, OnNoData::Fail);
         assert_eq!(c.max_age, 604_800);
         let with_datadir = PuppetSettings { server_datadir: Some("/srv/data".into()), ..settings() };
-        assert_eq!(Config::defaults(&with_datadir).puppet_cache_dirs[0], PathBuf::from("/srv/data/facts"));
+        assert_eq!(Config::defaults(&with_datadir).sources.puppet_cache.dirs[0], PathBuf::from("/srv/data/facts"));
     }
 
     #[test]
     fn every_key_is_read() {
         let c = parse("source: puppet_cache\npuppet_cache:\n  dirs: [facts, /abs/facts]\ncache:\n  dir: /tmp/pk\n  ttl: 5m\n  cold_start_timeout: 3\non_no_data: empty\nmax_age: 2d\nrole_fact: pp_role\n").unwrap();
-        assert_eq!(c.puppet_cache_dirs, [PathBuf::from("/etc/puppet/facts"), PathBuf::from("/abs/facts")]);
+        assert_eq!(c.sources.puppet_cache.dirs, [PathBuf::from("/etc/puppet/facts"), PathBuf::from("/abs/facts")]);
         assert_eq!(c.cache_dir, PathBuf::from("/tmp/pk"));
         assert_eq!((c.cache_ttl, c.cold_start_timeout, c.max_age), (300, 3, 172_800));
         assert_eq!(c.on_no_data, OnNoData::Empty);
@@ -297,14 +241,17 @@ mod tests {
         let e = parse("- a\n").unwrap_err().to_string();
         assert!(e.contains("must be a mapping"), "{e}");
         let e = parse("source: etcd\n").unwrap_err().to_string();
-        assert!(e.contains("'source' must be"), "{e}");
+        assert!(e.contains(r#"'source' must be one of: puppet_cache, mcollective, puppetdb, got "etcd""#), "{e}");
+        for kind in SourceKind::ALL {
+            assert_eq!(parse(&format!("source: {}\n", kind.name())).unwrap().source, *kind);
+        }
     }
 
     #[test]
     fn mcollective_keys_override_the_client_cfg() {
         let c = parse("source: mcollective\nmcollective:\n  client_config: mco/client.cfg\n  connector: activemq\n  pool:\n    - {host: mq1, port: 61614, user: u, password: p}\n    - mq2:6163\n    - mq3\n  password: secret\n  psk: k\n  collectives: mcollective, production\n  main_collective: mcollective\n  discovery_timeout: 3\n  connect_timeout: 4\n  ttl: 1m\n  timeout: 20s\n  grace: 15m\ncache:\n  retry_min: 2\n  retry_max: 1m\n").unwrap();
         assert_eq!(c.source, SourceKind::Mcollective);
-        let m = &c.mcollective;
+        let m = &c.sources.mcollective;
         let o = &m.overrides;
         assert_eq!(o.config_path, Some(PathBuf::from("/etc/puppet/mco/client.cfg")));
         assert_eq!(o.connector, Some(ConnectorKind::ActiveMq));
@@ -324,13 +271,16 @@ mod tests {
         assert_eq!(o.psk.as_deref(), Some("k"));
         assert_eq!(o.reply_limits, None);
         let c = parse("mcollective:\n  max_servers: 1\n  max_reply_bytes: 512M\n").unwrap();
-        let limits = c.mcollective.overrides.reply_limits.unwrap();
+        let limits = c.sources.mcollective.overrides.reply_limits.unwrap();
         assert_eq!((limits.max_replies, limits.max_bytes), (1, 512 << 20));
         let c = parse("mcollective:\n  max_reply_bytes: 4096\n").unwrap();
-        assert_eq!(c.mcollective.overrides.reply_limits.unwrap().max_bytes, 4096);
+        assert_eq!(c.sources.mcollective.overrides.reply_limits.unwrap().max_bytes, 4096);
         let d = Config::defaults(&settings());
-        assert_eq!((d.mcollective.timeout, d.mcollective.grace, d.retry_min, d.retry_max), (10, 600, 5, 300));
-        assert_eq!(d.mcollective.overrides.config_path, None);
+        assert_eq!(
+            (d.sources.mcollective.timeout, d.sources.mcollective.grace, d.retry_min, d.retry_max),
+            (10, 600, 5, 300)
+        );
+        assert_eq!(d.sources.mcollective.overrides.config_path, None);
     }
 
     #[test]
@@ -342,7 +292,7 @@ mod tests {
             hostcrl: Some("/ssl/crl.pem".into()),
             ..settings()
         };
-        let d = Config::defaults(&puppet).puppetdb;
+        let d = Config::defaults(&puppet).sources.puppetdb;
         assert_eq!(d.config_file, PathBuf::from("/etc/puppet/puppetdb.conf"));
         assert_eq!(d.server_urls, None);
         assert_eq!(
@@ -366,7 +316,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.source, SourceKind::Puppetdb);
-        let p = &c.puppetdb;
+        let p = &c.sources.puppetdb;
         assert_eq!(p.server_urls.as_deref(), Some(&["https://a:8081".to_string(), "https://b:8081".to_string()][..]));
         assert_eq!(p.cert.as_deref(), Some(Path::new("/etc/puppet/c.pem")));
         assert_eq!(p.ca.as_deref(), Some(Path::new("/ca.pem")));
@@ -376,7 +326,7 @@ mod tests {
         assert!(e.contains("'puppetdb.server_urls' must be a list of https:// URLs"), "{e}");
         let e = parse("puppetdb:\n  page_size: 0\n").unwrap_err().to_string();
         assert!(e.contains("'puppetdb.page_size'"), "{e}");
-        assert_eq!(parse("puppetdb:\n  requests_in_flight: 8\n").unwrap().puppetdb.requests_in_flight, 8);
+        assert_eq!(parse("puppetdb:\n  requests_in_flight: 8\n").unwrap().sources.puppetdb.requests_in_flight, 8);
         let e = parse("puppetdb:\n  requests_in_flight: 9\n").unwrap_err().to_string();
         assert!(e.contains("'puppetdb.requests_in_flight'") && e.contains("at most 8, not 9"), "{e}");
         let e = parse("puppetdb:\n  requests_in_flight: 0\n").unwrap_err().to_string();
@@ -386,7 +336,7 @@ mod tests {
     #[test]
     fn pool_entries_take_tls_files_relative_to_the_file() {
         let c = parse("mcollective:\n  pool:\n    - {host: mq1, port: 61614, ssl: true, ssl_ca: ca.pem, ssl_cert: /pki/m.pem, ssl_key: /pki/m.key}\n    - {host: mq2, ssl: true, ssl_ca: [a.pem, b.pem]}\n    - {host: mq3, ssl: false}\n").unwrap();
-        let pool = c.mcollective.overrides.pool.unwrap();
+        let pool = c.sources.mcollective.overrides.pool.unwrap();
         let base = Path::new("/etc/puppet");
         let tls = pool[0].tls.as_ref().unwrap();
         assert_eq!(tls.ca, [base.join("ca.pem")]);

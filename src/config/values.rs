@@ -2,6 +2,7 @@
 //! uses. Each says what it expected, for the error that names the key.
 
 use super::error::Problem;
+use super::SourceKind;
 use crate::kick::Policy;
 use crate::mcollective::tls::TlsSettings;
 use crate::mcollective::BrokerHost;
@@ -74,6 +75,13 @@ pub(crate) fn string(value: &Value) -> Result<String, Problem> {
 /// A non-empty string.
 pub(crate) fn text(value: &Value, what: &'static str) -> Result<String, Problem> {
     value.as_str().filter(|s| !s.is_empty()).map(str::to_string).ok_or(expected(what))
+}
+
+/// A source's name: one of [`SourceKind::ALL`].
+pub(crate) fn source_kind(value: &Value) -> Result<SourceKind, Problem> {
+    let names: Vec<&str> = SourceKind::ALL.iter().map(|kind| kind.name()).collect();
+    let expected = || Problem::Expected(Cow::Owned(format!("one of: {}", names.join(", "))));
+    value.as_str().and_then(SourceKind::named).ok_or_else(expected)
 }
 
 /// One of `choices`, by name.

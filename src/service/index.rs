@@ -7,13 +7,11 @@
 use super::record::{self, Recorded, RefreshRecord};
 use super::refresh::{self, Refresh, RefreshState, Shared, Warnings};
 use super::MAX_PENDING_WARNINGS;
-use crate::config::{Config, OnNoData, PuppetSettings, SourceKind};
+use crate::config::{Config, OnNoData, PuppetSettings};
 use crate::error::{Error, Result};
 use crate::index::{Answer, Freshness, Index, Question, RoleSelector, ServerRef};
 use crate::query::ClauseCache;
 use crate::snapshot;
-use crate::source::mcollective::McollectiveSource;
-use crate::source::puppetdb::PuppetdbSource;
 use crate::time::now;
 use crate::unpoisoned::lock;
 use arc_swap::ArcSwapOption;
@@ -28,8 +26,6 @@ use std::time::Duration;
 const CLAUSE_CACHE_SIZE: usize = 1024;
 /// An empty index is not refreshed again on every compile: at most this often.
 const EMPTY_RETRY_SECONDS: i64 = 5;
-/// A refresh reading the fact cache has no network deadline; past this it is hung.
-const PUPPET_CACHE_WORST_CASE: Duration = Duration::from_secs(300);
 
 /// The fact index of one Puppet process, its refreshes and its queries.
 pub struct IndexService {
@@ -123,21 +119,10 @@ impl IndexService {
     /// Reads the configuration and the snapshot, and starts the refresh thread.
     pub fn start(settings: PuppetSettings) -> Result<IndexService> {
         let config = Config::load(&settings)?;
-        let mcollective = match config.source {
-            SourceKind::Mcollective => Some(McollectiveSource::open(&config.mcollective)?),
-            SourceKind::PuppetCache | SourceKind::Puppetdb => None,
-        };
-        let puppetdb = match config.source {
-            SourceKind::Puppetdb => Some(PuppetdbSource::open(&config.puppetdb)?),
-            SourceKind::PuppetCache | SourceKind::Mcollective => None,
-        };
+        let source = crate::source::open(config.source, &config.sources)?;
         // Every network wait of a refresh is bounded; twice the worst case and a
         // minute more means something below us (resolver, file system) hangs.
-        let worst_case = match (&mcollective, &puppetdb) {
-            (Some(mcollective), _) => mcollective.worst_case(),
-            (_, Some(puppetdb)) => puppetdb.worst_case(),
-            _ => PUPPET_CACHE_WORST_CASE,
-        };
+        let worst_case = source.worst_case();
         let stuck_after = worst_case.saturating_mul(2).saturating_add(Duration::from_secs(60));
         let (refresh, requests) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
@@ -157,14 +142,14 @@ impl IndexService {
             seen_environments: Mutex::new(BTreeMap::new()),
             failures: AtomicU32::new(0),
             retry_at: AtomicI64::new(0),
-            mcollective,
-            puppetdb,
+            source,
             requests,
             config,
             worst_case,
-            carried: Mutex::new(None),
             progress: AtomicUsize::new(0),
             last_record: Mutex::new(None),
+            #[cfg(test)]
+            reused: AtomicUsize::new(0),
         });
         match snapshot::read(&snapshot::path_in(&shared.config.cache_dir), &shared.config.role_fact) {
             Ok(Some(snap)) => {
@@ -384,15 +369,7 @@ impl IndexService {
 
     /// The source and where it reads, e.g. `the puppet_cache source (/var/...)`.
     pub fn describe_source(&self) -> String {
-        let config = &self.shared.config;
-        match config.source {
-            SourceKind::PuppetCache => format!(
-                "the puppet_cache source ({})",
-                config.puppet_cache_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
-            ),
-            SourceKind::Mcollective => self.shared.mcollective.as_ref().map_or_else(String::new, |m| m.describe()),
-            SourceKind::Puppetdb => self.shared.puppetdb.as_ref().map_or_else(String::new, |p| p.describe()),
-        }
+        self.shared.source.describe()
     }
 
     fn no_data_message(&self) -> String {
@@ -513,18 +490,18 @@ mod tests {
         }
         let settings = PuppetSettings { confdir: etc, vardir: root.join("var"), ..Default::default() };
         let kicker = IndexService::start(settings).unwrap();
-        let carried = || lock(&kicker.shared.carried).as_ref().map(|c| (c.generation, c.reused));
-        let generation = || kicker.shared.current.load_full().map(|i| i.generation());
+        // Files given as the refresh that built the index in use read them.
+        let reused = || kicker.shared.reused.load(Ordering::SeqCst);
 
         assert!(kicker.refresh_and_wait(Duration::from_secs(10)));
-        assert_eq!(carried(), generation().map(|g| (g, 0)), "a first refresh reads everything");
+        assert_eq!(reused(), 0, "a first refresh reads everything");
         assert!(kicker.refresh_and_wait(Duration::from_secs(10)));
-        assert_eq!(carried(), generation().map(|g| (g, 30)), "then nothing changed");
+        assert_eq!(reused(), 30, "then nothing changed");
 
         nodes[0].facts.insert("role".into(), serde_json::json!("changed"));
         crate::synthetic::write_puppet_cache(&facts, &nodes[..1]).unwrap();
         assert!(kicker.refresh_and_wait(Duration::from_secs(10)));
-        assert_eq!(carried(), generation().map(|g| (g, 29)));
+        assert_eq!(reused(), 29);
         let index = kicker.shared.current.load_full().unwrap();
         assert_eq!(index.by_certname(&nodes[0].certname).and_then(|s| s.role("role")), Some("changed"));
         assert_eq!(index.len(), 30);

@@ -216,6 +216,7 @@ impl Service {
                 Err(NoTransport::DryRun)
             } else {
                 config
+                    .sources
                     .mcollective
                     .client_config()
                     .map(|mco| {

@@ -13,7 +13,7 @@ mod refresh;
 
 pub use index::{IndexService, Selection, Status};
 pub use kicks::{OperatorKick, Service};
-pub use record::{source_name, Outcome, Recorded, RefreshRecord, RECORD_FILE};
+pub use record::{Outcome, Recorded, RefreshRecord, RECORD_FILE};
 
 use crate::config::PuppetSettings;
 use crate::error::{Error, Result};

@@ -2,8 +2,8 @@
 //! written atomically by whichever process refreshed, after every refresh, good or
 //! failed. `puppet kicker status` runs in a process of its own and reads it there.
 
-use crate::config::SourceKind;
 use crate::index::Index;
+use crate::source::ChangeSignal;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -20,7 +20,7 @@ const MAX_ERROR_BYTES: usize = 4096;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RefreshRecord {
-    /// `puppet_cache`, `mcollective` or `puppetdb`.
+    /// The source's name ([`crate::source::SourceKind::name`]).
     pub source: String,
     /// The process that refreshed.
     pub pid: u32,
@@ -64,17 +64,6 @@ pub struct Counts {
     pub dropped: u64,
 }
 
-/// What tells a server changed between two indexes, cheaply, per source.
-pub enum ChangeSignal {
-    /// An incremental read: the certnames read again (the others are the same).
-    Certnames(Vec<String>),
-    /// Servers given as the previous refresh read them (mcollective: the same signed
-    /// reply body); every other server present in both counts as changed.
-    Reused(usize),
-    /// A full read: a server in both changed when its facts' timestamp moved.
-    Timestamps,
-}
-
 impl Counts {
     /// Compares the certnames of `before` and `after`.
     pub fn between(before: Option<&Index>, after: &Index, signal: ChangeSignal) -> Counts {
@@ -106,15 +95,6 @@ impl Counts {
             ChangeSignal::Timestamps => moved,
         };
         counts
-    }
-}
-
-/// The name a source goes by in puppet_kicker.yaml.
-pub fn source_name(kind: SourceKind) -> &'static str {
-    match kind {
-        SourceKind::PuppetCache => "puppet_cache",
-        SourceKind::Mcollective => "mcollective",
-        SourceKind::Puppetdb => "puppetdb",
     }
 }
 

@@ -2,17 +2,13 @@
 //! building a new index and swapping it in; backoff after failures; a refresh hung
 //! below us (a resolver, a file system) declared so and replaced.
 
-use super::record::{self, bounded_error, source_name, ChangeSignal, Counts, Outcome, RefreshRecord};
+use super::record::{self, bounded_error, Counts, Outcome, RefreshRecord};
 use super::{MAX_PENDING_WARNINGS, REFRESH_LOCK};
-use crate::config::{Config, SourceKind};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::snapshot::{self, SnapshotRef};
-use crate::source::mcollective::McollectiveSource;
-use crate::source::puppet_cache::{Previous, ReadMemo};
-use crate::source::puppetdb::PuppetdbSource;
-use crate::source::{puppet_cache, SourceRead};
-use crate::store::Tables;
+use crate::source::{ChangeSignal, Source};
 use crate::time::{now, now_ms};
 use crate::unpoisoned::lock;
 use arc_swap::ArcSwapOption;
@@ -40,32 +36,20 @@ pub(super) struct Shared {
     /// start another (0: no backoff).
     pub(super) failures: AtomicU32,
     pub(super) retry_at: AtomicI64,
-    /// `source: mcollective`: the client, from the operator's client.cfg.
-    pub(super) mcollective: Option<McollectiveSource>,
-    /// `source: puppetdb`: the client, from puppetdb.conf and Puppet's certificate.
-    pub(super) puppetdb: Option<PuppetdbSource>,
+    /// The configured source, opened.
+    pub(super) source: Box<dyn Source>,
     /// Where refresh threads take their work (a new thread replaces a hung one).
     pub(super) requests: Receiver<Refresh>,
     /// A refresh's worst case, network deadlines included.
     pub(super) worst_case: Duration,
-    /// `source: puppet_cache`: what the refresh that built the current index read,
-    /// so the next reads only the files changed since.
-    pub(super) carried: Mutex<Option<IncrementalBase>>,
     /// Servers read so far by the refresh in flight (a progress line's count).
     pub(super) progress: AtomicUsize,
     /// This process's last refresh, as written to [`record::RECORD_FILE`].
     pub(super) last_record: Mutex<Option<RefreshRecord>>,
-}
-
-/// What a fact cache refresh leaves the next: the builder's tables for the store of
-/// index `generation`, and each file's stamp and outcome.
-pub(super) struct IncrementalBase {
-    pub(super) generation: u64,
-    tables: Tables,
-    memo: ReadMemo,
-    /// Files of that refresh given as the one before read them (tests check it).
+    /// Servers the read that built the index in use gave as the read before it did
+    /// (tests check that refreshes go on from each other).
     #[cfg(test)]
-    pub(super) reused: usize,
+    pub(super) reused: AtomicUsize,
 }
 
 /// Warnings waiting for the bindings, and how many did not fit.
@@ -208,47 +192,22 @@ impl Shared {
         }
         let started = now();
         let previous = self.current.load_full();
-        // Taken: a refresh that fails or loses its ticket leaves none, and the next
-        // one reads every file.
-        let carried = lock(&self.carried).take();
-        // PuppetDB's recorded environments stand in for where the master saw servers.
-        let mut recorded = None;
-        let (mut read, memo): (SourceRead, Option<ReadMemo>) = match (self.config.source, &self.mcollective) {
-            (SourceKind::Mcollective, Some(mcollective)) => (mcollective.refresh(previous.as_deref(), started)?, None),
-            (SourceKind::Puppetdb, _) => {
-                let puppetdb =
-                    self.puppetdb.as_ref().ok_or_else(|| Error::Io("the puppetdb source is not open".into()))?;
-                let (read, environments) = puppetdb.refresh_counting(previous.as_deref(), started, &self.progress)?;
-                recorded = Some(environments);
-                (read, None)
-            }
-            _ => {
-                let base = match (carried, previous.as_deref()) {
-                    (Some(c), Some(index)) if c.generation == index.generation() => {
-                        Some(Previous { index, tables: c.tables, memo: c.memo })
-                    }
-                    _ => None,
-                };
-                let (read, memo) =
-                    puppet_cache::load_since_counting(&self.config.puppet_cache_dirs, base, &self.progress)?;
-                (read, Some(memo))
-            }
-        };
+        let mut read = self.source.refresh(previous.as_deref(), started, &self.progress)?;
         self.progress.store(read.observations.len(), Ordering::Relaxed);
-        let signal = match (&read.changes, self.config.source) {
-            (Some(changes), _) if previous.as_ref().is_some_and(|p| p.generation() == changes.since) => {
+        let signal = match &read.changes {
+            Some(changes) if previous.as_ref().is_some_and(|p| p.generation() == changes.since) => {
                 ChangeSignal::Certnames(changes.certnames.clone())
             }
-            (_, SourceKind::Mcollective) => ChangeSignal::Reused(read.reused),
-            _ => ChangeSignal::Timestamps,
+            _ => self.source.change_signal(&read),
         };
         for warning in std::mem::take(&mut read.warnings) {
             self.warn(warning.to_string());
         }
         #[cfg(test)]
         let reused = read.reused;
-        let seen = recorded.unwrap_or_else(|| lock(&self.seen_environments).clone());
-        let (index, tables) = read.into_index_and_tables(previous.as_deref(), &seen, &self.config.role_fact, started);
+        // Where the source recorded servers (PuppetDB) stands in for where the master saw them.
+        let seen = read.environments.take().unwrap_or_else(|| lock(&self.seen_environments).clone());
+        let (index, base) = read.into_index_and_base(previous.as_deref(), &seen, &self.config.role_fact, started);
         if !self.is_current(ticket) {
             return Ok((Outcome::Ok, Counts::default()));
         }
@@ -257,19 +216,9 @@ impl Shared {
             let state = lock(&self.refresh_state);
             if state.ticket == ticket {
                 self.current.store(Some(index.clone()));
-                if let Some(memo) = memo {
-                    *lock(&self.carried) = Some(IncrementalBase {
-                        generation: index.generation(),
-                        tables,
-                        memo,
-                        #[cfg(test)]
-                        reused,
-                    });
-                } else if let Some(mcollective) = &self.mcollective {
-                    mcollective.carry(index.generation(), tables);
-                } else if let Some(puppetdb) = &self.puppetdb {
-                    puppetdb.carry(index.generation(), tables);
-                }
+                self.source.carry(base);
+                #[cfg(test)]
+                self.reused.store(reused, Ordering::SeqCst);
             }
         }
         // The new index serves first; counting and writing the snapshot come after.
@@ -397,7 +346,7 @@ impl Shared {
     fn failures_in_a_row(&self) -> u32 {
         let own = self.failures.load(Ordering::SeqCst);
         let before = match record::read(&self.config.cache_dir) {
-            record::Recorded::Found(r) if r.source == source_name(self.config.source) => match r.outcome {
+            record::Recorded::Found(r) if r.source == self.config.source.name() => match r.outcome {
                 Outcome::Failed => r.failures.max(own),
                 // This process's own success is older than its own failures, which
                 // it could not record.
@@ -419,7 +368,7 @@ impl Shared {
         };
         let retry_at = self.retry_at.load(Ordering::SeqCst);
         let record = RefreshRecord {
-            source: source_name(self.config.source).to_string(),
+            source: self.config.source.name().to_string(),
             pid: std::process::id(),
             generation: index.as_ref().map_or(0, |i| i.generation()),
             servers: index.as_ref().map_or(0, |i| i.len() as u64),

@@ -2,9 +2,10 @@
 //! agent sends its facts. puppetserver 7 writes JSON (`$server_datadir/facts`),
 //! older masters wrote Ruby-tagged YAML (`$vardir/yaml/facts`); we read both.
 
-use super::{Changes, Observation, SourceRead};
+use super::{Changes, IncrementalBase, Memo, Observation, Source, SourceRead};
 use crate::error::{Error, Result};
 use crate::index::Index;
+use crate::puppet_settings::PuppetSettings;
 use crate::store::json::{self, Depth, JsonError, Skip, ValueSeed};
 use crate::store::{self, Builder, Remap, Store, Tables, ValueId, View};
 use crate::time::parse_timestamp;
@@ -17,10 +18,70 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::UNIX_EPOCH;
+use std::sync::Mutex;
+use std::time::{Duration, UNIX_EPOCH};
 
 /// A node's cached facts are tens of kilobytes; a larger file is skipped with a warning.
 pub const MAX_FILE_SIZE: u64 = 16 << 20;
+/// A refresh reading the fact cache has no network deadline; past this it is hung.
+const WORST_CASE: Duration = Duration::from_secs(300);
+
+/// `puppet_cache.*`: the directories of cached facts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PuppetCacheSettings {
+    /// `puppet_cache.dirs`: JSON (`$server_datadir/facts`) and YAML (`$vardir/yaml/facts`).
+    pub dirs: Vec<PathBuf>,
+}
+
+impl PuppetCacheSettings {
+    /// Puppet's own fact cache directories.
+    pub fn unset(puppet: &PuppetSettings) -> PuppetCacheSettings {
+        let server_datadir = puppet.server_datadir.clone().unwrap_or_else(|| puppet.vardir.join("server_data"));
+        PuppetCacheSettings { dirs: vec![server_datadir.join("facts"), puppet.vardir.join("yaml").join("facts")] }
+    }
+}
+
+/// `source: puppet_cache`: the directories, and what the last refresh read of them.
+pub struct PuppetCacheSource {
+    dirs: Vec<PathBuf>,
+    /// Kept by [`Source::carry`]: the next refresh reads only the files changed since.
+    carried: Mutex<Option<IncrementalBase>>,
+}
+
+impl PuppetCacheSource {
+    /// Never fails: a directory that cannot be read fails the refresh that reads it.
+    pub fn open(settings: &PuppetCacheSettings) -> Result<PuppetCacheSource> {
+        Ok(PuppetCacheSource { dirs: settings.dirs.clone(), carried: Mutex::new(None) })
+    }
+}
+
+impl Source for PuppetCacheSource {
+    fn describe(&self) -> String {
+        let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        format!("the puppet_cache source ({})", dirs.join(", "))
+    }
+
+    fn worst_case(&self) -> Duration {
+        WORST_CASE
+    }
+
+    /// [`load_since_counting`] from the files the refresh that built `previous` read.
+    fn refresh(&self, previous: Option<&Index>, _started: i64, progress: &AtomicUsize) -> Result<SourceRead> {
+        // Taken: a refresh that fails leaves none, and the next one reads every file.
+        let carried = crate::unpoisoned::lock(&self.carried).take();
+        let base = carried
+            .zip(previous)
+            .filter(|(c, index)| c.generation == index.generation())
+            .and_then(|(mut c, index)| Some(Previous { index, memo: c.take_memo::<ReadMemo>()?, tables: c.tables }));
+        let (mut read, memo) = load_since_counting(&self.dirs, base, progress)?;
+        read.memo = Some(Memo::new(memo));
+        Ok(read)
+    }
+
+    fn carry(&self, base: IncrementalBase) {
+        *crate::unpoisoned::lock(&self.carried) = Some(base);
+    }
+}
 
 /// Reads every `*.json` and `*.yaml` file in `dirs`. Fails only when no directory
 /// can be read at all; a file that does not parse is skipped with a warning.

@@ -37,11 +37,14 @@ pub use observation::{observe_replies, observe_since, Observed, ReplyMemo, DECOD
 // What `inventory`, the one-pass reader, shares with the two passes.
 use conversion::{convert, finish, sorted, valid_identity, Lists, MAX_DEPTH};
 
+use super::{ChangeSignal, IncrementalBase, Source, SourceRead};
 use crate::error::{Error, Result};
+use crate::index::Index;
 use crate::mcollective::{self as mco, Client};
-use crate::store::Tables;
+use crate::puppet_settings::PuppetSettings;
 use crate::unpoisoned::lock;
 use std::fmt;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -72,6 +75,11 @@ pub struct McollectiveSettings {
 crate::redact::debug_showing!(McollectiveSettings: overrides, user, timeout, grace);
 
 impl McollectiveSettings {
+    /// Nothing overridden: client.cfg's values.
+    pub fn unset(_puppet: &PuppetSettings) -> McollectiveSettings {
+        McollectiveSettings { overrides: mco::Overrides::default(), user: None, password: None, timeout: 0, grace: 0 }
+    }
+
     /// The operator's client.cfg with these overrides, `user` and `password` applied
     /// to every broker of the pool.
     pub fn client_config(&self) -> crate::mcollective::Result<crate::mcollective::Config> {
@@ -94,18 +102,10 @@ pub struct McollectiveSource {
     timeout: Duration,
     /// Seconds a silent server is kept.
     grace: i64,
-    /// What the last refresh leaves the next, once the service has built its index
-    /// ([`McollectiveSource::carry`]); and the memo of the refresh in flight.
+    /// What the last refresh leaves the next ([`Source::carry`]): the tables of the
+    /// index built from it, and each server's last body and observation (a
+    /// [`ReplyMemo`]) in that index's store.
     carried: Mutex<Option<IncrementalBase>>,
-    pending: Mutex<Option<ReplyMemo>>,
-}
-
-/// The builder's tables for the store of index `generation`, and each server's
-/// last body and observation in that store.
-struct IncrementalBase {
-    generation: u64,
-    tables: Tables,
-    memo: ReplyMemo,
 }
 
 impl McollectiveSource {
@@ -124,7 +124,6 @@ impl McollectiveSource {
     pub fn with_client(client: Client, settings: &McollectiveSettings) -> McollectiveSource {
         McollectiveSource {
             carried: Mutex::new(None),
-            pending: Mutex::new(None),
             client,
             timeout: Duration::from_secs(settings.timeout.max(1)),
             grace: i64::try_from(settings.grace).unwrap_or(i64::MAX),
@@ -134,27 +133,11 @@ impl McollectiveSource {
     pub fn client(&self) -> &Client {
         &self.client
     }
+}
 
-    /// Keeps the tables of the index the last refresh built (generation
-    /// `generation`), with that refresh's memo, for the next refresh.
-    pub fn carry(&self, generation: u64, tables: Tables) {
-        if let Some(memo) = lock(&self.pending).take() {
-            *lock(&self.carried) = Some(IncrementalBase { generation, tables, memo });
-        }
-    }
-
-    /// The longest a refresh can take: collectives are asked in parallel, each with
-    /// a discovery then an inventory, and each of those may try every broker of the
-    /// pool for `connect_timeout`, then collect, then say goodbye (at most 1 s).
-    pub fn worst_case(&self) -> Duration {
-        let config = self.client.config();
-        let pool = u32::try_from(config.pool.len()).unwrap_or(u32::MAX);
-        let call = config.connect_timeout.saturating_mul(pool).saturating_add(Duration::from_secs(1));
-        call.saturating_mul(2).saturating_add(config.discovery_timeout).saturating_add(self.timeout)
-    }
-
+impl Source for McollectiveSource {
     /// For messages: the file, the brokers and the collectives.
-    pub fn describe(&self) -> String {
+    fn describe(&self) -> String {
         let config = self.client.config();
         let file = config.source.as_ref().map_or("no client.cfg".to_string(), |f| f.display().to_string());
         let brokers: Vec<String> = config.pool.iter().map(|b| b.address()).collect();
@@ -164,6 +147,32 @@ impl McollectiveSource {
             brokers.join(", "),
             config.collectives.join(", ")
         )
+    }
+
+    /// Collectives are asked in parallel, each with a discovery then an inventory,
+    /// and each of those may try every broker of the pool for `connect_timeout`,
+    /// then collect, then say goodbye (at most 1 s).
+    fn worst_case(&self) -> Duration {
+        let config = self.client.config();
+        let pool = u32::try_from(config.pool.len()).unwrap_or(u32::MAX);
+        let call = config.connect_timeout.saturating_mul(pool).saturating_add(Duration::from_secs(1));
+        call.saturating_mul(2).saturating_add(config.discovery_timeout).saturating_add(self.timeout)
+    }
+
+    /// Discovery and inventory in every target collective, then the grace period
+    /// (see [`refresh`]).
+    fn refresh(&self, previous: Option<&Index>, started: i64, _progress: &AtomicUsize) -> Result<SourceRead> {
+        self.ask_and_observe(previous, started)
+    }
+
+    fn carry(&self, base: IncrementalBase) {
+        *lock(&self.carried) = Some(base);
+    }
+
+    /// Every reply's msgtime moves: a server counts as changed unless its reply body
+    /// is the one the last refresh read.
+    fn change_signal(&self, read: &SourceRead) -> ChangeSignal {
+        ChangeSignal::Reused(read.reused)
     }
 }
 
@@ -206,13 +215,18 @@ impl std::error::Error for SourceError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The defaults of the `mcollective.*` keys.
+    fn defaults() -> McollectiveSettings {
+        crate::config::Config::defaults(&crate::PuppetSettings::default()).sources.mcollective
+    }
     use crate::mcollective::config::Overrides;
 
     #[test]
     fn an_unusable_client_config_is_a_config_error_carrying_the_mcollective_error() {
         use std::error::Error as _;
         let overrides = Overrides { no_config_file: true, ..Overrides::default() };
-        let settings = McollectiveSettings { overrides, ..McollectiveSettings::default() };
+        let settings = McollectiveSettings { overrides, ..defaults() };
         let Err(err) = McollectiveSource::open(&settings) else { panic!("opened without a broker") };
         assert_eq!(err.kind(), crate::error::Kind::Config, "Ruby's PuppetKicker::ConfigError, as before");
         let Error::SourceUnusable(unusable) = &err else { panic!("not a source error: {err:?}") };

@@ -8,7 +8,7 @@ use crate::index::Index;
 use crate::mcollective::message::Reply;
 use crate::mcollective::{self as mco, Filter};
 use crate::source::puppet_cache::GARBAGE_FACTOR;
-use crate::source::SourceRead;
+use crate::source::{Memo, SourceRead};
 use crate::store::Builder;
 use crate::time::now;
 use crate::unpoisoned::lock;
@@ -119,7 +119,7 @@ impl McollectiveSource {
 
     /// One refresh: discovery and inventory in every target collective, then the
     /// grace period for servers of `previous` that did not answer.
-    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<SourceRead> {
+    pub(super) fn ask_and_observe(&self, previous: Option<&Index>, started: i64) -> Result<SourceRead> {
         let targets = self.targets(previous);
         let before = self.client.stats();
         let answers = self.ask_all(&targets);
@@ -199,21 +199,20 @@ impl McollectiveSource {
     /// The observations of `servers` into `read`: in a builder resumed on the store
     /// of `previous` when the last refresh built it (and its garbage is bounded), so
     /// unchanged bodies are given again; else every reply decoded afresh. The memo
-    /// waits in `pending` for the service to [`McollectiveSource::carry`] it.
+    /// goes with the read, for the service to [`crate::source::Source::carry`] it back.
     fn observe(&self, servers: &[Vec<(Reply, i64)>], previous: Option<&Index>, read: &mut SourceRead) {
         let config = self.client.config();
         // Taken: a refresh that fails leaves none, and the next decodes every reply.
-        let carried = lock(&self.carried).take();
+        let carried = lock(&self.carried).take().and_then(|mut c| Some((c.take_memo::<ReplyMemo>()?, c)));
         let (memo, resumed) = match (carried, previous) {
-            (Some(c), Some(index))
-                if c.generation == index.generation()
-                    && c.tables.fit(index.store())
-                    && index.store().values() <= GARBAGE_FACTOR.saturating_mul(c.memo.values_after_full.max(1)) =>
+            (Some((memo, c)), Some(index))
+                if c.goes_on_from(index)
+                    && index.store().values() <= GARBAGE_FACTOR.saturating_mul(memo.values_after_full.max(1)) =>
             {
                 read.builder = Builder::resume(index.store(), c.tables);
-                (c.memo, true)
+                (memo, true)
             }
-            (c, _) => (c.map_or_else(ReplyMemo::default, |c| c.memo.forget_servers()), false),
+            (c, _) => (c.map_or_else(ReplyMemo::default, |(memo, _)| memo.forget_servers()), false),
         };
         let (observed, mut memo, reused) = observe_since(
             servers,
@@ -227,7 +226,7 @@ impl McollectiveSource {
             // Garbage (values no server uses any more) is bounded by this store's size.
             memo.values_after_full = read.builder.store().values();
         }
-        *lock(&self.pending) = Some(memo);
+        read.memo = Some(Memo::new(memo));
         read.reused = reused;
         self.client.record_inner(observed.accepted, observed.malformed);
         read.observations = observed.observations;
@@ -348,10 +347,16 @@ fn join<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The defaults of the `mcollective.*` keys.
+    fn defaults() -> McollectiveSettings {
+        crate::config::Config::defaults(&crate::PuppetSettings::default()).sources.mcollective
+    }
     use crate::facts::Node;
     use crate::mcollective::config::{BrokerHost, Config, Overrides};
     use crate::mcollective::Client;
     use crate::source::mcollective::McollectiveSettings;
+    use crate::source::Source;
     use serde_json::json;
 
     fn source(collectives: &[&str], grace: u64) -> McollectiveSource {
@@ -370,7 +375,7 @@ mod tests {
             ..Overrides::default()
         };
         let client = Client::new(Config::resolve("", None, &overrides, None).unwrap());
-        McollectiveSource::with_client(client, &McollectiveSettings { grace, ..McollectiveSettings::default() })
+        McollectiveSource::with_client(client, &McollectiveSettings { grace, ..defaults() })
     }
 
     fn node(certname: &str, environment: &str, answered_at: Option<i64>) -> Node {
@@ -434,7 +439,7 @@ mod tests {
     #[test]
     fn an_unreachable_broker_fails_the_refresh_with_the_reason() {
         let s = source(&["mcollective", "production"], 60);
-        let e = s.refresh(None, now()).unwrap_err().to_string();
+        let e = s.refresh(None, now(), &Default::default()).unwrap_err().to_string();
         assert!(e.contains("collectives mcollective, production: no broker could be reached: 127.0.0.1:1"), "{e}");
     }
 }

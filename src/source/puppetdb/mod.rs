@@ -23,14 +23,15 @@ pub mod query;
 mod state;
 pub mod tls;
 
-use super::{Changes, SourceRead};
+use super::{Changes, IncrementalBase, Memo, Source, SourceRead};
 use crate::error::{Error, Result};
 use crate::index::Index;
+use crate::puppet_settings::PuppetSettings;
 use crate::store::{Builder, Tables};
 use crate::unpoisoned::lock;
 use client::{Client, Session};
 use decode::Entry;
-use state::{Held, IncrementalBase, State};
+use state::{Held, State};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -73,6 +74,26 @@ pub struct PuppetdbSettings {
     pub full_refresh: u64,
 }
 
+impl PuppetdbSettings {
+    /// Puppet's puppetdb.conf, certificate, key, CA and CRL.
+    pub fn unset(puppet: &PuppetSettings) -> PuppetdbSettings {
+        PuppetdbSettings {
+            config_file: puppet.confdir.join("puppetdb.conf"),
+            server_urls: None,
+            cert: puppet.hostcert.clone(),
+            key: puppet.hostprivkey.clone(),
+            ca: puppet.localcacert.clone(),
+            crl: puppet.hostcrl.clone(),
+            timeout: 0,
+            page_size: 0,
+            requests_in_flight: 0,
+            max_page_bytes: 0,
+            overlap: 0,
+            full_refresh: 0,
+        }
+    }
+}
+
 /// The PuppetDB servers, and what the last refresh left the next.
 pub struct PuppetdbSource {
     client: Client,
@@ -80,8 +101,9 @@ pub struct PuppetdbSource {
     /// certificate or a new CRL is used from the next refresh on.
     tls: Mutex<(tls::TlsFiles, tls::Stamp)>,
     settings: PuppetdbSettings,
+    /// What the last refresh leaves the next ([`Source::carry`]): the tables of the
+    /// index built from it, and every server held (a [`State`]) in its store.
     carried: Mutex<Option<IncrementalBase>>,
-    pending: Mutex<Option<State>>,
 }
 
 impl PuppetdbSource {
@@ -109,63 +131,7 @@ impl PuppetdbSource {
             tls: Mutex::new((files, stamp)),
             settings: settings.clone(),
             carried: Mutex::new(None),
-            pending: Mutex::new(None),
         })
-    }
-
-    /// For messages: the URLs.
-    pub fn describe(&self) -> String {
-        format!("the puppetdb source ({})", self.client.urls().join(", "))
-    }
-
-    /// The longest a refresh should take: a few requests at every URL, each within
-    /// the timeout, and the decoding.
-    pub fn worst_case(&self) -> Duration {
-        let urls = u32::try_from(self.client.urls().len()).unwrap_or(u32::MAX);
-        self.client.timeout().saturating_mul(urls.saturating_mul(WORST_CASE_REQUESTS)).saturating_add(WORST_CASE_WORK)
-    }
-
-    /// Keeps what the last refresh read for the next, now that index `generation`
-    /// was built from it with `tables`.
-    pub fn carry(&self, generation: u64, tables: Tables) {
-        if let Some(state) = lock(&self.pending).take() {
-            *lock(&self.carried) = Some(IncrementalBase { generation, tables, state });
-        }
-    }
-
-    /// Reads PuppetDB: incrementally from `previous` when the last refresh built it,
-    /// else in full. Also gives where PuppetDB recorded each server's environment.
-    /// The error names the URLs and what failed.
-    pub fn refresh(&self, previous: Option<&Index>, started: i64) -> Result<(SourceRead, BTreeMap<String, String>)> {
-        self.refresh_counting(previous, started, &AtomicUsize::new(0))
-    }
-
-    /// [`Self::refresh`], counting in `progress` the servers decoded so far, page by
-    /// page (`puppet kicker refresh --wait`'s progress line).
-    pub fn refresh_counting(
-        &self,
-        previous: Option<&Index>,
-        started: i64,
-        progress: &AtomicUsize,
-    ) -> Result<(SourceRead, BTreeMap<String, String>)> {
-        // Taken: a refresh that fails leaves none, and the next one reads in full.
-        let carried = lock(&self.carried).take();
-        let base = carried.zip(previous).filter(|(c, index)| {
-            let store = index.store();
-            c.generation == index.generation()
-                && c.tables.fit(store)
-                && started.saturating_sub(c.state.full_at) < self.settings.full_refresh as i64
-                && store.values() <= GARBAGE_FACTOR.saturating_mul(c.state.values_after_full.max(1))
-        });
-        self.reload_tls_if_changed()?;
-        let mut session = self.client.session();
-        let (read, state) = match base {
-            Some((carried, index)) => self.incremental(&mut session, index, carried, progress)?,
-            None => self.full(&mut session, started, progress)?,
-        };
-        let environments = state.environments();
-        *lock(&self.pending) = Some(state);
-        Ok((read, environments))
     }
 
     /// Makes the TLS configuration again when a file changed since it was made; an
@@ -204,10 +170,9 @@ impl PuppetdbSource {
         &self,
         session: &mut Session,
         index: &Index,
-        carried: IncrementalBase,
+        (tables, mut state): (Tables, State),
         progress: &AtomicUsize,
     ) -> Result<(SourceRead, State)> {
-        let IncrementalBase { tables, mut state, .. } = carried;
         let since = query::timestamp(state.newest.saturating_sub(self.settings.overlap as i64));
         let listed = self.list(session, Some(&since))?;
         let answer = session.query(&query::gone()).map_err(SourceError::Query)?;
@@ -312,6 +277,46 @@ impl PuppetdbSource {
             }
             Ok(entries)
         })
+    }
+}
+
+impl Source for PuppetdbSource {
+    /// For messages: the URLs.
+    fn describe(&self) -> String {
+        format!("the puppetdb source ({})", self.client.urls().join(", "))
+    }
+
+    /// A few requests at every URL, each within the timeout, and the decoding.
+    fn worst_case(&self) -> Duration {
+        let urls = u32::try_from(self.client.urls().len()).unwrap_or(u32::MAX);
+        self.client.timeout().saturating_mul(urls.saturating_mul(WORST_CASE_REQUESTS)).saturating_add(WORST_CASE_WORK)
+    }
+
+    /// Reads PuppetDB: incrementally from `previous` when the last refresh built it,
+    /// else in full, counting the servers decoded page by page. Also gives where
+    /// PuppetDB recorded each server's environment. The error names the URLs and
+    /// what failed.
+    fn refresh(&self, previous: Option<&Index>, started: i64, progress: &AtomicUsize) -> Result<SourceRead> {
+        // Taken: a refresh that fails leaves none, and the next one reads in full.
+        let carried = lock(&self.carried).take().and_then(|mut c| Some((c.take_memo::<State>()?, c)));
+        let base = carried.zip(previous).filter(|((state, c), index)| {
+            c.goes_on_from(index)
+                && started.saturating_sub(state.full_at) < self.settings.full_refresh as i64
+                && index.store().values() <= GARBAGE_FACTOR.saturating_mul(state.values_after_full.max(1))
+        });
+        self.reload_tls_if_changed()?;
+        let mut session = self.client.session();
+        let (mut read, state) = match base {
+            Some(((state, c), index)) => self.incremental(&mut session, index, (c.tables, state), progress)?,
+            None => self.full(&mut session, started, progress)?,
+        };
+        read.environments = Some(state.environments());
+        read.memo = Some(Memo::new(state));
+        Ok(read)
+    }
+
+    fn carry(&self, base: IncrementalBase) {
+        *lock(&self.carried) = Some(base);
     }
 }
 

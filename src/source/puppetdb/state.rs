@@ -1,9 +1,8 @@
-//! What one refresh leaves the next: every server held, as PuppetDB last gave it,
-//! its facts in the store of the index that refresh built.
+//! What one refresh leaves the next (its memo): every server held, as PuppetDB last
+//! gave it, its facts in the store of the index that refresh built.
 
 use super::decode::Entry;
 use crate::source::Observation;
-use crate::store::Tables;
 use std::collections::BTreeMap;
 
 /// A server as the index holds it.
@@ -46,11 +45,4 @@ impl State {
     pub fn observations(&self) -> Vec<Observation> {
         self.servers.values().map(|h| h.observation.clone()).collect()
     }
-}
-
-/// [`State`] with the tables of the builder that made the store of index `generation`.
-pub struct IncrementalBase {
-    pub generation: u64,
-    pub tables: Tables,
-    pub state: State,
 }
