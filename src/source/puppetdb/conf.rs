@@ -54,7 +54,13 @@ pub fn parse_server_urls(text: &str) -> Result<Vec<String>, String> {
                 }
                 urls = Some(list);
             }
-            "server" if !value.is_empty() => server = Some(value.to_string()),
+            "server" if !value.is_empty() => {
+                // The URL it makes, `https://SERVER:PORT`, is held to server_urls' rule.
+                if !is_https_url(&format!("https://{value}")) || value.contains(['/', '?', '#']) {
+                    return Err(wrong(&format!("server {value:?} is not a host name")));
+                }
+                server = Some(value.to_string())
+            }
             "port" => port = Some(value.parse::<u16>().map_err(|_| wrong("port is not a port number"))?),
             _ => {}
         }
@@ -99,6 +105,10 @@ mod tests {
             ": no server_urls in its [main] section"
         );
         assert!(parse_server_urls("[main]\nserver_urls = https://a,\n").is_err(), "an empty entry");
+        // Found by fuzz/fuzz_targets/conf_files.rs: `https://pdb prt = 84:8081` was taken.
+        let e = parse_server_urls("[main]\nserver = pdb prt = 84\n").unwrap_err();
+        assert!(e.starts_with(r#":2: server "pdb prt = 84" is not a host name"#), "{e}");
+        assert!(parse_server_urls("[main]\nserver = pdb/x\n").is_err());
     }
 
     #[test]
