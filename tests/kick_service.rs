@@ -439,10 +439,11 @@ fn index_warnings_beyond_the_pending_limit_are_counted_in_one_line() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_full_disk_loses_no_kick_and_the_save_succeeds_once_space_is_back() {
     let dir = cache_dir("enospc");
     std::fs::create_dir_all(&dir).unwrap();
-    let Some(tmpfs) = Tmpfs::mount(&dir, 256 << 10) else { return };
+    let tmpfs = Tmpfs::mount(&dir, 256 << 10);
     let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
     let start =
         || KickService::start(config.clone(), &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();

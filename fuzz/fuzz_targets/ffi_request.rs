@@ -1,15 +1,28 @@
-//! Request JSON through the C ABI that puppetserver's JRuby calls: the first byte
-//! picks the function, the rest is its request. The library is configured once over
-//! the fixture fleet, so requests reach the core behind the JSON.
+//! Requests through the C ABI that puppetserver's JRuby calls: the first byte picks
+//! the function, the rest is its request. The library is configured once over the
+//! fixture fleet, so requests reach the core behind the JSON: `pk_select`,
+//! `pk_servers_at`, `pk_values`, `pk_note_environment`, `pk_kick` and `pk_command`
+//! (the `puppet kicker` subcommands) take the rest as JSON; `pk_fetch` and
+//! `pk_fetch_stream` take `have` (a byte) and positions (u32s) over the current
+//! generation (or the next, stale one), and `pk_answer_holds` an answer id.
+//!
+//! Every reply is a JSON document, never an `internal` error (a panic the library
+//! caught); a fetch reply's length is its parts', it is FAILED only for a stream of
+//! 0 servers a reply, and when OK it gives as many servers as positions were asked
+//! for (a stream, in all).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use puppet_kicker_ffi::fetch::{FAILED, HEADER_BYTES, OK, STALE};
 use puppet_kicker_ffi::*;
+use std::ffi::{c_char, CStr};
 use std::sync::Once;
 
-type Call = unsafe extern "C" fn(*const u8, usize) -> *mut std::ffi::c_char;
-/// By the input's first byte (the seeds in fuzz/corpus-seeds/ffi_request follow it).
+type Call = unsafe extern "C" fn(*const u8, usize) -> *mut c_char;
+/// By the input's first byte (the seeds in fuzz/corpus-seeds/ffi_request follow it);
+/// 5 is `pk_command`, 6 the fetches, 7 `pk_answer_holds`.
 const CALLS: [Call; 5] = [pk_select, pk_servers_at, pk_values, pk_note_environment, pk_kick];
+const WAYS: usize = 8;
 
 fuzz_target!(|input: &[u8]| {
     static CONFIGURED: Once = Once::new();
@@ -20,10 +33,104 @@ fuzz_target!(|input: &[u8]| {
         });
         let request = request.to_string();
         // SAFETY: a valid buffer; the reply is freed by the library.
-        unsafe { pk_free(pk_configure(request.as_ptr(), request.len())) };
+        unsafe { json_reply(pk_configure(request.as_ptr(), request.len())) };
     });
     let Some((&which, request)) = input.split_first() else { return };
-    let call = CALLS[which as usize % CALLS.len()];
-    // SAFETY: `request` is valid for its length; the reply is the library's, freed by it.
-    unsafe { pk_free(call(request.as_ptr(), request.len())) };
+    match which as usize % WAYS {
+        5 if !waits(request) => unsafe { json_reply(pk_command(request.as_ptr(), request.len())) },
+        5 => {}
+        6 => fetches(request),
+        7 => {
+            let answer = request.iter().take(8).fold(0u64, |a, &b| a << 8 | u64::from(b));
+            assert!(pk_answer_holds(answer) <= 1);
+        }
+        // SAFETY: `request` is valid for its length; the reply is the library's, freed by it.
+        i => unsafe { json_reply(CALLS[i](request.as_ptr(), request.len())) },
+    }
 });
+
+/// Checks and frees a reply of the JSON functions: `{"ok": ..}` or `{"error": ..}`.
+///
+/// # Safety
+/// `reply` is a reply of a `pk_*` JSON function, freed here.
+unsafe fn json_reply(reply: *mut c_char) {
+    assert!(!reply.is_null());
+    let text = unsafe { CStr::from_ptr(reply) }.to_str().expect("a UTF-8 reply");
+    let value: serde_json::Value = serde_json::from_str(text).expect("a JSON reply");
+    assert!(value.get("ok").is_some() != value.get("error").is_some(), "{text}");
+    assert_ne!(value["error"]["kind"], "internal", "{text}");
+    unsafe { pk_free(reply) };
+}
+
+/// A subcommand that waits on purpose (for a kick's outcome, up to `--wait` or
+/// `kick.exit_wait`; for a refresh's end, up to a second): not fuzzed, as libFuzzer
+/// would count the wait as a hang. Their arguments are read as the others' are.
+fn waits(request: &[u8]) -> bool {
+    let Ok(request) = serde_json::from_slice::<serde_json::Value>(request) else { return false };
+    let args = &request["args"];
+    match request["name"].as_str() {
+        Some("kick") => args["dry_run"] != true && args["wait"] != 0,
+        Some("refresh_progress") => args["wait_ms"].as_u64().is_some_and(|ms| ms > 0),
+        _ => false,
+    }
+}
+
+/// `pk_fetch` then `pk_fetch_stream` of the positions in `request` (after its first
+/// byte, `have`), in a new session.
+fn fetches(request: &[u8]) {
+    let Some((&have, rest)) = request.split_first() else { return };
+    let positions: Vec<u32> =
+        rest.chunks_exact(4).take(64).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect();
+    let current = puppet_kicker::Service::global().ok().and_then(|s| s.current()).map_or(0, |i| i.generation());
+    // Now and then a generation that is not the current one: the reply is STALE.
+    let generation = current + u64::from(have >> 7);
+    let have = u64::from(have & 0x7f);
+    let session = pk_session_new();
+    // SAFETY: a live session; the positions are valid for their count; every reply
+    // is freed once, the stream and the session last.
+    unsafe {
+        let servers = fetched(pk_fetch(session, generation, have, positions.as_ptr(), positions.len()), false);
+        assert!(servers.is_none_or(|n| n == positions.len()), "{servers:?} of {} servers", positions.len());
+        let per_reply = usize::from(rest.first().copied().unwrap_or(0) % 4);
+        let stream = pk_fetch_stream(session, generation, have, positions.as_ptr(), positions.len(), per_reply);
+        let (mut servers, mut stale) = (0, false);
+        loop {
+            let reply = pk_fetch_next(stream);
+            if reply.is_null() {
+                break;
+            }
+            match fetched(reply, per_reply == 0) {
+                Some(n) => servers += n,
+                None => stale = true,
+            }
+        }
+        assert!(stale || per_reply == 0 || servers == positions.len(), "{servers} of {} servers", positions.len());
+        pk_fetch_stream_free(stream);
+        pk_session_free(session);
+    }
+}
+
+/// The servers of a fetch reply (`None`: STALE, or FAILED where `may_fail`), its
+/// layout checked; frees it.
+///
+/// # Safety
+/// `reply` is a reply of `pk_fetch` or `pk_fetch_next`, freed here.
+unsafe fn fetched(reply: *mut u8, may_fail: bool) -> Option<usize> {
+    assert!(!reply.is_null());
+    let length = unsafe { reply.cast::<u64>().read_unaligned() } as usize;
+    let bytes = unsafe { std::slice::from_raw_parts(reply, length) };
+    let field = |i: usize| u32::from_ne_bytes(bytes[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes")) as usize;
+    let (status, servers, words, text, json) = (field(0), field(5), field(6), field(7), field(8));
+    assert_eq!(length, HEADER_BYTES + 4 * words + text + json, "the reply's length is its parts'");
+    if status == FAILED as usize {
+        let json = &bytes[length - json..];
+        let error: serde_json::Value = serde_json::from_slice(json).expect("a FAILED reply's JSON");
+        assert!(may_fail && error["error"]["kind"] == "request", "{error}");
+    }
+    unsafe { pk_free_fetch(reply) };
+    match status as u32 {
+        OK => Some(servers),
+        STALE | FAILED => None,
+        other => panic!("status {other}"),
+    }
+}

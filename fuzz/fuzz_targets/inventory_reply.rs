@@ -10,19 +10,44 @@
 //! value, reply, observation and store, id for id (unless the input is outside the
 //! reader's subset, which then goes to marshal-rs). Its one pass over the inner body
 //! is held to its two passes (`observation_two_passes`) the same way.
+//!
+//! And as the client and a refresh take it: in a batch of replies whose signatures
+//! are checked together (`decode_replies_verified`, the MD5 lanes), each reply as
+//! when decoded alone; a discovery reply's pong; the refresh's observation
+//! (`observe_since`), then again from the memo it left, without decoding, the same.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use puppet_kicker::mcollective::marshal::{self, DecodeLimits};
 use puppet_kicker::mcollective::marshal_reader;
-use puppet_kicker::mcollective::message::{Reply, ReplyRef, Unread};
+use puppet_kicker::mcollective::message::{decode_replies_verified, is_pong, Reply, ReplyRef, Unread};
 use puppet_kicker::mcollective::RpcReply;
 use puppet_kicker::source::mcollective::{
-    observation, observation_from_body, observation_two_passes, to_json, BodyError, InnerBody,
+    observation, observation_from_body, observation_two_passes, observe_since, to_json, BodyError, InnerBody, ReplyMemo,
 };
-use puppet_kicker::store::Builder;
+use puppet_kicker::source::Observation;
+use puppet_kicker_fuzz::pool;
+use std::sync::OnceLock;
 
 const PSK: &str = "fuzz";
+const AT: i64 = 1_700_000_000;
+
+/// A reply that decodes, signed: the rest of a batch.
+fn good() -> &'static [u8] {
+    static GOOD: OnceLock<Vec<u8>> = OnceLock::new();
+    GOOD.get_or_init(|| reply(b"\x04\x08I\"\tpong\x06:\x06ET".to_vec()).encode(PSK).expect("a reply encodes"))
+}
+
+fn reply(body: Vec<u8>) -> Reply {
+    Reply {
+        senderid: "node1.example.com".into(),
+        requestid: "0123456789abcdef0123456789abcdef".into(),
+        senderagent: "rpcutil".into(),
+        msgtime: AT,
+        body: body.into(),
+        signature: None,
+    }
+}
 
 fuzz_target!(|input: &[u8]| {
     let Some((&mode, rest)) = input.split_first() else { return };
@@ -36,15 +61,7 @@ fuzz_target!(|input: &[u8]| {
     let outer = if mode % 2 == 0 {
         rest.to_vec()
     } else {
-        let reply = Reply {
-            senderid: "node1.example.com".into(),
-            requestid: "0123456789abcdef0123456789abcdef".into(),
-            senderagent: "rpcutil".into(),
-            msgtime: 1_700_000_000,
-            body: rest.to_vec().into(),
-            signature: None,
-        };
-        reply.encode(PSK).expect("a reply with fixed fields encodes")
+        reply(rest.to_vec()).encode(PSK).expect("a reply with fixed fields encodes")
     };
     let old = Reply::decode_verified_via_values(&outer, PSK, limits);
     match (&old, ReplyRef::decode_verified(&outer, PSK, limits)) {
@@ -52,19 +69,36 @@ fuzz_target!(|input: &[u8]| {
         (Err(_), Err(Unread::Error(_))) | (_, Err(Unread::Unsupported)) => {}
         (old, new) => panic!("marshal-rs {old:?}, in place {new:?}"),
     }
+    // In a batch (AVX2 lanes from 4 replies; AVX-512 from 32, one input in 8: each
+    // reply of a batch is decoded, and psk_lanes fuzzes the lanes), this reply first, last
+    // and in the middle, between good ones, decodes as it does alone.
+    let alone = Reply::decode_verified(&outer, PSK, limits);
+    let size = if mode >> 3 & 7 == 7 { 33 } else { 5 };
+    let ours = |i: usize| i == 0 || i == size / 2 || i == size - 1;
+    let batch: Vec<Vec<u8>> = (0..size).map(|i| if ours(i) { outer.clone() } else { good().to_vec() }).collect();
+    for (i, got) in decode_replies_verified(batch, PSK, limits).into_iter().enumerate() {
+        match (ours(i), &got, &alone) {
+            (true, Ok(got), Ok(alone)) => assert_eq!(got, alone),
+            (true, Err(got), Err(alone)) => assert_eq!(got.to_string(), alone.to_string()),
+            (true, got, alone) => panic!("in a batch {got:?}, alone {alone:?}"),
+            (false, got, _) => assert!(got.is_ok(), "the good reply, in a batch: {got:?}"),
+        }
+    }
     let Ok(reply) = old else { return };
+    if let Ok(inner) = reply.inner(limits) {
+        std::hint::black_box(is_pong(&inner));
+    }
 
     let body = InnerBody {
         sender: &reply.senderid,
         msgtime: reply.msgtime,
         bytes: &reply.body,
         limits,
-        at: 1_700_000_000,
+        at: AT,
         main_collective: "mcollective",
     };
-    let mut in_place = Builder::new();
+    let (mut in_place, mut two_passes) = (pool::builder(), pool::builder());
     let new = observation_from_body(body, &mut in_place);
-    let mut two_passes = Builder::new();
     let old_way = observation_two_passes(body, &mut two_passes);
     match (&old_way, &new) {
         (Ok(a), Ok(b)) => assert_eq!(a, b),
@@ -76,12 +110,14 @@ fuzz_target!(|input: &[u8]| {
     if matches!((&old_way, &new), (Ok(_), Ok(_)) | (Err(BodyError::Inventory(_)), Err(BodyError::Inventory(_)))) {
         assert!(two_passes.store() == in_place.store(), "one pass and two, the same store, id for id");
     }
+    let refreshed = Refreshed::of(&reply, limits);
     let Ok(rpc) = RpcReply::from_reply(reply, limits) else {
         assert!(matches!(new, Err(BodyError::Malformed(_) | BodyError::Unsupported)), "{new:?}");
+        assert!(refreshed.observations.is_empty() && refreshed.malformed, "{refreshed:?}");
         return;
     };
-    let mut builder = Builder::new();
-    let old = observation(&rpc, 1_700_000_000, "mcollective", &mut builder);
+    let mut builder = pool::builder();
+    let old = observation(&rpc, AT, "mcollective", &mut builder);
     match (&old, &new) {
         (Ok(a), Ok(b)) => assert_eq!(a, b),
         (Err(a), Err(BodyError::Inventory(b))) => assert_eq!(a, b),
@@ -90,6 +126,11 @@ fuzz_target!(|input: &[u8]| {
     }
     if !matches!(new, Err(BodyError::Unsupported)) {
         assert!(builder.store() == in_place.store(), "the same store, id for id");
+    }
+    // The refresh took the one pass, or the values where it is unsupported.
+    match &old {
+        Ok(o) => assert_eq!(refreshed.observations, std::slice::from_ref(o)),
+        Err(_) => assert!(refreshed.observations.is_empty() && !refreshed.malformed, "{refreshed:?}"),
     }
     let Ok(o) = old else { return };
     // The facts went straight into the store: the same as the JSON they once became.
@@ -104,5 +145,27 @@ fn same_values(bytes: &[u8], limits: DecodeLimits) {
         (Ok(a), Ok(b)) => assert!(a == b || format!("{a:?}") == format!("{b:?}"), "{a:?} / {b:?}"),
         (Err(_), Err(_)) => {}
         (a, b) => panic!("marshal-rs {a:?}, borrowed reader {b:?}"),
+    }
+}
+
+/// What a refresh made of the reply, the same twice (the second time from the memo).
+#[derive(Debug)]
+struct Refreshed {
+    observations: Vec<Observation>,
+    malformed: bool,
+}
+
+impl Refreshed {
+    fn of(reply: &Reply, limits: DecodeLimits) -> Refreshed {
+        let servers = vec![vec![(reply.clone(), AT)]];
+        let mut builder = pool::builder();
+        let (first, memo, reused) =
+            observe_since(&servers, "mcollective", limits, 1, &mut builder, &ReplyMemo::default());
+        assert_eq!(reused, 0);
+        let (again, _, reused) = observe_since(&servers, "mcollective", limits, 1, &mut builder, &memo);
+        assert_eq!(again.observations, first.observations, "from the memo");
+        assert_eq!(reused, first.observations.len(), "an observation is given again, not decoded again");
+        assert_eq!(first.accepted + first.malformed, 1);
+        Refreshed { observations: first.observations, malformed: first.malformed == 1 }
     }
 }

@@ -11,15 +11,16 @@ use puppet_kicker::source::puppet_cache::{
     parse_fact_file, parse_fact_file_via_tree, parse_json_fact_file_with_serde, FactFileError, Format,
 };
 use puppet_kicker::store::Builder;
+use puppet_kicker_fuzz::pool;
 use std::path::Path;
 
 const NEXT: &[u8] = br#"{"name": "next", "values": {"b": [1, {"c": "d"}], "a": 2.5}}"#;
 
 fuzz_target!(|input: &[u8]| {
     let path = Path::new("fuzz.example.com.json");
-    let mut builder = Builder::new();
+    let mut builder = pool::builder();
     let decoded = parse_fact_file(input, Format::Json, path, 7, &mut builder);
-    let mut serde_builder = Builder::new();
+    let mut serde_builder = pool::builder();
     let serde_alone = parse_json_fact_file_with_serde(input, path, 7, &mut serde_builder);
     match (&decoded, &serde_alone) {
         (Ok(a), Ok(b)) => assert_eq!(a, b),
@@ -27,7 +28,7 @@ fuzz_target!(|input: &[u8]| {
         _ => panic!("decoded {decoded:?} but serde_json alone {serde_alone:?}"),
     }
     assert!(builder.store() == serde_builder.store(), "the fast path left another store");
-    let mut tree_builder = Builder::new();
+    let mut tree_builder = pool::builder();
     let via_tree = parse_fact_file_via_tree(input, path, 7, &mut tree_builder);
     match (&decoded, &via_tree) {
         (Ok(new), Ok(old)) => {

@@ -1,6 +1,7 @@
 //! The kick planner's state (`kicks.msgpack`) as found in the cache dir: decoded as
 //! the kick service reads it, then given to a planner that plans from it; its role
-//! graph (edges and kick counts) read, grown and aged.
+//! graph (edges and kick counts) read, grown and aged; merged into a planner that
+//! holds unsaved changes (as after a full disk), which plans on.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -13,6 +14,10 @@ fuzz_target!(|input: &[u8]| {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     let config = CONFIG.get_or_init(|| Config::defaults(&puppet_kicker_fuzz::fleet_settings("")));
     let Ok(state) = decode_state(Path::new("kicks.msgpack"), input) else { return };
+    let mut unsaved = Planner::new(config.kick.planner.clone(), state.clone());
+    unsaved.merge_unsaved(state.clone());
+    assert!(unsaved.state().outcomes.len() <= config.kick.planner.keep_outcomes);
+    let _ = unsaved.due(1_700_000_000_000);
     let mut planner = Planner::new(config.kick.planner.clone(), state);
     std::hint::black_box((planner.undelivered(), planner.next_wakeup(), planner.state().counters));
     // The role graph as loaded (edges with their kick counts), then grown and aged.

@@ -1,20 +1,26 @@
 //! An answer of PuppetDB's inventory as the puppetdb source decodes it, facts
 //! straight into the store: the fast path (where it takes an entry) and serde_json
 //! alone give the same entries, warnings, error and store, id for id; a refused
-//! answer leaves the builder fit for the next one.
+//! answer leaves the builder fit for the next one. The same bytes as the source's
+//! two other answers: a listing (certnames and timestamps, each of which must then
+//! read as a time) and the nodes deactivated or expired.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use puppet_kicker::source::puppetdb::decode::{inventory, inventory_with_serde};
-use puppet_kicker::store::Builder;
+use puppet_kicker::source::puppetdb::decode::{gone, inventory, inventory_with_serde, listing};
+use puppet_kicker_fuzz::pool;
 
 const NEXT: &[u8] = br#"[{"certname": "next", "timestamp": "2026-11-26T02:33:00.000Z", "environment": null,
     "facts": {"b": [1, {"c": "d"}], "a": 2.5}, "trusted": {"certname": "next"}}]"#;
 
 fuzz_target!(|input: &[u8]| {
-    let (mut builder, mut entries, mut warnings) = (Builder::new(), Vec::new(), Vec::new());
+    if let Ok(listed) = listing(input) {
+        assert!(listed.iter().all(|l| puppet_kicker::time::parse_timestamp(&l.timestamp).is_some()), "{listed:?}");
+    }
+    std::hint::black_box(gone(input).ok());
+    let (mut builder, mut entries, mut warnings) = (pool::builder(), Vec::new(), Vec::new());
     let decoded = inventory(input, &mut builder, &mut entries, &mut warnings);
-    let (mut serde_builder, mut serde_entries, mut serde_warnings) = (Builder::new(), Vec::new(), Vec::new());
+    let (mut serde_builder, mut serde_entries, mut serde_warnings) = (pool::builder(), Vec::new(), Vec::new());
     let serde_alone = inventory_with_serde(input, &mut serde_builder, &mut serde_entries, &mut serde_warnings);
     assert_eq!(decoded, serde_alone);
     assert_eq!(entries, serde_entries);

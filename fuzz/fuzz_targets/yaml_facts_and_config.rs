@@ -12,6 +12,7 @@ use libfuzzer_sys::fuzz_target;
 use puppet_kicker::source::puppet_cache::{parse_fact_file, parse_yaml_fact_file_via_tree, Format};
 use puppet_kicker::store::Builder;
 use puppet_kicker::{Config, PuppetSettings};
+use puppet_kicker_fuzz::pool;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -20,7 +21,7 @@ const NEXT: &[u8] = b"name: next\nvalues:\n  b: [1, {c: d}]\n  a: 2.5\n";
 fuzz_target!(|input: &[u8]| {
     let Ok(text) = std::str::from_utf8(input) else { return };
     let tree = puppet_kicker::yaml::parse(text);
-    let mut builder = Builder::new();
+    let mut builder = pool::builder();
     let mark = builder.open();
     match (&tree, puppet_kicker::yaml::decode(text, &mut builder)) {
         (Ok(tree), Ok(id)) => {
@@ -40,7 +41,7 @@ fuzz_target!(|input: &[u8]| {
 
     let path = Path::new("fuzz.example.com.yaml");
     let decoded = parse_fact_file(input, Format::Yaml, path, 7, &mut builder);
-    let mut tree_builder = Builder::new();
+    let mut tree_builder = pool::builder();
     let via_tree = parse_yaml_fact_file_via_tree(input, path, 7, &mut tree_builder);
     match (&decoded, &via_tree) {
         (Ok(new), Ok(old)) => {

@@ -1,5 +1,7 @@
 //! What the fuzz targets share: a small fixed fleet to query, configured in a scratch
-//! directory of the fuzzing process.
+//! directory of the fuzzing process, and builders emptied for each input ([`pool`]).
+
+pub mod pool;
 
 use puppet_kicker::index::reference;
 use puppet_kicker::{Index, PuppetSettings, Service};

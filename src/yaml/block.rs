@@ -54,7 +54,8 @@ fn simple_characters(text: &str) -> bool {
     })
 }
 
-/// The non-blank lines; `None` when a line could open or close a document.
+/// The non-blank lines; `None` when a line could open or close a document (only
+/// the first may be `---`, the header; none may be `...`, even the first).
 fn split_lines(text: &str) -> Option<Vec<Line<'_>>> {
     let mut lines = Vec::with_capacity(text.len() / 24);
     for line in text.split('\n') {
@@ -64,7 +65,7 @@ fn split_lines(text: &str) -> Option<Vec<Line<'_>>> {
             continue;
         }
         let indent = content.len() - body.len();
-        if indent == 0 && (body.starts_with("---") || body.starts_with("...")) && !lines.is_empty() {
+        if indent == 0 && (body.starts_with("---") && !lines.is_empty() || body.starts_with("...")) {
             return None;
         }
         lines.push(Line { indent, text: body });
@@ -410,6 +411,10 @@ mod tests {
             "--- 1\n",
             "a: 1\n--- \nb: 2\n",
             "a: 1\n...\n",
+            // Found by the yaml_facts_and_config fuzz target: taken as {"...": null},
+            // where the full parser reads a document end marker, then refuses the rest.
+            "... :\n",
+            "...\na: 1\n",
             "a: &x 1\nb: *x\n",
             "a: !!str 3\n",
             "a: [1, 2]\n",

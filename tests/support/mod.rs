@@ -8,27 +8,29 @@ pub fn is_root() -> bool {
     std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
 }
 
+/// For a test marked `#[ignore = "needs root"]`: fails, saying so, when not root, so
+/// that such a test never passes without running. `script/test` runs them (CI is root).
+pub fn require_root() {
+    assert!(is_root(), "this test needs root (it chowns or mounts); run it as root, as script/test does in CI");
+}
+
 /// A tmpfs of `size` bytes mounted on `dir` until dropped.
 pub struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// `None` (the test skips, saying why) only when not root and mounting is refused.
-    pub fn mount(dir: &Path, size: usize) -> Option<Tmpfs> {
+    /// Needs root: the test that mounts one is marked `#[ignore = "needs root"]`.
+    pub fn mount(dir: &Path, size: usize) -> Tmpfs {
+        require_root();
         let c = |s: &str| std::ffi::CString::new(s).unwrap();
         let target = c(dir.to_str().unwrap());
         let options = c(&format!("size={size},mode=0750"));
         let rc = unsafe {
             libc::mount(c("tmpfs").as_ptr(), target.as_ptr(), c("tmpfs").as_ptr(), 0, options.as_ptr().cast())
         };
-        if rc == 0 {
-            return Some(Tmpfs(dir.to_path_buf()));
+        if rc != 0 {
+            panic!("cannot mount a tmpfs on {}: {}", dir.display(), std::io::Error::last_os_error());
         }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EPERM) && !is_root() {
-            eprintln!("skipped: mounting a tmpfs needs root ({err}); CI runs this test as root");
-            return None;
-        }
-        panic!("cannot mount a tmpfs on {}: {err}", dir.display());
+        Tmpfs(dir.to_path_buf())
     }
 }
 

@@ -65,18 +65,28 @@ pub fn digests(messages: &[&[u8]], suffix: &[u8]) -> Vec<[u8; 16]> {
 
 /// [`digests`] by `engine`; by md-5 when this CPU lacks it.
 pub fn digests_with(engine: Engine, messages: &[&[u8]], suffix: &[u8]) -> Vec<[u8; 16]> {
+    hashed_by(engine, messages, suffix).1
+}
+
+/// [`digests_with`], and the engine that hashed: `engine`, or md-5 where this CPU
+/// lacks it (the tests assert which ran).
+fn hashed_by(engine: Engine, messages: &[&[u8]], suffix: &[u8]) -> (Engine, Vec<[u8; 16]>) {
     match engine {
         #[cfg(target_arch = "x86_64")]
         Engine::Avx2Lanes if std::arch::is_x86_feature_detected!("avx2") => {
             // SAFETY: the CPU has AVX2, checked just above.
-            schedule::run(messages, suffix, |state, blocks| unsafe { avx2::compress::<16, 2>(state, blocks) })
+            let digests =
+                schedule::run(messages, suffix, |state, blocks| unsafe { avx2::compress::<16, 2>(state, blocks) });
+            (Engine::Avx2Lanes, digests)
         }
         #[cfg(target_arch = "x86_64")]
         Engine::Avx512Lanes if std::arch::is_x86_feature_detected!("avx512f") => {
             // SAFETY: the CPU has AVX-512F, checked just above.
-            schedule::run(messages, suffix, |state, blocks| unsafe { avx512::compress::<32, 2>(state, blocks) })
+            let digests =
+                schedule::run(messages, suffix, |state, blocks| unsafe { avx512::compress::<32, 2>(state, blocks) });
+            (Engine::Avx512Lanes, digests)
         }
-        _ => messages.iter().map(|m| one(m, suffix)).collect(),
+        _ => (Engine::OneAtATime, messages.iter().map(|m| one(m, suffix)).collect()),
     }
 }
 

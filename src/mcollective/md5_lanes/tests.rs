@@ -17,16 +17,50 @@ fn bytes(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Every engine this CPU runs (any other falls back to md-5, and is tested as such).
+/// Every engine (one this CPU lacks falls back to md-5: [`ran`] says which).
 fn engines() -> Vec<Engine> {
     vec![Engine::OneAtATime, Engine::Avx2Lanes, Engine::Avx512Lanes]
+}
+
+/// The CPU's feature flags as the kernel reports them (`/proc/cpuinfo`), read apart
+/// from std's detection that the engines are chosen by.
+fn cpu_flags() -> &'static [String] {
+    static FLAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    FLAGS.get_or_init(|| {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo is readable");
+        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).and_then(|l| l.split_once(':'));
+        flags.map_or_else(Vec::new, |(_, flags)| flags.split_whitespace().map(str::to_string).collect())
+    })
+}
+
+/// Whether the CPU has `flag` (x86_64 only: the lanes are x86_64's).
+fn has(flag: &str) -> bool {
+    cfg!(target_arch = "x86_64") && cpu_flags().iter().any(|f| f == flag)
+}
+
+/// The engine that must hash when `engine` is asked for: itself where the CPU has
+/// its instructions, else md-5.
+fn ran(engine: Engine) -> Engine {
+    match engine {
+        Engine::Avx2Lanes if has("avx2") => Engine::Avx2Lanes,
+        Engine::Avx512Lanes if has("avx512f") => Engine::Avx512Lanes,
+        _ => Engine::OneAtATime,
+    }
+}
+
+/// `engine`'s digests, asserting that the engine the CPU allows is the one that ran.
+fn hashed(engine: Engine, messages: &[&[u8]], suffix: &[u8]) -> Vec<[u8; 16]> {
+    let (by, digests) = hashed_by(engine, messages, suffix);
+    let cpu = format!("avx2 {}, avx512f {}", has("avx2"), has("avx512f"));
+    assert_eq!(by, ran(engine), "asked for {engine:?} on a CPU with {cpu}");
+    digests
 }
 
 fn check(messages: &[Vec<u8>], suffix: &[u8]) {
     let refs: Vec<&[u8]> = messages.iter().map(Vec::as_slice).collect();
     let expected: Vec<[u8; 16]> = refs.iter().map(|m| one(m, suffix)).collect();
     for engine in engines() {
-        let got = digests_with(engine, &refs, suffix);
+        let got = hashed(engine, &refs, suffix);
         assert!(
             got == expected,
             "{engine:?}: lengths {:?}, suffix {}",
@@ -35,6 +69,23 @@ fn check(messages: &[Vec<u8>], suffix: &[u8]) {
         );
     }
     assert!(digests(&refs, suffix) == expected);
+}
+
+#[test]
+fn the_vector_engines_run_where_the_cpu_has_them() {
+    let messages: Vec<&[u8]> = vec![b"body"; 40];
+    let ran_by: Vec<Engine> = engines().into_iter().map(|engine| hashed_by(engine, &messages, b"psk").0).collect();
+    eprintln!("CPU: avx2 {}, avx512f {}; asked {:?}, ran {ran_by:?}", has("avx2"), has("avx512f"), engines());
+    let avx2 = if has("avx2") { Engine::Avx2Lanes } else { Engine::OneAtATime };
+    let avx512 = if has("avx512f") { Engine::Avx512Lanes } else { Engine::OneAtATime };
+    assert_eq!(ran_by, [Engine::OneAtATime, avx2, avx512]);
+    // What `digests` picks by batch size: AVX-512 from 32 messages, AVX2 from 4.
+    let widest = if has("avx512f") { avx512 } else { avx2 };
+    assert_eq!(Engine::detected(), widest);
+    assert_eq!(Engine::for_batch(3), Engine::OneAtATime);
+    assert_eq!(Engine::for_batch(4), avx2);
+    assert_eq!(Engine::for_batch(31), avx2);
+    assert_eq!(Engine::for_batch(32), widest);
 }
 
 #[test]
@@ -51,7 +102,7 @@ fn md5_of_known_texts() {
         for (i, case) in cases.iter().enumerate() {
             // One suffix per batch: each case alone, and beside copies of itself.
             let batch = vec![messages[i]; 9];
-            for d in digests_with(engine, &batch, case.1) {
+            for d in hashed(engine, &batch, case.1) {
                 assert_eq!(hex(d), case.2, "{engine:?}");
             }
         }
@@ -109,6 +160,6 @@ fn a_large_batch() {
 #[test]
 fn an_empty_batch() {
     for engine in engines() {
-        assert!(digests_with(engine, &[], b"psk").is_empty());
+        assert!(hashed(engine, &[], b"psk").is_empty());
     }
 }

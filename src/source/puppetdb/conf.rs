@@ -45,6 +45,8 @@ pub enum LineProblem {
     NotHttps { url: String },
     /// `port` is not a port number.
     BadPort,
+    /// An older `server` setting that makes no https URL (`server = pdb prt = 84`).
+    NotHostName { server: String },
 }
 
 impl ConfError {
@@ -67,6 +69,7 @@ impl fmt::Display for LineProblem {
             LineProblem::NotKeyValue => f.write_str("expected 'key = value'"),
             LineProblem::NotHttps { url } => write!(f, "server_urls holds {url:?}, not an https:// URL"),
             LineProblem::BadPort => f.write_str("port is not a port number"),
+            LineProblem::NotHostName { server } => write!(f, "server {server:?} is not a host name"),
         }
     }
 }
@@ -132,7 +135,13 @@ pub fn parse_server_urls(text: &str) -> Result<Vec<String>, ConfError> {
                 }
                 urls = Some(list);
             }
-            "server" if !value.is_empty() => server = Some(value.to_string()),
+            "server" if !value.is_empty() => {
+                // The URL it makes, `https://SERVER:PORT`, is held to server_urls' rule.
+                if !is_https_url(&format!("https://{value}")) || value.contains(['/', '?', '#']) {
+                    return Err(wrong(LineProblem::NotHostName { server: value.to_string() }));
+                }
+                server = Some(value.to_string())
+            }
             "port" => port = Some(value.parse::<u16>().map_err(|_| wrong(LineProblem::BadPort))?),
             _ => {}
         }
@@ -181,6 +190,10 @@ mod tests {
             ": no server_urls in its [main] section"
         );
         assert!(parse_server_urls("[main]\nserver_urls = https://a,\n").is_err(), "an empty entry");
+        // Found by fuzz/fuzz_targets/conf_files.rs: `https://pdb prt = 84:8081` was taken.
+        let e = parse_server_urls("[main]\nserver = pdb prt = 84\n").unwrap_err().to_string();
+        assert!(e.starts_with(r#":2: server "pdb prt = 84" is not a host name"#), "{e}");
+        assert!(parse_server_urls("[main]\nserver = pdb/x\n").is_err());
     }
 
     #[test]
