@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 const TLS_KEYS: [&str; 3] = ["ssl.ca", "ssl.cert", "ssl.key"];
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let Ok(text) = std::str::from_utf8(input) else { return };
     let client_cfg = sandboxed(text);
     let path = Path::new("/etc/puppetlabs/mcollective/client.cfg");

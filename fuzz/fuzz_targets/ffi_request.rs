@@ -25,6 +25,7 @@ const CALLS: [Call; 5] = [pk_select, pk_servers_at, pk_values, pk_note_environme
 const WAYS: usize = 8;
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     static CONFIGURED: Once = Once::new();
     CONFIGURED.call_once(|| {
         let settings = puppet_kicker_fuzz::fleet_settings("");

@@ -50,6 +50,7 @@ fn reply(body: Vec<u8>) -> Reply {
 }
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let Some((&mode, rest)) = input.split_first() else { return };
     // Tight limits now and then, so that the bounds are reached by both readers.
     let limits = if mode & 4 == 0 {

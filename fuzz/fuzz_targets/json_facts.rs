@@ -17,6 +17,7 @@ use std::path::Path;
 const NEXT: &[u8] = br#"{"name": "next", "values": {"b": [1, {"c": "d"}], "a": 2.5}}"#;
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let path = Path::new("fuzz.example.com.json");
     let mut builder = pool::builder();
     let decoded = parse_fact_file(input, Format::Json, path, 7, &mut builder);

@@ -5,6 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let Ok(report) = puppet_kicker::kick::parse_report(input) else { return };
     let _ = puppet_kicker_fuzz::fleet().kick_report(&report);
 });

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     static CONFIG: OnceLock<Config> = OnceLock::new();
     let config = CONFIG.get_or_init(|| Config::defaults(&puppet_kicker_fuzz::fleet_settings("")));
     let Ok(state) = decode_state(Path::new("kicks.msgpack"), input) else { return };

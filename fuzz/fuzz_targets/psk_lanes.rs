@@ -13,6 +13,7 @@ use puppet_kicker::mcollective::md5_lanes::{digests, digests_with, Engine};
 use puppet_kicker::mcollective::psk;
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let Some((&suffix_len, rest)) = input.split_first() else { return };
     let (suffix, rest) = rest.split_at(usize::from(suffix_len).min(rest.len()));
     let messages: Vec<&[u8]> = rest.split(|&b| b == b'|').collect();

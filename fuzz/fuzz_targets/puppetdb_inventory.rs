@@ -14,6 +14,7 @@ const NEXT: &[u8] = br#"[{"certname": "next", "timestamp": "2026-11-26T02:33:00.
     "facts": {"b": [1, {"c": "d"}], "a": 2.5}, "trusted": {"certname": "next"}}]"#;
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     if let Ok(listed) = listing(input) {
         assert!(listed.iter().all(|l| puppet_kicker::time::parse_timestamp(&l.timestamp).is_some()), "{listed:?}");
     }

@@ -8,6 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use puppet_kicker::{Freshness, Query};
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let Some((environment, clauses)) = puppet_kicker_fuzz::environment_and_arguments(input) else { return };
     if let Ok(selection) = puppet_kicker_fuzz::fleet().servers_with_facts(&clauses, environment) {
         for server in selection.servers() {

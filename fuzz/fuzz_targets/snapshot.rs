@@ -9,6 +9,7 @@ use puppet_kicker::{snapshot, Freshness, Query};
 use std::path::Path;
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let Ok(snap) = snapshot::decode(input.to_vec(), Path::new("index.msgpack"), "role") else { return };
     let index = &snap.index;
     for server in index.servers() {

@@ -110,6 +110,7 @@ fn recorded(data: &[u8], version: Version, limits: Limits) -> Outcome {
 }
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     // [version][n][n chunk sizes][stream]
     let Some((&version, rest)) = input.split_first() else { return };
     let Some((&n, rest)) = rest.split_first() else { return };

@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 const NEXT: &[u8] = b"name: next\nvalues:\n  b: [1, {c: d}]\n  a: 2.5\n";
 
 fuzz_target!(|input: &[u8]| {
+    let _cpu = puppet_kicker_fuzz::CpuBudget::start();
     let Ok(text) = std::str::from_utf8(input) else { return };
     let tree = puppet_kicker::yaml::parse(text);
     let mut builder = pool::builder();
