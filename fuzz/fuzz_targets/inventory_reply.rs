@@ -13,15 +13,21 @@
 //!
 //! And as the client and a refresh take it: in a batch of replies whose signatures
 //! are checked together (`decode_replies_verified`, the MD5 lanes), each reply as
-//! when decoded alone; a discovery reply's pong; the refresh's observation
+//! when decoded alone; in a broker's stream of MESSAGE frames among good replies,
+//! through the client's own collect loop (`Client::collect_recorded`: its batches,
+//! its verifier thread from the second full batch, the checks each reply passes):
+//! every reply kept is one decoded alone, the good ones all kept, and this one kept
+//! when it passes the checks; a discovery reply's pong; the refresh's observation
 //! (`observe_since`), then again from the memo it left, without decoding, the same.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use puppet_kicker::mcollective::config::{BrokerHost, Config, Overrides};
 use puppet_kicker::mcollective::marshal::{self, DecodeLimits};
 use puppet_kicker::mcollective::marshal_reader;
 use puppet_kicker::mcollective::message::{decode_replies_verified, is_pong, Reply, ReplyRef, Unread};
-use puppet_kicker::mcollective::RpcReply;
+use puppet_kicker::mcollective::stomp::{self, Frame, Version};
+use puppet_kicker::mcollective::{Client, RpcReply, Value};
 use puppet_kicker::source::mcollective::{
     observation, observation_from_body, observation_two_passes, observe_since, to_json, BodyError, InnerBody, ReplyMemo,
 };
@@ -31,6 +37,11 @@ use std::sync::OnceLock;
 
 const PSK: &str = "fuzz";
 const AT: i64 = 1_700_000_000;
+const REQUEST: &str = "0123456789abcdef0123456789abcdef";
+/// Good replies around this one in a recorded stream: a few, or enough for the
+/// collect loop's verifier thread (it starts at the second full batch of 64).
+const FEW: usize = 2;
+const MANY: usize = 130;
 
 /// A reply that decodes, signed: the rest of a batch.
 fn good() -> &'static [u8] {
@@ -41,7 +52,7 @@ fn good() -> &'static [u8] {
 fn reply(body: Vec<u8>) -> Reply {
     Reply {
         senderid: "node1.example.com".into(),
-        requestid: "0123456789abcdef0123456789abcdef".into(),
+        requestid: REQUEST.into(),
         senderagent: "rpcutil".into(),
         msgtime: AT,
         body: body.into(),
@@ -85,6 +96,7 @@ fuzz_target!(|input: &[u8]| {
             (false, got, _) => assert!(got.is_ok(), "the good reply, in a batch: {got:?}"),
         }
     }
+    collected(&outer, mode);
     let Ok(reply) = old else { return };
     if let Ok(inner) = reply.inner(limits) {
         std::hint::black_box(is_pong(&inner));
@@ -168,5 +180,91 @@ impl Refreshed {
         assert_eq!(reused, first.observations.len(), "an observation is given again, not decoded again");
         assert_eq!(first.accepted + first.malformed, 1);
         Refreshed { observations: first.observations, malformed: first.malformed == 1 }
+    }
+}
+
+/// A client that reads recordings only (its broker is never connected to), with
+/// client.cfg's defaults: a ttl of 60 s, no limit a few replies meet.
+fn client() -> &'static Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let broker = BrokerHost {
+            host: "127.0.0.1".into(),
+            port: 61613,
+            user: String::new(),
+            password: String::new(),
+            tls: None,
+        };
+        let o =
+            Overrides { no_config_file: true, psk: Some(PSK.into()), pool: Some(vec![broker]), ..Overrides::default() };
+        Client::new(Config::resolve("", None, &o, None).expect("a client config"))
+    })
+}
+
+/// Good replies to REQUEST, each from its own sender with its own body: their
+/// MESSAGE frames, and each decoded alone.
+fn goods() -> &'static [(Vec<u8>, Reply)] {
+    static GOODS: OnceLock<Vec<(Vec<u8>, Reply)>> = OnceLock::new();
+    GOODS.get_or_init(|| {
+        (0..MANY)
+            .map(|i| {
+                let body = marshal::encode(&Value::str(format!("v{i}").as_str())).expect("a body");
+                let outer =
+                    Reply { senderid: format!("good{i:03}.example.com"), ..reply(body) }.encode(PSK).expect("a reply");
+                let alone = Reply::decode_verified(&outer, PSK, DecodeLimits::default()).expect("a good reply");
+                (message_frame(outer), alone)
+            })
+            .collect()
+    })
+}
+
+fn message_frame(outer: Vec<u8>) -> Vec<u8> {
+    let frame = Frame::new("MESSAGE")
+        .header("destination", "/reply-queue/fuzz")
+        .header("content-length", outer.len().to_string())
+        .body(outer);
+    stomp::encode(&frame, Version::V1_0).expect("a frame")
+}
+
+/// `outer` in a recorded stream among good replies (first, in the middle or last, by
+/// `mode`; few or many), through the client's collect loop, sent at AT.
+fn collected(outer: &[u8], mode: u8) {
+    // Many (a thread, 131 replies decoded) for one input in about 64: it doubled the
+    // target's time at one in 8.
+    let many = mode >> 3 & 7 == 6 && outer.len().is_multiple_of(8);
+    let goods = &goods()[..if many { MANY } else { FEW }];
+    let at = match mode >> 6 {
+        0 => 0,
+        1 => goods.len() / 2,
+        _ => goods.len(),
+    };
+    let mut stream: Vec<u8> = goods[..at].iter().flat_map(|(frame, _)| frame.iter().copied()).collect();
+    stream.extend(message_frame(outer.to_vec()));
+    stream.extend(goods[at..].iter().flat_map(|(frame, _)| frame.iter().copied()));
+    let got = client().collect_recorded(&stream, REQUEST, "rpcutil", AT, None).expect("whole frames collect");
+    let alone = Reply::decode_verified(outer, PSK, DecodeLimits::default()).ok();
+    for kept in &got.replies {
+        let good = goods.iter().find(|(_, good)| good.senderid == kept.senderid).map(|(_, good)| good);
+        assert!(Some(kept) == alone.as_ref() || Some(kept) == good, "kept {kept:?}, alone {alone:?}");
+    }
+    let kept = |sender: &str| got.replies.iter().any(|r| r.senderid == sender);
+    let ours = alone.as_ref().filter(|r| !goods.iter().any(|(_, good)| good.senderid == r.senderid));
+    if alone.is_none() || ours.is_some() {
+        assert!(goods.iter().all(|(_, good)| kept(&good.senderid)), "a good reply was dropped");
+    }
+    let ttl = 60;
+    match ours {
+        Some(r)
+            if r.requestid == REQUEST && r.senderagent == "rpcutil" && (AT - ttl..=AT + ttl).contains(&r.msgtime) =>
+        {
+            assert!(got.replies.contains(r), "{r:?} passes every check")
+        }
+        Some(r) if r.requestid != REQUEST || r.senderagent != "rpcutil" || r.msgtime < AT - ttl => {
+            assert!(!kept(&r.senderid), "{r:?} was kept")
+        }
+        _ => {}
+    }
+    if alone.is_none() {
+        assert_eq!(got.replies.len(), goods.len(), "only the good replies");
     }
 }
