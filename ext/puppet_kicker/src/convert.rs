@@ -3,10 +3,12 @@
 //! servers have in common (an `os` Hash, a domain): the store gives equal values one
 //! id, and each id is converted once.
 //!
-//! Only functions and macros of MRI's public headers, as rb-sys binds them: a Hash is
-//! `rb_hash_new` filled by one `rb_hash_bulk_insert` (declared public from Ruby 2.6,
-//! `ruby/intern.h`, then `ruby/internal/intern/hash.h` from 3.0), an Array
-//! `rb_ary_new_from_values`, each frozen with `rb_obj_freeze`.
+//! Only functions and macros of MRI's public headers, as rb-sys binds them (one
+//! missing from a Ruby's headers fails the build against it): a Hash is
+//! `rb_hash_new` filled by one `rb_hash_bulk_insert` (public in Ruby 2.7's
+//! `ruby/intern.h` and 3.x's `ruby/internal/intern/hash.h`), or a copy of one
+//! with the same keys ([`same_keys`]); an Array `rb_ary_new_from_values`; each frozen
+//! with `rb_obj_freeze`.
 //!
 //! A server is built under one `rb_protect` with raw C calls, not one protected call
 //! per object: the protected calls were a third of a server's cost. Nothing between
@@ -14,6 +16,7 @@
 //! hold `Copy` values and borrows), so a Ruby exception (only `NoMemoryError` can
 //! come from these calls) skips nothing that needed to run.
 
+use crate::same_keys::Scratch;
 use magnus::rb_sys::{protect, AsRawValue, FromRawValue};
 use magnus::value::{Lazy, ReprValue};
 use magnus::{Error, RArray, RHash, RString, Ruby, Value};
@@ -23,6 +26,7 @@ use rb_sys::{
     rb_ary_cat, rb_ary_new_from_values, rb_hash_bulk_insert, rb_hash_new, rb_obj_freeze, rb_str_new, rb_utf8_encindex,
     ruby_encoding_consts, Qfalse, Qnil, Qtrue, RARRAY_CONST_PTR, RARRAY_LEN, VALUE,
 };
+use rustc_hash::FxHashMap;
 use std::os::raw::{c_char, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -49,7 +53,10 @@ static CONVERTED: Mutex<Converted> = Mutex::new(Converted::new());
 /// - servers' Hashes by position in their index;
 /// - values by store id: equal values have one id, so each is built once;
 /// - fact names by string id, frozen, so a Hash keeps them as they are (a Hash
-///   copies an unfrozen String key).
+///   copies an unfrozen String key);
+///
+/// and the template of each key sequence (see [`same_keys`]): the first Hash built
+/// with it.
 ///
 /// The tables are kept from one generation to the next and never cleared, which
 /// would cost a generation's first call a pass over every id: an entry is `base +
@@ -62,7 +69,20 @@ struct Converted {
     next: u32,
     /// By [`Table`].
     tables: [Vec<u32>; 3],
+    /// Template slots by key sequence (name ids; [`CERTNAME_ID`] for the name the
+    /// binding adds). None until the generation's first (a `const` Mutex cannot
+    /// make a map).
+    templates: Option<FxHashMap<Box<[StrId]>, u32>>,
 }
+
+/// The key id of the `certname` a server gets when no fact has that name (no string
+/// of a store has this id).
+const CERTNAME_ID: StrId = StrId::MAX;
+
+/// Hashes with fewer entries are built by insertion, never copied: copying every
+/// Hash showed no gain over this side by side (`script/bench --compare`), and a
+/// copy of a small Hash would have the bigger table `RHASH_TBL` gives its scratch.
+const COPIED_FROM: usize = 9;
 
 /// One of [`Converted`]'s tables, the index of its entry in `Converted::tables`.
 #[derive(Clone, Copy)]
@@ -74,13 +94,14 @@ enum Table {
 
 impl Converted {
     const fn new() -> Converted {
-        Converted { generation: 0, base: 0, next: 0, tables: [Vec::new(), Vec::new(), Vec::new()] }
+        Converted { generation: 0, base: 0, next: 0, tables: [Vec::new(), Vec::new(), Vec::new()], templates: None }
     }
 
     /// Forgets what earlier generations converted, for `generation`, whose index has
     /// these ids (the tables grow to them, zeroed).
     fn start(&mut self, generation: u64, ids: IdCounts) {
         self.generation = generation;
+        self.templates = None;
         self.base = self.next;
         if self.base > u32::MAX / 2 {
             self.tables.iter_mut().for_each(|table| table.fill(0));
@@ -96,7 +117,7 @@ impl Converted {
 
     /// Forgets what this generation converted (after a failed conversion).
     fn restart(&mut self) {
-        self.base = self.next;
+        (self.base, self.templates) = (self.next, None);
     }
 
     /// The slot of the object converted for `id`, if this generation made one.
@@ -125,7 +146,7 @@ impl Converted {
 /// `Objects::pending`), where the GC neither sees them, so would free them, nor
 /// updates them, so would leave them stale if it moved them; and [`Objects`] reads
 /// the Array's elements in place, through an address that only a GC or a write of
-/// ours can change.
+/// ours can change; and its [`Scratch`] Hashes are referenced from Rust alone.
 pub struct Converter<'r> {
     ruby: &'r Ruby,
     converted: MutexGuard<'static, Converted>,
@@ -133,6 +154,13 @@ pub struct Converter<'r> {
     was_disabled: bool,
     /// Pairs and items waiting for their container, innermost last.
     stack: Vec<VALUE>,
+    /// The key ids of the pairs on `stack`, which pick a Hash's template.
+    key_ids: Vec<StrId>,
+    /// The scratch copy of each template used, by template slot.
+    scratch: FxHashMap<u32, Scratch>,
+    /// How many Hashes were copies (for the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    copies: usize,
 }
 
 impl<'r> Converter<'r> {
@@ -163,7 +191,17 @@ impl<'r> Converter<'r> {
         }
         let was_disabled = ruby.gc_disable();
         let objects = Objects::new(holder.entry::<RArray>(0)?);
-        Ok(Converter { ruby, converted, objects, was_disabled, stack: Vec::with_capacity(1024) })
+        let (stack, key_ids) = (Vec::with_capacity(1024), Vec::with_capacity(512));
+        Ok(Converter {
+            ruby,
+            converted,
+            objects,
+            was_disabled,
+            stack,
+            key_ids,
+            scratch: FxHashMap::default(),
+            copies: 0,
+        })
     }
 
     /// The frozen Array returned for this answer before, if any.
@@ -219,9 +257,11 @@ impl<'r> Converter<'r> {
             }
         });
         self.stack.clear();
+        self.key_ids.clear();
         if panic.is_some() || outcome.is_err() {
             self.converted.restart();
             self.objects.pending.clear();
+            self.scratch.clear();
         }
         match panic {
             Some(payload) => Err(crate::raise(self.ruby, Failure::panic(&*payload))),
@@ -231,13 +271,16 @@ impl<'r> Converter<'r> {
 
     /// The server's Hash, and its slot.
     fn server_hash(&mut self, server: Server) -> (VALUE, u32) {
-        let base = self.stack.len();
+        let base = (self.stack.len(), self.key_ids.len());
         for entry in server.entry_ids() {
-            let pair = match entry {
-                Entry::Value(id, value) => [self.key(id, |id| server.name(id)), self.value(value)],
-                Entry::Certname(certname) => [self.ruby.get_inner(&CERTNAME).as_raw(), frozen_str(certname)],
+            let (id, pair) = match entry {
+                Entry::Value(id, value) => (id, [self.key(id, |id| server.name(id)), self.value(value)]),
+                Entry::Certname(certname) => {
+                    (CERTNAME_ID, [self.ruby.get_inner(&CERTNAME).as_raw(), frozen_str(certname)])
+                }
             };
             self.stack.extend(pair);
+            self.key_ids.push(id);
         }
         self.hash_from(base)
     }
@@ -283,10 +326,11 @@ impl<'r> Converter<'r> {
                 self.keep(array)
             }
             Kind::Object(object) => {
-                let base = self.stack.len();
+                let base = (self.stack.len(), self.key_ids.len());
                 for (key_id, item) in object.ids() {
                     let pair = [self.key(key_id, |id| value.store().str(id)), self.value(item)];
                     self.stack.extend(pair);
+                    self.key_ids.push(key_id);
                 }
                 self.hash_from(base)
             }
@@ -296,18 +340,42 @@ impl<'r> Converter<'r> {
     }
 
     /// A frozen Hash of the pairs on the stack from `base` (keys and values
-    /// alternating, keys distinct), which it pops, and its slot.
-    fn hash_from(&mut self, base: usize) -> (VALUE, u32) {
-        let pairs = &self.stack[base..];
-        // SAFETY: the pairs are live objects or immediates (kept, with the GC off);
-        // `rb_hash_bulk_insert` sizes the new Hash's table once for all of them.
-        let hash = unsafe {
-            let hash = rb_hash_new();
-            rb_hash_bulk_insert(pairs.len() as c_long, pairs.as_ptr(), hash);
-            rb_obj_freeze(hash)
+    /// alternating, keys distinct; their key ids from its second index), which it
+    /// pops, and its slot: a copy of the template with these keys, if there is one
+    /// ([`same_keys`]), else built by insertion and kept as the template.
+    fn hash_from(&mut self, (base, keys_base): (usize, usize)) -> (VALUE, u32) {
+        let (pairs, keys) = (&self.stack[base..], &self.key_ids[keys_base..]);
+        let copied = keys.len() >= COPIED_FROM;
+        let templates = self.converted.templates.get_or_insert_with(FxHashMap::default);
+        let template = if copied { templates.get(keys).copied() } else { None };
+        let copy = template.and_then(|slot| {
+            let objects = &self.objects;
+            // SAFETY: the template is a live Hash (kept), the pairs live objects or
+            // immediates (kept), and the GC off while the converter lives.
+            let scratch = self.scratch.entry(slot).or_insert_with(|| unsafe { Scratch::new(objects.get(slot)) });
+            unsafe { scratch.copy(pairs) }
+        });
+        let hash = match copy {
+            Some(copy) => {
+                self.copies += 1;
+                copy
+            }
+            // SAFETY: as above; `rb_hash_bulk_insert` sizes the new Hash's table
+            // once for all of the pairs.
+            None => unsafe {
+                let hash = rb_hash_new();
+                rb_hash_bulk_insert(pairs.len() as c_long, pairs.as_ptr(), hash);
+                hash
+            },
         };
+        let (hash, slot) = self.keep(unsafe { rb_obj_freeze(hash) });
+        if template.is_none() && copied {
+            let templates = self.converted.templates.get_or_insert_with(FxHashMap::default);
+            templates.insert(self.key_ids[keys_base..].into(), slot);
+        }
         self.stack.truncate(base);
-        self.keep(hash)
+        self.key_ids.truncate(keys_base);
+        (hash, slot)
     }
 }
 
@@ -409,6 +477,11 @@ fn utf8_index() -> i32 {
 
 #[cfg(test)]
 impl Converter<'_> {
+    /// How many Hashes were copies of a template.
+    pub(crate) fn copies(&self) -> usize {
+        self.copies
+    }
+
     /// Values waiting for their container: none between calls.
     pub(crate) fn pending(&self) -> usize {
         self.stack.len()
@@ -462,6 +535,7 @@ mod converted_tests {
 
         converted.restart();
         assert_eq!(converted.slot(Table::Values, 9), None, "a restarted generation starts empty");
+        assert!(converted.templates.is_none());
     }
 
     #[test]
@@ -511,9 +585,10 @@ pub(crate) mod tests {
         facts
     }
 
-    /// Configures the core on `servers` (role, facts), in a new directory.
-    fn fleet(ruby: &Ruby, servers: &[Json]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("puppet-kicker-convert-{}", std::process::id()));
+    /// Configures a new core on `servers`, in a directory of its own (`name`): a new
+    /// index generation, which no refresh replaces while the test runs.
+    fn fleet(ruby: &Ruby, name: &str, servers: &[Json]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("puppet-kicker-{name}-{}", std::process::id()));
         let facts_dir = dir.join("var/server_data/facts");
         fs::create_dir_all(&facts_dir).unwrap();
         fs::create_dir_all(dir.join("etc")).unwrap();
@@ -530,8 +605,9 @@ pub(crate) mod tests {
         dir
     }
 
-    /// The servers of `role`, converted by one converter.
-    fn converted(ruby: &Ruby, role: &str) -> RArray {
+    /// The servers of `role`, converted by one converter, and how many Hashes it
+    /// copied.
+    fn converted_copies(ruby: &Ruby, role: &str) -> (RArray, usize) {
         let query = Query::ServersWithRole { roles: vec![role.into()], environment: "production".into() };
         let selected = api::select(query).unwrap();
         let mut converter = Converter::new(ruby, &selected).unwrap();
@@ -539,7 +615,11 @@ pub(crate) mod tests {
         for &position in selected.positions() {
             servers.push(converter.server(&selected, position).unwrap()).unwrap();
         }
-        servers
+        (servers, converter.copies())
+    }
+
+    fn converted(ruby: &Ruby, role: &str) -> RArray {
+        converted_copies(ruby, role).0
     }
 
     /// What each server's Hash should be: its facts, with `certname` last when no
@@ -598,9 +678,12 @@ pub(crate) mod tests {
 
     pub(crate) fn servers_are_deep_frozen_hashes_that_share_equal_values(ruby: &Ruby) {
         let servers: Vec<Json> = (1..=3).map(facts).collect();
-        let dir = fleet(ruby, &servers);
-        let converted = converted(ruby, "db");
+        let dir = fleet(ruby, "converted", &servers);
+        let (converted, copies) = converted_copies(ruby, "db");
         assert_eq!(converted.len(), 3);
+        // Past 8 entries: db3's top-level names (db1's; db2 has a `certname` fact),
+        // db2's and db3's `networking` (db1's).
+        assert_eq!(copies, 3, "Hashes copied from the template of their keys");
         let found = problems(ruby, converted, expected(ruby, &servers));
         assert!(found.is_empty(), "{found:#?}");
         let again = self::converted(ruby, "db");
@@ -612,13 +695,13 @@ pub(crate) mod tests {
 
     /// The GC, once the converter is gone, may move every object (compaction); the
     /// generation's objects are still found by slot, and a server converted after it
-    /// shares the values converted before it.
+    /// shares the values converted before it and is copied from their templates.
     pub(crate) fn a_compacting_gc_leaves_every_converted_object_found_by_its_slot(ruby: &Ruby) {
         let mut servers: Vec<Json> = (1..=3).map(facts).collect();
         let mut late = facts(4);
         late["role"] = json!("late");
         servers.push(late);
-        let dir = fleet(ruby, &servers);
+        let dir = fleet(ruby, "compacted", &servers);
         let before = converted(ruby, "db");
         let addresses: Vec<VALUE> = before.into_iter().map(|server| server.as_raw()).collect();
         let compacted: bool = ruby
@@ -633,7 +716,8 @@ pub(crate) mod tests {
         for (first, second) in before.into_iter().zip(after) {
             assert!(first.equal(second).unwrap(), "the same objects after the GC (compacted: {compacted})");
         }
-        let with_late = converted(ruby, "late");
+        let (with_late, copies) = converted_copies(ruby, "late");
+        assert_eq!(copies, 2, "db1's templates, found by slot after the GC, copied for its names and `networking`");
         with_late.unshift(before.entry::<Value>(0).unwrap()).unwrap();
         let found = problems(ruby, with_late, expected(ruby, &[servers[0].clone(), servers[3].clone()]));
         assert!(found.is_empty(), "after the GC (compacted: {compacted}): {found:#?}");
