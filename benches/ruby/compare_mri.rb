@@ -143,7 +143,8 @@ end
 
 short = rev_commit[0, 12]
 this_name = "this commit (`#{head_commit[0, 12]}`#{dirty ? ', dirty' : ''})"
-puts "#{RUBY_DESCRIPTION}; #{count(SERVERS)} servers (synthetic fleet, seed #{SEED}). REV `#{REV}` is `#{short}`. " \
+named = rev_commit.start_with?(REV) ? '' : " (`#{REV}`)"
+puts "#{RUBY_DESCRIPTION}; #{count(SERVERS)} servers (synthetic fleet, seed #{SEED}). REV is `#{short}`#{named}. " \
      "#{ROUNDS} run#{ROUNDS == 1 ? '' : 's'} of `benches/ruby/functions.rb --native-only` with each extension, alternately " \
      "(#{order.map { |s| s == :rev ? 'REV' : 'this' }.join(', ')}), the same fleet, facade and process settings. " \
      "First calls: the median of #{runs[:rev].sum { |r| r['shapes'].first['first_samples'].size }} fresh index " \
