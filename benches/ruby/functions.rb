@@ -8,6 +8,12 @@
 #       native/puppet_kicker_jruby.jar is there (`rake jar`), the Java reader of its
 #       replies, as puppetserver loads them
 #
+# For benches/ruby/compare_mri.rb, which runs it alternately with two builds of the
+# magnus extension: `--native-only` (no pure-Ruby part; the first calls' samples in
+# the results file), `--facts DIR` (the fleet already written there, shared by the
+# runs), `--facade DIR` (the facade loaded from DIR/lib, so the extension from
+# DIR/native).
+#
 # Each query shape is called through the PuppetKicker facade the functions call
 # (configure, query, conversion to Ruby Hashes), in three ways, each next to the
 # pure-Ruby alternative (every fact file parsed into Ruby Hashes once, then `select` +
@@ -31,6 +37,15 @@ require 'time'
 require_relative 'support'
 
 ROOT = BenchSupport::ROOT
+# The value of option `name` (removed from ARGV), if given.
+def option(name)
+  at = ARGV.index(name) or return nil
+  ARGV.delete_at(at)
+  ARGV.delete_at(at) || abort("benches/ruby/functions.rb: #{name} needs a value")
+end
+NATIVE_ONLY = !ARGV.delete('--native-only').nil?
+SHARED_FACTS = option('--facts')
+FACADE = option('--facade') || ROOT
 SERVERS = Integer(ARGV.fetch(0, '10000'))
 SEED = 1
 ENVIRONMENT = 'production'
@@ -46,7 +61,7 @@ FIRST_WARM_UP = JRUBY ? 15 : 2
 DISTINCT_GOAL = 100.0
 FIRST_GOAL = 1.0
 
-BenchSupport.require_facade
+BenchSupport.require_facade(FACADE)
 library = PuppetKicker::LIBRARIES.fetch(PuppetKicker.backend)
 abort "benches/ruby/functions.rb: #{library} is missing; run `rake compile` first" unless File.exist?(library)
 
@@ -198,13 +213,14 @@ backend = "#{PuppetKicker.backend} backend#{reader ? ", #{reader}" : ''}"
 warn "==> #{engine}, #{backend}: #{SERVERS} servers"
 
 dir = BenchSupport.scratch_dir('pk-bench-functions')
-facts_dir = File.join(dir, 'var', 'server_data', 'facts')
-BenchSupport.synthetic_fleet(facts_dir, SERVERS, SEED, out: $stderr)
+facts_dir = SHARED_FACTS || File.join(dir, 'var', 'server_data', 'facts')
+BenchSupport.synthetic_fleet(facts_dir, SERVERS, SEED, out: $stderr) unless SHARED_FACTS
 # A long ttl, so that no background refresh competes with the measurements.
 config = File.join(dir, 'puppet_kicker.yaml')
 File.write(config, "cache:\n  ttl: 1d\n  cold_start_timeout: 5m\n")
 ENV['PUPPET_KICKER_CONFIG'] = config
-Puppet.settings = { confdir: File.join(dir, 'etc'), vardir: File.join(dir, 'var'), server_datadir: nil }
+Puppet.settings = { confdir: File.join(dir, 'etc'), vardir: File.join(dir, 'var'),
+                    server_datadir: SHARED_FACTS && File.dirname(SHARED_FACTS), }
 
 # The native path is measured first, before the pure-Ruby data exists: 10,000
 # preloaded fact Hashes on the Ruby heap would slow every garbage collection the
@@ -238,7 +254,7 @@ results = SHAPES.map do |shape|
     BenchSupport.collect_garbage
     Benchmark.realtime { call[nil] }
   end
-  first = BenchSupport.stats(samples.last(FIRST_SAMPLES))
+  first = BenchSupport.stats(samples.last(FIRST_SAMPLES)).merge(values: samples.last(FIRST_SAMPLES))
   fresh_generation.call
   base = names(call[nil])
   raise "#{shape.label}: selects no server" if base.empty?
@@ -252,6 +268,26 @@ results = SHAPES.map do |shape|
   { shape: shape, names: base, first: first, distinct: distinct, identical: identical }
 end
 overhead = measure { PuppetKicker.servers_with_role('pk-bench-none', ENVIRONMENT) }
+
+if NATIVE_ONLY
+  puts "#{engine}, #{backend} from #{library}; #{count(SERVERS)} servers. Medians."
+  puts
+  puts '| Query shape (servers returned) | first call | distinct call | identical call |'
+  puts '| --- | ---: | ---: | ---: |'
+  results.each do |r|
+    figures = %i[first distinct identical].map { |k| human(r[k][:median]) }
+    puts "| #{cell("`#{r[:shape].label}` (#{count(r[:names].size)})")} | #{figures.join(' | ')} |"
+  end
+  if (file = ENV.fetch('PK_BENCH_RESULTS', nil))
+    shapes = results.map do |r|
+      { 'shape' => r[:shape].label, 'returned' => r[:names].size, 'first_samples' => r[:first][:values],
+        **%i[first distinct identical].to_h { |k| [k.to_s, { 'native' => r[k][:median], 'samples' => r[k][:samples] }] }, }
+    end
+    File.write(file, JSON.pretty_generate('engine' => engine, 'backend' => PuppetKicker.backend, 'library' => library,
+                                          'servers' => SERVERS, 'shapes' => shapes, 'overhead' => overhead[:median]))
+  end
+  exit
+end
 
 BenchSupport.collect_garbage
 rss = rss_mb

@@ -10,15 +10,16 @@ module BenchSupport
 
   module_function
 
-  # Loads the PuppetKicker facade. Outside Puppet, a stand-in Puppet module gives it
-  # what it reads there: `Puppet.settings` (set by the benchmark) and warnings, to stderr.
-  def require_facade
+  # Loads the PuppetKicker facade from `root`/lib (which loads its libraries from
+  # `root`/native). Outside Puppet, a stand-in Puppet module gives it what it reads
+  # there: `Puppet.settings` (set by the benchmark) and warnings, to stderr.
+  def require_facade(root = ROOT)
     unless defined?(::Puppet)
       puppet = Object.const_set(:Puppet, Module.new)
       puppet.singleton_class.send(:attr_accessor, :settings)
       puppet.define_singleton_method(:warning) { |message| warn("warning: #{message}") }
     end
-    require File.join(ROOT, 'lib', 'puppet_kicker')
+    require File.join(root, 'lib', 'puppet_kicker')
   end
 
   # A full collection, as GC.start is on MRI. JRuby's GC.start does nothing (no

@@ -29,8 +29,7 @@ describe 'the two backends' do
     'api1.example.com' => { 'role' => 'api', 'hostname' => 'api1', 'environment' => 'staging' },
   }
   # Servers with the same fact names, more than 8 (MRI's array tables), at the top and
-  # nested: the magnus backend copies the first such Hash for the next ones (db3's
-  # `networking` has one name more, so it is built anew).
+  # nested, but db3's `networking`, which has one name more.
   db = lambda do |n|
     networking = (1..10).to_h { |i| ["field#{i}", i == 5 ? n * 10 : "#{n}-#{i}"] }
     networking['extra'] = { 'nested' => n } if n == 3

@@ -7,8 +7,7 @@
 
 mod convert;
 mod gvl;
-mod layout;
-mod template;
+mod same_keys;
 
 use convert::Converter;
 
@@ -247,7 +246,9 @@ mod tests {
         a_panic_in_the_core_without_the_gvl_is_a_puppet_kicker_error(&ruby);
         a_server_past_the_end_of_its_index_is_a_puppet_kicker_error(&ruby);
         a_panic_or_a_ruby_exception_while_converting_is_an_error_and_leaves_the_stack_empty(&ruby);
-        template::tests::a_copy_is_the_hash_insertion_builds(&ruby);
+        same_keys::tests::a_copy_is_the_hash_insertion_builds(&ruby);
+        convert::tests::servers_are_deep_frozen_hashes_that_share_equal_values(&ruby);
+        convert::tests::a_compacting_gc_leaves_every_converted_object_found_by_its_slot(&ruby);
     }
 
     fn each_failure_kind_raises_the_class_the_facade_lists(ruby: &Ruby) {
