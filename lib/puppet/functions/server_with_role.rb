@@ -19,8 +19,8 @@ Puppet::Functions.create_function(:server_with_role) do
   end
 
   def server_with_role(role, default = nil)
-    PuppetKicker::Functions.answer(closure_scope, 'server_with_role') do
-      server = PuppetKicker.server_with_role(role, PuppetKicker::Functions.environment_of(closure_scope))
+    PuppetKicker::Functions.answer(closure_scope, 'server_with_role') do |compile|
+      server = PuppetKicker.server_with_role(role, compile.environment, compile)
       server.nil? ? default : server
     end
   end

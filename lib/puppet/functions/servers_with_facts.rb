@@ -27,8 +27,8 @@ Puppet::Functions.create_function(:servers_with_facts) do
   end
 
   def servers_with_facts(*clauses)
-    PuppetKicker::Functions.answer(closure_scope, 'servers_with_facts') do
-      PuppetKicker.servers_with_facts(clauses, PuppetKicker::Functions.environment_of(closure_scope))
+    PuppetKicker::Functions.answer(closure_scope, 'servers_with_facts') do |compile|
+      PuppetKicker.servers_with_facts(clauses, compile.environment, compile)
     end
   end
 end

@@ -34,8 +34,8 @@ Puppet::Functions.create_function(:servers_with_role) do
   end
 
   def servers_with_role(role, environment = nil)
-    PuppetKicker::Functions.answer(closure_scope, 'servers_with_role') do
-      PuppetKicker.servers_with_role(role, environment || PuppetKicker::Functions.environment_of(closure_scope))
+    PuppetKicker::Functions.answer(closure_scope, 'servers_with_role') do |compile|
+      PuppetKicker.servers_with_role(role, environment || compile.environment, compile)
     end
   end
 end
