@@ -24,6 +24,9 @@ module PuppetKicker
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
     MAX_ANSWERS = 512
+    # The key of an answer in the nested Hashes answers are held in (#held): no
+    # argument is this object.
+    ANSWER = Object.new.freeze
     # Notes (certname => environment) remembered before they are all forgotten.
     MAX_NOTED = 100_000
 
@@ -81,15 +84,15 @@ module PuppetKicker
       end
 
       def servers_with_role(roles, environment)
-        servers('op' => 'servers_with_role', 'roles' => roles, 'environment' => environment)
+        servers('servers_with_role', 'roles', roles, environment)
       end
 
       def server_with_role(roles, environment)
-        servers('op' => 'server_with_role', 'roles' => roles, 'environment' => environment).first
+        servers('server_with_role', 'roles', roles, environment).first
       end
 
       def servers_with_facts(clauses, environment)
-        servers('op' => 'servers_with_facts', 'clauses' => clauses, 'environment' => environment)
+        servers('servers_with_facts', 'clauses', clauses, environment)
       end
 
       # Every function call notes its node's environment, nearly always the one noted
@@ -205,28 +208,68 @@ module PuppetKicker
       # A held answer the core says is still the answer (pk_answer_holds: no JSON;
       # it queues a refresh of a stale index as the query would) is returned as it
       # is; else the query is asked with pk_select.
-      def servers(query)
-        key = JSON.generate(query)
-        held = @cache_lock.synchronize { @answers[key] }
+      def servers(function, field, arguments, environment)
+        held = @cache_lock.synchronize { held(function, environment, arguments) }
         return held[1] if held && @lib.pk_answer_holds(held[0]) == 1
 
+        query = { 'op' => function, field => arguments, 'environment' => environment }
         SELECT_ATTEMPTS.times do
-          held = @cache_lock.synchronize { @answers[key] }
+          held = @cache_lock.synchronize { held(function, environment, arguments) }
           selected = request(:pk_select, held ? query.merge('known' => held[0]) : query)
-          found = @cache_lock.synchronize { answer(key, selected, held) }
+          found = @cache_lock.synchronize { answer([function, environment, arguments], selected, held) }
           return found if found
         end
         raise PuppetKicker::Error, 'puppet-kicker: the index kept changing while it was read; try again'
       end
 
+      # Answers are held by their query: in nested Hashes, one level per string of
+      # the query (function, environment, each argument), the answer under the key ANSWER.
+      # Looking a query up is then a few lookups by String, which cost a fraction of
+      # hashing an Array of them (JRuby guards Array#hash against recursion) or of
+      # writing the query as JSON, which only a call the core answers needs. The
+      # caller holds @cache_lock.
+      def held(function, environment, arguments)
+        return nil unless arguments.is_a?(Array)
+
+        node = @answers[function]
+        node &&= node[environment]
+        i = 0
+        while node && i < arguments.size
+          node = node[arguments[i]]
+          i += 1
+        end
+        node && node[ANSWER]
+      end
+
+      # Holds `answer` ([id, servers]) for the query; the Hash copies each String key
+      # it is given, frozen, so no caller can change one. Queries with arguments of
+      # other types than the functions pass are the core's to refuse: never held.
+      def hold(query, answer)
+        function, environment, arguments = query
+        return unless arguments.is_a?(Array) && arguments.all?(String) && environment.is_a?(String)
+
+        # The core keeps at most a few hundred answers per generation.
+        fresh_answers if @held >= MAX_ANSWERS
+        node = (@answers[function] ||= {})
+        node = (node[environment] ||= {})
+        arguments.each { |argument| node = (node[argument] ||= {}) }
+        @held += 1 unless node.key?(ANSWER)
+        node[ANSWER] = answer
+      end
+
+      def fresh_answers
+        @answers = {}
+        @held = 0
+      end
+
       # The answer's Array: the one held when the reply says it is still the answer,
       # else built from the cache (and kept when the core gave it an id); nil if the
       # index has been replaced since the selection.
-      def answer(key, selected, held)
+      def answer(query, selected, held)
         generation = selected['generation']
         id = selected['answer']
         fresh_generation(generation)
-        return held[1] if !selected.key?('positions') && held && held[0] == id && @answers[key].equal?(held)
+        return held[1] if !selected.key?('positions') && held && held[0] == id && held(*query).equal?(held)
 
         positions = selected['positions']
         return nil if positions.nil?
@@ -235,11 +278,7 @@ module PuppetKicker
         return nil if servers.nil?
 
         servers.freeze
-        unless id.zero?
-          # The core keeps at most a few hundred answers per generation.
-          @answers.clear if @answers.size >= MAX_ANSWERS
-          @answers[key] = [id, servers]
-        end
+        hold(query, [id, servers]) unless id.zero?
         servers
       end
 
@@ -248,7 +287,7 @@ module PuppetKicker
         return if @cache_generation == generation
 
         @cache = {}
-        @answers = {}
+        fresh_answers
         # What pk_fetch sent in this generation, numbered as it sent it: the Java
         # reader's own table (with the Hashes it copies), else an Array.
         @table = @java_reader ? @java_reader.table : []

@@ -181,4 +181,31 @@ describe 'function calls within a compile' do
       expect(calls).to eq(%i[pk_answer_holds pk_answer_holds])
     end
   end
+
+  it 'keeps each answer of the ffi backend under its own query, whatever the callers do with their arguments' do
+    PuppetKicker.with_backend('ffi') do
+      ENV['PUPPET_KICKER_CONFIG'] = master(web('web1').merge(web('web2')).merge(
+                                             'db1.example.com' => { 'fqdn' => 'db1.example.com', 'hostname' => 'db1', 'role' => 'db',
+                                                                    'environment' => 'production', }
+                                           ))
+      PuppetKicker.configure
+      ffi = PuppetKicker.native
+      role = +'web'
+      web = ffi.servers_with_role([role], 'production')
+      role << 'x' # the caller's String, changed: the answer is kept under a copy
+      expect(ffi.servers_with_role(['web'], 'production')).to equal(web)
+      expect(ffi.servers_with_role(['webx'], 'production')).to eq([])
+      # Queries that share a prefix, or the same arguments in another op, are told apart.
+      both = ffi.servers_with_role(%w[web db], 'production')
+      expect(hostnames(both)).to eq(%w[db1 web1 web2])
+      expect(ffi.servers_with_role(['web'], 'production')).to equal(web)
+      expect(hostnames(ffi.servers_with_facts(['role=web'], 'production'))).to eq(%w[web1 web2])
+      expect(ffi.servers_with_role(%w[web db], 'production')).to equal(both)
+      expect(ffi.server_with_role(%w[web db], 'production')).to equal(both.first)
+      expect(ffi.servers_with_role(['web'], 'staging')).to eq([])
+      # Arguments the core refuses are refused each time, never kept.
+      2.times { expect { ffi.servers_with_role([nil], 'production') }.to raise_error(PuppetKicker::Error) }
+      2.times { expect { ffi.servers_with_facts('role=web', 'production') }.to raise_error(PuppetKicker::Error) }
+    end
+  end
 end
