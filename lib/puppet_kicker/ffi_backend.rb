@@ -24,6 +24,8 @@ module PuppetKicker
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
     MAX_ANSWERS = 512
+    # Functions asked of the core as another (see server_with_role).
+    ASKED_AS = { 'server_with_role' => 'servers_with_role' }.freeze
     # The key of an answer in the nested Hashes answers are held in (#held): no
     # argument is this object.
     ANSWER = Object.new.freeze
@@ -87,6 +89,12 @@ module PuppetKicker
         servers('servers_with_role', 'roles', roles, environment)
       end
 
+      # The core's answer to server_with_role has no id (0: its one position is not
+      # the answer's list), so it could not be held: every call asked the core, with
+      # JSON both ways. It is asked as servers_with_role instead, whose answer has
+      # one, and only its first server is converted and held, under that id, for
+      # pk_answer_holds to check as it checks the others'. The price, once per
+      # answer: every position of the role's servers in the reply.
       def server_with_role(roles, environment)
         servers('server_with_role', 'roles', roles, environment).first
       end
@@ -212,7 +220,7 @@ module PuppetKicker
         held = @cache_lock.synchronize { held(function, environment, arguments) }
         return held[1] if held && @lib.pk_answer_holds(held[0]) == 1
 
-        query = { 'op' => function, field => arguments, 'environment' => environment }
+        query = { 'op' => ASKED_AS.fetch(function, function), field => arguments, 'environment' => environment }
         SELECT_ATTEMPTS.times do
           held = @cache_lock.synchronize { held(function, environment, arguments) }
           selected = request(:pk_select, held ? query.merge('known' => held[0]) : query)
@@ -274,6 +282,7 @@ module PuppetKicker
         positions = selected['positions']
         return nil if positions.nil?
 
+        positions = positions.first(1) if query[0] == 'server_with_role'
         servers = cached(generation, positions)
         return nil if servers.nil?
 

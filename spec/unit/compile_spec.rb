@@ -157,28 +157,47 @@ describe 'function calls within a compile' do
 
   before { @started = Time.now }
 
-  it 'makes one C call for a kept answer of the ffi backend in a compile: pk_answer_holds' do
+  it 'makes one C call for a kept answer of each function of the ffi backend in a compile: pk_answer_holds' do
     PuppetKicker.with_backend('ffi') do
       ENV['PUPPET_KICKER_CONFIG'] = master(web('web1').merge(web('web2')))
       compile = new_compile
       clauses = ['role=web', 'hostname=/^web/']
-      kept = [servers_with_role(compile, 'web'),
-              PuppetKicker::Functions.answer(compile, 'servers_with_facts') do |c|
-                PuppetKicker.servers_with_facts(clauses, c.environment, c)
-              end,]
+      calls = {
+        'servers_with_role' => ->(c) { PuppetKicker.servers_with_role('web', c.environment, c) },
+        'servers_with_facts' => ->(c) { PuppetKicker.servers_with_facts(clauses.map(&:dup), c.environment, c) },
+        'server_with_role' => ->(c) { PuppetKicker.server_with_role('web', c.environment, c) },
+      }
+      call = ->(function) { PuppetKicker::Functions.answer(compile, function, &calls[function]) }
+      kept = calls.keys.to_h { |function| [function, call.call(function)] }
+      expect(hostnames(kept['servers_with_role'])).to eq(%w[web1 web2])
+      expect(kept['servers_with_facts']).to eq(kept['servers_with_role'])
+      expect(kept['server_with_role']).to equal(kept['servers_with_role'].first)
+
       lib = PuppetKicker.native.instance_variable_get(:@lib)
-      calls = []
+      made = []
       %i[pk_answer_holds pk_log_pending pk_configure pk_select pk_note_environment pk_fetch].each do |function|
         allow(lib).to receive(function).and_wrap_original do |original, *args|
-          calls << function
+          made << function
           original.call(*args)
         end
       end
-      expect(servers_with_role(compile, 'web')).to equal(kept[0])
-      expect(PuppetKicker::Functions.answer(compile, 'servers_with_facts') do |c|
-        PuppetKicker.servers_with_facts(clauses.map(&:dup), c.environment, c)
-      end).to equal(kept[1])
-      expect(calls).to eq(%i[pk_answer_holds pk_answer_holds])
+      calls.each_key { |function| expect(call.call(function)).to equal(kept[function]) }
+      expect(made).to eq(%i[pk_answer_holds] * 3)
+    end
+  end
+
+  it "converts only the first server for the ffi backend's server_with_role, and holds it" do
+    PuppetKicker.with_backend('ffi') do
+      ENV['PUPPET_KICKER_CONFIG'] = master(web('web1').merge(web('web2')).merge(web('web3')))
+      PuppetKicker.configure
+      ffi = PuppetKicker.native
+      first = ffi.server_with_role(['web'], 'production')
+      expect(first['hostname']).to eq('web1')
+      expect(ffi.instance_variable_get(:@cache).size).to eq(1)
+      expect(ffi.server_with_role(['web'], 'production')).to equal(first)
+      expect(ffi.server_with_role(['nobody'], 'production')).to be_nil
+      # The same server when servers_with_role converts them all.
+      expect(ffi.servers_with_role(['web'], 'production').first).to equal(first)
     end
   end
 
