@@ -121,7 +121,7 @@ module PuppetKicker
       nil
     end
 
-    # The queries. `compile` is the Compile of the function call (Functions.answer),
+    # The queries. `compile` is the Compile of the function call (Functions),
     # which configured the core for it; without one (any other caller), each call
     # configures the core first.
     def servers_with_role(roles, environment, compile = nil)
@@ -160,7 +160,7 @@ module PuppetKicker
         log_warnings
         raise
       end
-      @compile = Compile.new(id, backend, -Functions.environment_of(scope))
+      @compile = Compile.new(id, backend, native, -Functions.environment_of(scope))
     end
 
     def status
@@ -278,14 +278,17 @@ module PuppetKicker
   # What the function calls of one compile share, made by its first call
   # (PuppetKicker.compile), which configured the core for it: the compiler it is for
   # (by object_id, unique for the life of the process, so that a finished compile is
-  # not kept alive), the backend, the compile's environment, and whether the core's
-  # log was taken and the node's environment noted in it.
+  # not kept alive), the backend (and whether it holds answers: #kept), the compile's
+  # environment, and whether the core's log was taken and the node's environment
+  # noted in it.
   class Compile
     attr_reader :id, :backend, :environment
 
-    def initialize(id, backend, environment)
+    def initialize(id, backend, native, environment)
       @id = id
       @backend = backend
+      # A backend that holds answers it can give without a query (the ffi backend).
+      @holder = native.respond_to?(:kept) ? native : nil
       @environment = environment
       @logged = false
       @noted = false
@@ -304,6 +307,12 @@ module PuppetKicker
 
       @noted = true
     end
+
+    # The answer the backend holds for this query while it is still the answer, once
+    # this compile's log was taken and its node noted; else nil.
+    def kept(function, arguments, environment)
+      @holder.kept(function, arguments, environment) if @holder && @logged && @noted
+    end
   end
 
   # What the Puppet functions share: the compiling node's environment and the
@@ -316,19 +325,58 @@ module PuppetKicker
       scope.environment.name.to_s
     end
 
-    # Runs a function's query (the block, given the Compile) for the node being
-    # compiled: notes the node's environment, once per compile, and turns core
-    # errors into the compile error Puppet reports.
-    def answer(scope, function)
+    # The functions' bodies (lib/puppet/functions), here rather than in their files:
+    # Puppet loads those again for each compile of an environment whose
+    # environment_timeout is 0 (its default), so their code is always new to JRuby,
+    # which interprets it; this module's code is loaded once, and compiled once hot.
+    # Each answers with the answer the backend holds while it still is the answer
+    # (Compile#kept: nothing else to do, so the least code), else with its query.
+    def servers_with_role(scope, role, environment)
       compile = PuppetKicker.compile(scope)
-      result = yield compile
+      environment ||= compile.environment
+      compile.kept('servers_with_role', role, environment) ||
+        query(scope, compile) { PuppetKicker.servers_with_role(role, environment, compile) }
+    rescue PuppetKicker::Error => e
+      raise compile_error('servers_with_role', e)
+    end
+
+    # (The backend holds server_with_role's answer as an Array of its one server, or
+    # of none.)
+    def server_with_role(scope, role, default)
+      compile = PuppetKicker.compile(scope)
+      kept = compile.kept('server_with_role', role, compile.environment)
+      server = if kept
+                 kept.first
+               else
+                 query(scope, compile) { PuppetKicker.server_with_role(role, compile.environment, compile) }
+               end
+      server.nil? ? default : server
+    rescue PuppetKicker::Error => e
+      raise compile_error('server_with_role', e)
+    end
+
+    def servers_with_facts(scope, clauses)
+      compile = PuppetKicker.compile(scope)
+      compile.kept('servers_with_facts', clauses, compile.environment) ||
+        query(scope, compile) { PuppetKicker.servers_with_facts(clauses, compile.environment, compile) }
+    rescue PuppetKicker::Error => e
+      raise compile_error('servers_with_facts', e)
+    end
+
+    # Asks a function's query (the block) for the node being compiled, and notes the
+    # node's environment, once per compile.
+    def query(scope, compile)
+      result = yield
       if compile.note_once
         node = scope.compiler.node
         PuppetKicker.note_environment(node.name, compile.environment) if node
       end
       result
-    rescue PuppetKicker::Error => e
-      raise Puppet::ParseError, "#{function}: #{e.message}"
+    end
+
+    # A core error as the compile error Puppet reports.
+    def compile_error(function, error)
+      Puppet::ParseError.new("#{function}: #{error.message}")
     end
   end
 end

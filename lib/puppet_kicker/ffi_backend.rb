@@ -120,6 +120,21 @@ module PuppetKicker
         nil
       end
 
+      # The answer held for the call of `function` with `arguments` (the role, a
+      # String, or the roles or clauses, an Array) about `environment`, while the
+      # core says it still is the answer; else nil. What a function's call in a
+      # compile tries first (PuppetKicker::Compile#kept).
+      def kept(function, arguments, environment)
+        # (lock and unlock: a block less than synchronize, on the path of every call)
+        @cache_lock.lock
+        begin
+          held = held(function, environment, arguments)
+        ensure
+          @cache_lock.unlock
+        end
+        held[1] if held && @lib.pk_answer_holds(held[0]) == 1
+      end
+
       # The kick report processor: `report` is the JSON text lib/puppet_kicker/kick.rb
       # builds; returns [[level, message], ...] to log.
       def kick_report(report)
@@ -217,8 +232,9 @@ module PuppetKicker
       # it queues a refresh of a stale index as the query would) is returned as it
       # is; else the query is asked with pk_select.
       def servers(function, field, arguments, environment)
-        held = @cache_lock.synchronize { held(function, environment, arguments) }
-        return held[1] if held && @lib.pk_answer_holds(held[0]) == 1
+        # (Arguments other than an Array are the core's to refuse.)
+        kept = kept(function, arguments, environment) if arguments.is_a?(Array)
+        return kept if kept
 
         query = { 'op' => ASKED_AS.fetch(function, function), field => arguments, 'environment' => environment }
         SELECT_ATTEMPTS.times do
@@ -237,14 +253,19 @@ module PuppetKicker
       # writing the query as JSON, which only a call the core answers needs. The
       # caller holds @cache_lock.
       def held(function, environment, arguments)
-        return nil unless arguments.is_a?(Array)
-
         node = @answers[function]
         node &&= node[environment]
-        i = 0
-        while node && i < arguments.size
-          node = node[arguments[i]]
-          i += 1
+        case arguments
+        when String # one argument: as [arguments]
+          node &&= node[arguments]
+        when Array
+          i = 0
+          while node && i < arguments.size
+            node = node[arguments[i]]
+            i += 1
+          end
+        else
+          return nil
         end
         node && node[ANSWER]
       end

@@ -13,8 +13,8 @@ module CompileSpec
   Scope = Struct.new(:compiler, :environment)
 end
 
-# The functions' calls within one compile (PuppetKicker::Functions.answer, as the
-# functions in lib/puppet/functions make them): the first configures the core from
+# The functions' calls within one compile (PuppetKicker::Functions, the bodies of the
+# functions in lib/puppet/functions): the first configures the core from
 # Puppet's settings, takes the core's log and notes the node's environment; the others,
 # most of them kept answers, skip all three. A setting changed between compiles is
 # picked up by the next compile, and a kept answer still expires within a compile.
@@ -50,11 +50,9 @@ describe 'function calls within a compile' do
                            CompileSpec::Environment.new(:production))
   end
 
-  # servers_with_role(role) as lib/puppet/functions/servers_with_role.rb calls it.
+  # servers_with_role(role), the body of lib/puppet/functions/servers_with_role.rb.
   def servers_with_role(scope, role)
-    PuppetKicker::Functions.answer(scope, 'servers_with_role') do |compile|
-      PuppetKicker.servers_with_role(role, compile.environment, compile)
-    end
+    PuppetKicker::Functions.servers_with_role(scope, role, nil)
   end
 
   def hostnames(servers)
@@ -163,11 +161,11 @@ describe 'function calls within a compile' do
       compile = new_compile
       clauses = ['role=web', 'hostname=/^web/']
       calls = {
-        'servers_with_role' => ->(c) { PuppetKicker.servers_with_role('web', c.environment, c) },
-        'servers_with_facts' => ->(c) { PuppetKicker.servers_with_facts(clauses.map(&:dup), c.environment, c) },
-        'server_with_role' => ->(c) { PuppetKicker.server_with_role('web', c.environment, c) },
+        'servers_with_role' => -> { PuppetKicker::Functions.servers_with_role(compile, 'web', nil) },
+        'servers_with_facts' => -> { PuppetKicker::Functions.servers_with_facts(compile, clauses.map(&:dup)) },
+        'server_with_role' => -> { PuppetKicker::Functions.server_with_role(compile, 'web', nil) },
       }
-      call = ->(function) { PuppetKicker::Functions.answer(compile, function, &calls[function]) }
+      call = ->(function) { calls[function].call }
       kept = calls.keys.to_h { |function| [function, call.call(function)] }
       expect(hostnames(kept['servers_with_role'])).to eq(%w[web1 web2])
       expect(kept['servers_with_facts']).to eq(kept['servers_with_role'])
@@ -181,8 +179,15 @@ describe 'function calls within a compile' do
           original.call(*args)
         end
       end
+      # Straight from the answer the backend holds: not through the facade's query.
+      %i[servers_with_role servers_with_facts server_with_role].each do |query|
+        allow(PuppetKicker).to receive(query).and_call_original
+      end
       calls.each_key { |function| expect(call.call(function)).to equal(kept[function]) }
       expect(made).to eq(%i[pk_answer_holds] * 3)
+      %i[servers_with_role servers_with_facts server_with_role].each do |query|
+        expect(PuppetKicker).not_to have_received(query)
+      end
     end
   end
 
