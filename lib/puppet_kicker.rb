@@ -152,7 +152,7 @@ module PuppetKicker
     def compile(scope)
       id = scope.compiler.object_id
       current = @compile
-      return current if current && current.id == id && current.backend == backend
+      return current if current && current.id == id && current.backend.equal?(@backend)
 
       begin
         configure
@@ -282,16 +282,18 @@ module PuppetKicker
   # environment, and whether the core's log was taken and the node's environment
   # noted in it.
   class Compile
-    attr_reader :id, :backend, :environment
+    # The backend to ask for the answers it holds (#kept) once this compile's log
+    # was taken and its node noted, when it holds answers (the ffi backend); else nil.
+    attr_reader :id, :backend, :environment, :holder
 
     def initialize(id, backend, native, environment)
       @id = id
       @backend = backend
-      # A backend that holds answers it can give without a query (the ffi backend).
-      @holder = native.respond_to?(:kept) ? native : nil
+      @native = native
       @environment = environment
       @logged = false
       @noted = false
+      @holder = nil
     end
 
     # True the first time only: this call takes the core's log.
@@ -299,6 +301,8 @@ module PuppetKicker
       return false if @logged
 
       @logged = true
+      settle
+      true
     end
 
     # True the first time only: this call notes the node's environment.
@@ -306,12 +310,14 @@ module PuppetKicker
       return false if @noted
 
       @noted = true
+      settle
+      true
     end
 
-    # The answer the backend holds for this query while it is still the answer, once
-    # this compile's log was taken and its node noted; else nil.
-    def kept(function, arguments, environment)
-      @holder.kept(function, arguments, environment) if @holder && @logged && @noted
+    private
+
+    def settle
+      @holder = @native if @logged && @noted && @native.respond_to?(:kept)
     end
   end
 
@@ -330,11 +336,12 @@ module PuppetKicker
     # environment_timeout is 0 (its default), so their code is always new to JRuby,
     # which interprets it; this module's code is loaded once, and compiled once hot.
     # Each answers with the answer the backend holds while it still is the answer
-    # (Compile#kept: nothing else to do, so the least code), else with its query.
+    # (Compile#holder: nothing else to do, so the least code), else with its query.
     def servers_with_role(scope, role, environment)
       compile = PuppetKicker.compile(scope)
       environment ||= compile.environment
-      compile.kept('servers_with_role', role, environment) ||
+      holder = compile.holder
+      holder&.kept('servers_with_role', role, environment) ||
         query(scope, compile) { PuppetKicker.servers_with_role(role, environment, compile) }
     rescue PuppetKicker::Error => e
       raise compile_error('servers_with_role', e)
@@ -344,7 +351,8 @@ module PuppetKicker
     # of none.)
     def server_with_role(scope, role, default)
       compile = PuppetKicker.compile(scope)
-      kept = compile.kept('server_with_role', role, compile.environment)
+      holder = compile.holder
+      kept = holder&.kept('server_with_role', role, compile.environment)
       server = if kept
                  kept.first
                else
@@ -357,7 +365,8 @@ module PuppetKicker
 
     def servers_with_facts(scope, clauses)
       compile = PuppetKicker.compile(scope)
-      compile.kept('servers_with_facts', clauses, compile.environment) ||
+      holder = compile.holder
+      holder&.kept('servers_with_facts', clauses, compile.environment) ||
         query(scope, compile) { PuppetKicker.servers_with_facts(clauses, compile.environment, compile) }
     rescue PuppetKicker::Error => e
       raise compile_error('servers_with_facts', e)

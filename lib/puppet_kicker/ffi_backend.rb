@@ -123,12 +123,19 @@ module PuppetKicker
       # The answer held for the call of `function` with `arguments` (the role, a
       # String, or the roles or clauses, an Array) about `environment`, while the
       # core says it still is the answer; else nil. What a function's call in a
-      # compile tries first (PuppetKicker::Compile#kept).
+      # compile tries first (PuppetKicker::Compile#holder).
       def kept(function, arguments, environment)
         # (lock and unlock: a block less than synchronize, on the path of every call)
         @cache_lock.lock
         begin
-          held = held(function, environment, arguments)
+          if arguments.is_a?(String) # one role: #held, inline
+            held = @answers[function]
+            held &&= held[environment]
+            held &&= held[arguments]
+            held &&= held[ANSWER]
+          else
+            held = held(function, environment, arguments)
+          end
         ensure
           @cache_lock.unlock
         end
