@@ -83,6 +83,9 @@ module PuppetKicker
     end
 
     # Configures the core from Puppet's own settings; a no-op while they are unchanged.
+    # Reading them (seven settings, through Puppet's interpolation) costs more than a
+    # kept answer: a function's call reaches this only as the first call of a compile
+    # (see Compile).
     def configure(settings = Puppet.settings)
       key = [settings[:confdir], settings[:vardir], server_datadir(settings), ENV.fetch('PUPPET_KICKER_CONFIG', nil),
              ssl_settings(settings),]
@@ -118,22 +121,46 @@ module PuppetKicker
       nil
     end
 
-    def servers_with_role(roles, environment)
-      call { native.servers_with_role(Array(roles), environment) }
+    # The queries. `compile` is the Compile of the function call (Functions),
+    # which configured the core for it; without one (any other caller), each call
+    # configures the core first.
+    def servers_with_role(roles, environment, compile = nil)
+      call(compile) { native.servers_with_role(Array(roles), environment) }
     end
 
-    def server_with_role(roles, environment)
-      call { native.server_with_role(Array(roles), environment) }
+    def server_with_role(roles, environment, compile = nil)
+      call(compile) { native.server_with_role(Array(roles), environment) }
     end
 
-    def servers_with_facts(clauses, environment)
-      call { native.servers_with_facts(clauses, environment) }
+    def servers_with_facts(clauses, environment, compile = nil)
+      call(compile) { native.servers_with_facts(clauses, environment) }
     end
 
     # Remembers where a node compiles, for servers whose facts name no environment.
     # Called right after a query, whose call configured the core already.
     def note_environment(certname, environment)
       native.note_environment(certname, environment)
+    end
+
+    # The Compile of the compile `scope` belongs to: the one made by this compile's
+    # first call, or a new one, made after configuring the core. Puppet's settings do
+    # not change within a compile, so its other calls skip reading them; the next
+    # compile (another compiler) reads them again, so a setting changed between
+    # compiles is picked up. A compile runs on one thread; compiles on other threads
+    # at once each keep their own Compile (the last one made is remembered), so each
+    # configures the core for itself.
+    def compile(scope)
+      id = scope.compiler.object_id
+      current = @compile
+      return current if current && current.id == id && current.backend.equal?(@backend)
+
+      begin
+        configure
+      rescue Error
+        log_warnings
+        raise
+      end
+      @compile = Compile.new(id, backend, native, -Functions.environment_of(scope))
     end
 
     def status
@@ -166,10 +193,16 @@ module PuppetKicker
 
     private
 
-    def call
-      configure
+    # Runs a call into the core, configured first unless `compile` (a Compile) says
+    # it is, and logs what the core has to log: after every call outside a compile,
+    # after the first call of each compile, and after any call that failed. The other
+    # calls of a compile, most of them kept answers, skip the question (a C call
+    # under ffi): what the core logs then comes from its background work (refreshes,
+    # kicks), which the next compile's first call logs.
+    def call(compile = nil)
+      configure unless compile
       result = yield
-      log_warnings
+      log_warnings if compile.nil? || compile.log_once
       result
     rescue Error
       log_warnings
@@ -242,6 +275,52 @@ module PuppetKicker
     end
   end
 
+  # What the function calls of one compile share, made by its first call
+  # (PuppetKicker.compile), which configured the core for it: the compiler it is for
+  # (by object_id, unique for the life of the process, so that a finished compile is
+  # not kept alive), the backend (and whether it holds answers: #kept), the compile's
+  # environment, and whether the core's log was taken and the node's environment
+  # noted in it.
+  class Compile
+    # The backend to ask for the answers it holds (#kept) once this compile's log
+    # was taken and its node noted, when it holds answers (the ffi backend); else nil.
+    attr_reader :id, :backend, :environment, :holder
+
+    def initialize(id, backend, native, environment)
+      @id = id
+      @backend = backend
+      @native = native
+      @environment = environment
+      @logged = false
+      @noted = false
+      @holder = nil
+    end
+
+    # True the first time only: this call takes the core's log.
+    def log_once
+      return false if @logged
+
+      @logged = true
+      settle
+      true
+    end
+
+    # True the first time only: this call notes the node's environment.
+    def note_once
+      return false if @noted
+
+      @noted = true
+      settle
+      true
+    end
+
+    private
+
+    def settle
+      @holder = @native if @logged && @noted && @native.respond_to?(:kept)
+    end
+  end
+
   # What the Puppet functions share: the compiling node's environment and the
   # translation of core errors into compile errors.
   module Functions
@@ -252,15 +331,61 @@ module PuppetKicker
       scope.environment.name.to_s
     end
 
-    # Runs a function's query for the node being compiled: notes the node's
-    # environment and turns core errors into the compile error Puppet reports.
-    def answer(scope, function)
-      result = yield
-      node = scope.compiler.node
-      PuppetKicker.note_environment(node.name, environment_of(scope)) if node
-      result
+    # The functions' bodies (lib/puppet/functions), here rather than in their files:
+    # Puppet loads those again for each compile of an environment whose
+    # environment_timeout is 0 (its default), so their code is always new to JRuby,
+    # which interprets it; this module's code is loaded once, and compiled once hot.
+    # Each answers with the answer the backend holds while it still is the answer
+    # (Compile#holder: nothing else to do, so the least code), else with its query.
+    def servers_with_role(scope, role, environment)
+      compile = PuppetKicker.compile(scope)
+      environment ||= compile.environment
+      holder = compile.holder
+      holder&.kept('servers_with_role', role, environment) ||
+        query(scope, compile) { PuppetKicker.servers_with_role(role, environment, compile) }
     rescue PuppetKicker::Error => e
-      raise Puppet::ParseError, "#{function}: #{e.message}"
+      raise compile_error('servers_with_role', e)
+    end
+
+    # (The backend holds server_with_role's answer as an Array of its one server, or
+    # of none.)
+    def server_with_role(scope, role, default)
+      compile = PuppetKicker.compile(scope)
+      holder = compile.holder
+      kept = holder&.kept('server_with_role', role, compile.environment)
+      server = if kept
+                 kept.first
+               else
+                 query(scope, compile) { PuppetKicker.server_with_role(role, compile.environment, compile) }
+               end
+      server.nil? ? default : server
+    rescue PuppetKicker::Error => e
+      raise compile_error('server_with_role', e)
+    end
+
+    def servers_with_facts(scope, clauses)
+      compile = PuppetKicker.compile(scope)
+      holder = compile.holder
+      holder&.kept('servers_with_facts', clauses, compile.environment) ||
+        query(scope, compile) { PuppetKicker.servers_with_facts(clauses, compile.environment, compile) }
+    rescue PuppetKicker::Error => e
+      raise compile_error('servers_with_facts', e)
+    end
+
+    # Asks a function's query (the block) for the node being compiled, and notes the
+    # node's environment, once per compile.
+    def query(scope, compile)
+      result = yield
+      if compile.note_once
+        node = scope.compiler.node
+        PuppetKicker.note_environment(node.name, compile.environment) if node
+      end
+      result
+    end
+
+    # A core error as the compile error Puppet reports.
+    def compile_error(function, error)
+      Puppet::ParseError.new("#{function}: #{error.message}")
     end
   end
 end

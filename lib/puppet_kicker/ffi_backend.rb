@@ -24,6 +24,11 @@ module PuppetKicker
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
     MAX_ANSWERS = 512
+    # Functions asked of the core as another (see server_with_role).
+    ASKED_AS = { 'server_with_role' => 'servers_with_role' }.freeze
+    # The key of an answer in the nested Hashes answers are held in (#held): no
+    # argument is this object.
+    ANSWER = Object.new.freeze
     # Notes (certname => environment) remembered before they are all forgotten.
     MAX_NOTED = 100_000
 
@@ -81,15 +86,21 @@ module PuppetKicker
       end
 
       def servers_with_role(roles, environment)
-        servers('op' => 'servers_with_role', 'roles' => roles, 'environment' => environment)
+        servers('servers_with_role', 'roles', roles, environment)
       end
 
+      # The core's answer to server_with_role has no id (0: its one position is not
+      # the answer's list), so it could not be held: every call asked the core, with
+      # JSON both ways. It is asked as servers_with_role instead, whose answer has
+      # one, and only its first server is converted and held, under that id, for
+      # pk_answer_holds to check as it checks the others'. The price, once per
+      # answer: every position of the role's servers in the reply.
       def server_with_role(roles, environment)
-        servers('op' => 'server_with_role', 'roles' => roles, 'environment' => environment).first
+        servers('server_with_role', 'roles', roles, environment).first
       end
 
       def servers_with_facts(clauses, environment)
-        servers('op' => 'servers_with_facts', 'clauses' => clauses, 'environment' => environment)
+        servers('servers_with_facts', 'clauses', clauses, environment)
       end
 
       # Every function call notes its node's environment, nearly always the one noted
@@ -107,6 +118,28 @@ module PuppetKicker
           @noted[certname] = -environment
         end
         nil
+      end
+
+      # The answer held for the call of `function` with `arguments` (the role, a
+      # String, or the roles or clauses, an Array) about `environment`, while the
+      # core says it still is the answer; else nil. What a function's call in a
+      # compile tries first (PuppetKicker::Compile#holder).
+      def kept(function, arguments, environment)
+        # (lock and unlock: a block less than synchronize, on the path of every call)
+        @cache_lock.lock
+        begin
+          if arguments.is_a?(String) # one role: #held, inline
+            held = @answers[function]
+            held &&= held[environment]
+            held &&= held[arguments]
+            held &&= held[ANSWER]
+          else
+            held = held(function, environment, arguments)
+          end
+        ensure
+          @cache_lock.unlock
+        end
+        held[1] if held && @lib.pk_answer_holds(held[0]) == 1
       end
 
       # The kick report processor: `report` is the JSON text lib/puppet_kicker/kick.rb
@@ -205,41 +238,84 @@ module PuppetKicker
       # A held answer the core says is still the answer (pk_answer_holds: no JSON;
       # it queues a refresh of a stale index as the query would) is returned as it
       # is; else the query is asked with pk_select.
-      def servers(query)
-        key = JSON.generate(query)
-        held = @cache_lock.synchronize { @answers[key] }
-        return held[1] if held && @lib.pk_answer_holds(held[0]) == 1
+      def servers(function, field, arguments, environment)
+        # (Arguments other than an Array are the core's to refuse.)
+        kept = kept(function, arguments, environment) if arguments.is_a?(Array)
+        return kept if kept
 
+        query = { 'op' => ASKED_AS.fetch(function, function), field => arguments, 'environment' => environment }
         SELECT_ATTEMPTS.times do
-          held = @cache_lock.synchronize { @answers[key] }
+          held = @cache_lock.synchronize { held(function, environment, arguments) }
           selected = request(:pk_select, held ? query.merge('known' => held[0]) : query)
-          found = @cache_lock.synchronize { answer(key, selected, held) }
+          found = @cache_lock.synchronize { answer([function, environment, arguments], selected, held) }
           return found if found
         end
         raise PuppetKicker::Error, 'puppet-kicker: the index kept changing while it was read; try again'
       end
 
+      # Answers are held by their query: in nested Hashes, one level per string of
+      # the query (function, environment, each argument), the answer under the key ANSWER.
+      # Looking a query up is then a few lookups by String, which cost a fraction of
+      # hashing an Array of them (JRuby guards Array#hash against recursion) or of
+      # writing the query as JSON, which only a call the core answers needs. The
+      # caller holds @cache_lock.
+      def held(function, environment, arguments)
+        node = @answers[function]
+        node &&= node[environment]
+        case arguments
+        when String # one argument: as [arguments]
+          node &&= node[arguments]
+        when Array
+          i = 0
+          while node && i < arguments.size
+            node = node[arguments[i]]
+            i += 1
+          end
+        else
+          return nil
+        end
+        node && node[ANSWER]
+      end
+
+      # Holds `answer` ([id, servers]) for the query; the Hash copies each String key
+      # it is given, frozen, so no caller can change one. Queries with arguments of
+      # other types than the functions pass are the core's to refuse: never held.
+      def hold(query, answer)
+        function, environment, arguments = query
+        return unless arguments.is_a?(Array) && arguments.all?(String) && environment.is_a?(String)
+
+        # The core keeps at most a few hundred answers per generation.
+        fresh_answers if @held >= MAX_ANSWERS
+        node = (@answers[function] ||= {})
+        node = (node[environment] ||= {})
+        arguments.each { |argument| node = (node[argument] ||= {}) }
+        @held += 1 unless node.key?(ANSWER)
+        node[ANSWER] = answer
+      end
+
+      def fresh_answers
+        @answers = {}
+        @held = 0
+      end
+
       # The answer's Array: the one held when the reply says it is still the answer,
       # else built from the cache (and kept when the core gave it an id); nil if the
       # index has been replaced since the selection.
-      def answer(key, selected, held)
+      def answer(query, selected, held)
         generation = selected['generation']
         id = selected['answer']
         fresh_generation(generation)
-        return held[1] if !selected.key?('positions') && held && held[0] == id && @answers[key].equal?(held)
+        return held[1] if !selected.key?('positions') && held && held[0] == id && held(*query).equal?(held)
 
         positions = selected['positions']
         return nil if positions.nil?
 
+        positions = positions.first(1) if query[0] == 'server_with_role'
         servers = cached(generation, positions)
         return nil if servers.nil?
 
         servers.freeze
-        unless id.zero?
-          # The core keeps at most a few hundred answers per generation.
-          @answers.clear if @answers.size >= MAX_ANSWERS
-          @answers[key] = [id, servers]
-        end
+        hold(query, [id, servers]) unless id.zero?
         servers
       end
 
@@ -248,7 +324,7 @@ module PuppetKicker
         return if @cache_generation == generation
 
         @cache = {}
-        @answers = {}
+        fresh_answers
         # What pk_fetch sent in this generation, numbered as it sent it: the Java
         # reader's own table (with the Hashes it copies), else an Array.
         @table = @java_reader ? @java_reader.table : []

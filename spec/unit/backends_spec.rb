@@ -276,7 +276,7 @@ describe 'the two backends' do
     allow(lib).to receive(:pk_answer_holds).and_return(0)
     expect(ffi.servers_with_role(['web'], 'production')).to equal(first)
     expect(lib).to have_received(:pk_select).once
-    # Nothing held yet for a new query, an error, or server_with_role: no pk_answer_holds.
+    # Nothing held yet for a new query, an error, or a first server_with_role: no pk_answer_holds.
     allow(lib).to receive(:pk_answer_holds).and_call_original
     expect(ffi.servers_with_role(%w[api held-nowhere], 'staging').map { |s| s['hostname'] }).to eq(['api1'])
     expect(ffi.server_with_role(['web'], 'production')).to eq(first.first)

@@ -19,9 +19,6 @@ Puppet::Functions.create_function(:server_with_role) do
   end
 
   def server_with_role(role, default = nil)
-    PuppetKicker::Functions.answer(closure_scope, 'server_with_role') do
-      server = PuppetKicker.server_with_role(role, PuppetKicker::Functions.environment_of(closure_scope))
-      server.nil? ? default : server
-    end
+    PuppetKicker::Functions.server_with_role(closure_scope, role, default)
   end
 end

@@ -27,8 +27,6 @@ Puppet::Functions.create_function(:servers_with_facts) do
   end
 
   def servers_with_facts(*clauses)
-    PuppetKicker::Functions.answer(closure_scope, 'servers_with_facts') do
-      PuppetKicker.servers_with_facts(clauses, PuppetKicker::Functions.environment_of(closure_scope))
-    end
+    PuppetKicker::Functions.servers_with_facts(closure_scope, clauses)
   end
 end

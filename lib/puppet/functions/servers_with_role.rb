@@ -34,8 +34,6 @@ Puppet::Functions.create_function(:servers_with_role) do
   end
 
   def servers_with_role(role, environment = nil)
-    PuppetKicker::Functions.answer(closure_scope, 'servers_with_role') do
-      PuppetKicker.servers_with_role(role, environment || PuppetKicker::Functions.environment_of(closure_scope))
-    end
+    PuppetKicker::Functions.servers_with_role(closure_scope, role, environment)
   end
 end
