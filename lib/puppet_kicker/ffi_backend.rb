@@ -14,7 +14,7 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 9
+    ABI_VERSION = 10
     # More servers than this to fetch come from pk_fetch_stream: the core encodes the
     # next reply while this thread builds the objects of one (its first reply has 32
     # servers, each next one twice as many, up to SERVERS_PER_REPLY).
@@ -78,11 +78,16 @@ module PuppetKicker
       # remembered are forgotten, whatever the outcome.
       def configure(confdir, vardir, server_datadir, config_file, ssl)
         @noted_lock.synchronize do
-          request(:pk_configure, (ssl || {}).merge('confdir' => confdir, 'vardir' => vardir,
-                                                   'server_datadir' => server_datadir, 'config_file' => config_file))
+          request(:pk_configure, settings(confdir, vardir, server_datadir, config_file, ssl))
         ensure
           @noted = {}
         end
+      end
+
+      # The masterless helper (lib/puppet_kicker/helper.rb), run in this process: how
+      # it ended, once it has.
+      def run_helper(confdir, vardir, server_datadir, config_file, ssl)
+        request(:pk_run_helper, settings(confdir, vardir, server_datadir, config_file, ssl))
       end
 
       def servers_with_role(roles, environment)
@@ -193,7 +198,14 @@ module PuppetKicker
       def require_ffi
         require 'ffi'
       rescue LoadError => e
-        raise LoadError, "Ruby's ffi library is not available (#{e.message})"
+        raise LoadError, "Ruby's ffi library is not available (#{e.message}): install the ffi gem (Debian's " \
+                         'ruby-ffi; the agent packages of Puppet and OpenVox have it)'
+      end
+
+      # pk_configure's (and pk_run_helper's) request.
+      def settings(confdir, vardir, server_datadir, config_file, ssl)
+        (ssl || {}).merge('confdir' => confdir, 'vardir' => vardir, 'server_datadir' => server_datadir,
+                          'config_file' => config_file)
       end
 
       def attach(lib)
@@ -208,6 +220,8 @@ module PuppetKicker
         %i[pk_configure pk_select pk_note_environment pk_kick pk_command].each do |name|
           lib.attach_function name, %i[string size_t], :strptr
         end
+        # Blocking: runs until the helper's work is done (the GVL is let go meanwhile).
+        lib.attach_function :pk_run_helper, %i[string size_t], :strptr, blocking: true
         lib.attach_function :pk_free, [:pointer], :void
         lib.attach_function :pk_session_new, [], :pointer
         lib.attach_function :pk_session_free, [:pointer], :void

@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 9. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 10. See ext/puppet_kicker_ffi/README.md.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -33,14 +33,18 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (9); check it before any other call. */
+/* The ABI version this library implements (10); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 2)", the core's version. */
 char *pk_version(void);
 
-/* req: {"confdir": s, "vardir": s, "server_datadir": s|null, "config_file": s|null}
- * (Puppet's settings; config_file is PUPPET_KICKER_CONFIG). ok: null.
+/* req: {"confdir": s, "vardir": s, "server_datadir": s|null, "config_file": s|null,
+ *       "hostcert": s|null, "hostprivkey": s|null, "localcacert": s|null, "hostcrl": s|null}
+ * (Puppet's settings; config_file is PUPPET_KICKER_CONFIG; the four certificate
+ * settings are what the PuppetDB source presents and trusts unless puppet_kicker.yaml
+ * says otherwise). An optional field absent, null or empty is not given; any other
+ * field is a "request" error. ok: null.
  * Reuses the core while the settings are unchanged; a new core when they differ. */
 char *pk_configure(const uint8_t *req, size_t len);
 
@@ -114,6 +118,12 @@ char *pk_values(const uint8_t *req, size_t len);
 
 /* req: {"certname": s, "environment": s}: where a node compiles. ok: null. */
 char *pk_note_environment(const uint8_t *req, size_t len);
+
+/* The masterless helper: finishes, in this process, what a `puppet apply` left undone
+ * (a refresh, kicks) for these settings, then returns. req: as pk_configure's. ok: how
+ * it ended, a string ("Done", "AlreadyRunning": another helper holds the cache
+ * directory, or "LifetimeOver { undelivered: n }"). Blocks until then. */
+char *pk_run_helper(const uint8_t *req, size_t len);
 
 /* ok: [[level, message], ...] to log since the last call: the core's warnings, then
  * what the kick dispatcher logged. */

@@ -18,6 +18,7 @@
 //! | `uint8_t *pk_fetch(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count)` | | (binary, see [`fetch`]: the servers at `positions` of index generation G with the fact names and values they hold that the caller lacks, for its table of `have` objects; freed with `pk_free_fetch`) |
 //! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
+//! | `char *pk_run_helper(req, len)` | as `pk_configure`'s | how the masterless helper ended (`"Done"`, `"AlreadyRunning"`, ..), once it has |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
 //! | `uint32_t pk_log_pending(void)` | | (returns how many lines `pk_take_log` would give now; no JSON) |
 //! | `char *pk_status(void)` | | `{"servers","index_bytes","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
@@ -65,8 +66,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds; 6:
 /// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free; 7: pk_configure's
 /// certificate settings; 8: pk_command; 9: pk_fetch_stream, pk_fetch_next,
-/// pk_fetch_stream_free).
-pub const ABI_VERSION: u32 = 9;
+/// pk_fetch_stream_free; 10: pk_run_helper).
+pub const ABI_VERSION: u32 = 10;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -121,6 +122,13 @@ with_request!(
 with_request!(
     /// Records the environment a certname compiles in. `ok`: `null`.
     pk_note_environment => api::note_environment);
+with_request!(
+    /// The masterless helper ([`api::run_helper`]): finishes, in this process, what a
+    /// `puppet apply` left undone for these settings (`pk_configure`'s request), and
+    /// returns when it is done (or another helper holds the cache directory). `ok`:
+    /// how it ended, as a string. For `lib/puppet_kicker/helper.rb` on an MRI whose
+    /// magnus extension was built for another Ruby.
+    pk_run_helper => api::run_helper);
 without_request!(
     /// `{"ok": "<crate version> (index format N)"}`.
     pk_version => api::version);
