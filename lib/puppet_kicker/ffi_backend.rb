@@ -14,12 +14,7 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 10
-    # More servers than this to fetch come from pk_fetch_stream: the core encodes the
-    # next reply while this thread builds the objects of one (its first reply has 32
-    # servers, each next one twice as many, up to SERVERS_PER_REPLY).
-    STREAMED_ABOVE = 64
-    SERVERS_PER_REPLY = 512
+    ABI_VERSION = 11
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
@@ -227,10 +222,6 @@ module PuppetKicker
         lib.attach_function :pk_session_free, [:pointer], :void
         lib.attach_function :pk_fetch, %i[pointer uint64 uint64 buffer_in size_t], :pointer
         lib.attach_function :pk_free_fetch, [:pointer], :void
-        lib.attach_function :pk_fetch_stream, %i[pointer uint64 uint64 buffer_in size_t size_t], :pointer
-        # Blocking: waits for the core's encoder (MRI lets other threads run meanwhile).
-        lib.attach_function :pk_fetch_next, [:pointer], :pointer, blocking: true
-        lib.attach_function :pk_fetch_stream_free, [:pointer], :void
       end
 
       def request(function, payload, options = PARSE)
@@ -363,30 +354,10 @@ module PuppetKicker
         positions.map { |p| @cache[p] }
       end
 
-      # The servers at `positions` built from pk_fetch's replies and what earlier
-      # replies of this generation sent; nil when the index has been replaced. Many
-      # servers come in several replies (pk_fetch_stream): the core encodes the next
-      # while this thread builds the objects of one.
+      # The servers at `positions` built from pk_fetch's reply and what earlier
+      # replies of this generation sent; nil when the index has been replaced.
       def fetch(generation, positions)
-        packed = positions.pack('L*')
-        return read(@lib.pk_fetch(@session, generation, @table.size, packed, positions.size)) if
-          positions.size <= STREAMED_ABOVE
-
-        stream = @lib.pk_fetch_stream(@session, generation, @table.size, packed, positions.size, SERVERS_PER_REPLY)
-        raise PuppetKicker::Error, 'puppet-kicker: pk_fetch_stream failed' if stream.null?
-
-        begin
-          fetched = []
-          until (pointer = @lib.pk_fetch_next(stream)).null?
-            servers = read(pointer)
-            return nil if servers.nil?
-
-            fetched.concat(servers)
-          end
-          fetched
-        ensure
-          @lib.pk_fetch_stream_free(stream)
-        end
+        read(@lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size))
       end
 
       # The servers of one pk_fetch reply (freed here), nil when it is stale.

@@ -33,8 +33,6 @@ describe 'the ffi backend under JRuby' do
       expect(jruby['deep_frozen']).to be(true)
       expect(jruby['shared']).to be > 0
       expect(jruby['one_object_each']).to be(true)
-      # The same answers again from a stream of one-server replies (pk_fetch_stream).
-      expect(jruby['streamed']).to be(true)
       # Hand-made replies: one read whole; every malformed one refused, saying what is wrong.
       # Three Hashes of the same keys (copies of one template), each with its own values.
       array = [2.5, nil, 18_446_744_073_709_551_615]

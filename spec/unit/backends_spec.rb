@@ -297,19 +297,6 @@ describe 'the two backends' do
     expect(ffi.servers_with_facts(['role=web'], 'production').map(&:object_id)).to eq(web.map(&:object_id))
   end
 
-  it 'converts more servers than one pk_fetch reply gives from a stream of replies, identically' do
-    stub_const('PuppetKicker::FFIBackend::STREAMED_ABOVE', 1)
-    stub_const('PuppetKicker::FFIBackend::SERVERS_PER_REPLY', 2)
-    ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
-    ffi.send(:fresh_generation, :none) # nothing converted: every server is fetched
-    lib = ffi.instance_variable_get(:@lib)
-    allow(lib).to receive(:pk_fetch_next).and_call_original
-    all = expect_identical { |n| n.servers_with_role(['/./'], 'production') }
-    expect(all.map { |s| s['hostname'] }).to eq(%w[db1 db2 db3 odd web1 web2])
-    # Three replies of two servers, then the end.
-    expect(lib).to have_received(:pk_fetch_next).exactly(4).times
-  end
-
   it "reads pk_fetch's replies only whole: a malformed one is a PuppetKicker::Error" do
     PuppetKicker.with_backend('ffi') { PuppetKicker.native }
     reply = lambda do |length, counts|

@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 10. See ext/puppet_kicker_ffi/README.md.
+ * ffi). ABI version 11. See ext/puppet_kicker_ffi/README.md.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (10); check it before any other call. */
+/* The ABI version this library implements (11); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 2)", the core's version. */
@@ -91,25 +91,6 @@ void pk_session_free(void *session);
  * UTF-8 text; JSON. Never null; pass it to pk_free_fetch() exactly once. */
 uint8_t *pk_fetch(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count);
 
-/* pk_fetch's servers in replies of at most `per_reply` servers, which pk_fetch_next()
- * gives in order while a thread of the library encodes the next (the positions are
- * copied before it returns). Each reply is what pk_fetch would give for its servers
- * to a caller that read the replies before it; a stale or failed reply is the last.
- * With as many streams being encoded as the machine has cores, the stream is one
- * reply, encoded by the caller's thread in pk_fetch_stream() itself. Errors (null
- * session or positions, per_reply 0) are one failed reply. Free it with
- * pk_fetch_stream_free(), read to the end or not: a session whose caller stopped
- * reading starts over at its next fetch. Null only on an internal failure. */
-void *pk_fetch_stream(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count,
-                      size_t per_reply);
-
-/* The stream's next reply (as pk_fetch's: pass it to pk_free_fetch()), waiting for
- * it; null after the last, or for a null stream. One thread at a time per stream. */
-uint8_t *pk_fetch_next(void *stream);
-
-/* Frees a stream of pk_fetch_stream(); null is ignored. */
-void pk_fetch_stream_free(void *stream);
-
 /* req: {"generation": n, "values": [V, ...], "keys": [K, ...]}. ok: {"values":
  * [value, ...], "keys": [name, ...]} in the order asked, each id of that index
  * generation; null once the index has been replaced or for an id it does not have
@@ -159,7 +140,7 @@ char *pk_kick_status(void);
 /* Frees a reply of any pk_* function; null is ignored. */
 void pk_free(char *reply);
 
-/* Frees a reply of pk_fetch or pk_fetch_next; null is ignored. */
+/* Frees a reply of pk_fetch; null is ignored. */
 void pk_free_fetch(uint8_t *reply);
 
 #ifdef __cplusplus

@@ -27,10 +27,7 @@
 //! | `char *pk_kick_status(void)` | | the kick status document, as a JSON text in a string |
 //! | `char *pk_command(req, len)` | `{"name": SUBCOMMAND, "args": {..}}`, a `puppet kicker` subcommand | its answer, as a JSON text in a string |
 //! | `void pk_free(char *)` | | |
-//! | `void *pk_fetch_stream(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count, size_t per_reply)` | | (what `pk_fetch` gives, in replies of at most `per_reply` servers that `pk_fetch_next` gives in order, encoded on a thread of their own while the caller reads the ones before ([`fetch::Session::stream`]); freed with `pk_fetch_stream_free`) |
-//! | `uint8_t *pk_fetch_next(void *stream)` | | (the stream's next reply, as `pk_fetch`'s, waiting for it; null after the last; freed with `pk_free_fetch`) |
 //! | `void pk_free_fetch(uint8_t *)` | | |
-//! | `void pk_fetch_stream_free(void *)` | | |
 //! | `void pk_session_free(void *)` | | |
 //!
 //! - A request is `len` bytes of UTF-8 JSON at `req` (no NUL needed).
@@ -66,8 +63,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds; 6:
 /// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free; 7: pk_configure's
 /// certificate settings; 8: pk_command; 9: pk_fetch_stream, pk_fetch_next,
-/// pk_fetch_stream_free; 10: pk_run_helper).
-pub const ABI_VERSION: u32 = 10;
+/// pk_fetch_stream_free; 10: pk_run_helper; 11: pk_fetch_stream, pk_fetch_next and
+/// pk_fetch_stream_free removed).
+pub const ABI_VERSION: u32 = 11;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -250,69 +248,10 @@ unsafe fn positions_at<'a>(positions: *const u32, count: usize) -> Result<&'a [u
     }
 }
 
-/// `pk_fetch`'s servers in replies of at most `per_reply` servers, which
-/// `pk_fetch_next` gives in order while a thread of their own encodes the next
-/// ([`fetch::Session::stream`]): each is what `pk_fetch` would give for its servers
-/// to a caller that read the replies before it. Errors (a null session or
-/// positions, `per_reply` 0, a panic) are one FAILED reply. Free the stream with
-/// `pk_fetch_stream_free`, read to the end or not. Null only if its allocation
-/// panicked.
+/// Frees a reply of `pk_fetch`. Null is ignored.
 ///
 /// # Safety
-/// As `pk_fetch`'s arguments; the positions are copied before it returns.
-#[no_mangle]
-pub unsafe extern "C" fn pk_fetch_stream(
-    session: *const fetch::Session,
-    generation: u64,
-    have: u64,
-    positions: *const u32,
-    count: usize,
-    per_reply: usize,
-) -> *mut fetch::Stream {
-    let positions = unsafe { positions_at(positions, count) };
-    let session = unsafe { session.as_ref() };
-    catch_unwind(AssertUnwindSafe(|| {
-        let stream = match (session, positions) {
-            (None, _) => fetch::Stream::failed(Failure::request("null session".to_string())),
-            (_, Err(message)) => fetch::Stream::failed(Failure::request(message)),
-            (Some(session), Ok(positions)) => session.stream(generation, have, positions, per_reply),
-        };
-        Box::into_raw(Box::new(stream))
-    }))
-    .unwrap_or(std::ptr::null_mut())
-}
-
-/// The next reply of `stream`, as `pk_fetch`'s (pass it to `pk_free_fetch`),
-/// waiting until it is encoded; null after the last, or for a null stream.
-///
-/// # Safety
-/// `stream` must be null or a live stream of `pk_fetch_stream`, used by one
-/// thread at a time.
-#[no_mangle]
-pub unsafe extern "C" fn pk_fetch_next(stream: *mut fetch::Stream) -> *mut u8 {
-    let Some(stream) = (unsafe { stream.as_mut() }) else { return std::ptr::null_mut() };
-    catch_unwind(AssertUnwindSafe(|| stream.next_reply()))
-        .unwrap_or_else(|panic| Some(fetch::failed(Failure::panic(&*panic))))
-        .map_or(std::ptr::null_mut(), fetch::Reply::into_raw)
-}
-
-/// Frees a stream of `pk_fetch_stream`, read to the end or not (its encoder stops
-/// after the reply it is writing). Null is ignored.
-///
-/// # Safety
-/// `stream` must be null or a pointer `pk_fetch_stream` returned, not freed before.
-#[no_mangle]
-pub unsafe extern "C" fn pk_fetch_stream_free(stream: *mut fetch::Stream) {
-    if !stream.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(stream) })));
-    }
-}
-
-/// Frees a reply of `pk_fetch` or `pk_fetch_next`. Null is ignored.
-///
-/// # Safety
-/// `reply` must be null or a pointer `pk_fetch` or `pk_fetch_next` returned, not
-/// freed before.
+/// `reply` must be null or a pointer `pk_fetch` returned, not freed before.
 #[no_mangle]
 pub unsafe extern "C" fn pk_free_fetch(reply: *mut u8) {
     if !reply.is_null() {
