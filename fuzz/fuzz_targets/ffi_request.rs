@@ -7,8 +7,9 @@
 //! one), and `pk_answer_holds` an answer id.
 //!
 //! Every reply is a JSON document, never an `internal` error (a panic the library
-//! caught); a fetch reply's length is its parts', it is never FAILED, and when OK it
-//! gives as many servers as positions were asked for.
+//! caught); a fetch reply's length, handed over beside it, is its own record of it
+//! and its parts', it is never FAILED, and when OK it gives as many servers as
+//! positions were asked for.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -89,19 +90,24 @@ fn fetches(request: &[u8]) {
     // SAFETY: a live session; the positions are valid for their count; the reply is
     // freed once, the session last.
     unsafe {
-        let servers = fetched(pk_fetch(session, generation, have, positions.as_ptr(), positions.len()));
+        let mut length = 0;
+        let reply = pk_fetch(session, generation, have, positions.as_ptr(), positions.len(), &mut length);
+        let servers = fetched(reply, length);
         assert!(servers.is_none_or(|n| n == positions.len()), "{servers:?} of {} servers", positions.len());
         pk_session_free(session);
     }
 }
 
-/// The servers of a fetch reply (`None`: STALE), its layout checked; frees it.
+/// The servers of a fetch reply of `length` bytes, as `pk_fetch` handed it over
+/// (`None`: STALE), its layout checked; frees it.
 ///
 /// # Safety
-/// `reply` is a reply of `pk_fetch`, freed here.
-unsafe fn fetched(reply: *mut u8) -> Option<usize> {
+/// `reply` is a reply of `pk_fetch`, freed here, and `length` the length it gave.
+unsafe fn fetched(reply: *mut u8, length: usize) -> Option<usize> {
     assert!(!reply.is_null());
-    let length = unsafe { reply.cast::<u64>().read_unaligned() } as usize;
+    assert!(length >= HEADER_BYTES, "a header at least: {length}");
+    let own = unsafe { reply.cast::<u64>().read_unaligned() } as usize;
+    assert_eq!(own, length, "the reply's own length is the one handed over");
     let bytes = unsafe { std::slice::from_raw_parts(reply, length) };
     let field = |i: usize| u32::from_ne_bytes(bytes[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes")) as usize;
     let (status, servers, words, text, json) = (field(0), field(5), field(6), field(7), field(8));

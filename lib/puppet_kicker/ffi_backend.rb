@@ -14,7 +14,7 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 11
+    ABI_VERSION = 12
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
@@ -220,7 +220,8 @@ module PuppetKicker
         lib.attach_function :pk_free, [:pointer], :void
         lib.attach_function :pk_session_new, [], :pointer
         lib.attach_function :pk_session_free, [:pointer], :void
-        lib.attach_function :pk_fetch, %i[pointer uint64 uint64 buffer_in size_t], :pointer
+        # The last argument, a size_t out: the reply's length in bytes.
+        lib.attach_function :pk_fetch, %i[pointer uint64 uint64 buffer_in size_t pointer], :pointer
         lib.attach_function :pk_free_fetch, [:pointer], :void
       end
 
@@ -357,14 +358,16 @@ module PuppetKicker
       # The servers at `positions` built from pk_fetch's reply and what earlier
       # replies of this generation sent; nil when the index has been replaced.
       def fetch(generation, positions)
-        read(@lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size))
+        length = ::FFI::MemoryPointer.new(:size_t)
+        pointer = @lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size, length)
+        # (size_t is an unsigned long on Linux)
+        read(pointer, length.get_ulong(0))
       end
 
-      # The servers of one pk_fetch reply (freed here), nil when it is stale.
-      def read(pointer)
-        FetchReader.servers(pointer, @table, java: @java_reader) do |error|
-          decode_document(error)
-        end
+      # The servers of the pk_fetch reply at `pointer`, of `length` bytes (freed
+      # here), nil when it is stale.
+      def read(pointer, length)
+        FetchReader.servers(pointer, length, @table, java: @java_reader) { |error| decode_document(error) }
       ensure
         @lib.pk_free_fetch(pointer)
       end

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require 'json'
 require 'open3'
 require 'tmpdir'
 
@@ -51,7 +52,14 @@ describe 'the ffi backend under JRuby' do
         'words past the end' => 'puppet-kicker: a malformed pk_fetch reply (its words)',
         'a failed reply' => 'puppet-kicker: a malformed pk_fetch reply (status 2 is not OK)'
       )
-      # 500 replies with bytes overwritten at random: each read or refused, nothing else.
+      # A reply as production reads it, through the pointer pk_fetch returned (no size
+      # of its own), bounded by the length pk_fetch handed over.
+      length = 'puppet-kicker: a malformed pk_fetch reply (its length)'
+      expect(jruby['guards']).to eq('a returned pointer' => 'FFI::Pointer', 'read whole' => true,
+                                    'a length one short' => length, 'a length one more' => length,
+                                    'its own length past the one handed over' => length,
+                                    'words past the length handed over' => length)
+      # 500 times with bytes overwritten at random: each read or refused, nothing else.
       expect(jruby['corrupted'].values.sum).to eq(500)
       expect(jruby['corrupted']['refused']).to be > 0
       mri = PuppetKicker.with_backend('magnus') do

@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 11. See ext/puppet_kicker_ffi/README.md.
+ * ffi). ABI version 12. See ext/puppet_kicker_ffi/README.md.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (11); check it before any other call. */
+/* The ABI version this library implements (12); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 2)", the core's version. */
@@ -88,8 +88,11 @@ void pk_session_free(void *session);
  * starts the session over from 0. One binary buffer in native byte order (layout:
  * ext/puppet_kicker_ffi/src/fetch.rs): u64 length; u32 status (0 ok, 1 stale:
  * select again, 2 failed: the JSON is an error reply), base, counts; u32 words;
- * UTF-8 text; JSON. Never null; pass it to pk_free_fetch() exactly once. */
-uint8_t *pk_fetch(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count);
+ * UTF-8 text; JSON. Never null; pass it to pk_free_fetch() exactly once. Its length
+ * in bytes is written to *length (unless length is null): read no byte past it, and
+ * check the buffer's own u64 length against it. */
+uint8_t *pk_fetch(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count,
+                  size_t *length);
 
 /* req: {"generation": n, "values": [V, ...], "keys": [K, ...]}. ok: {"values":
  * [value, ...], "keys": [name, ...]} in the order asked, each id of that index

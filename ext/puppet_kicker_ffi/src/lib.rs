@@ -15,7 +15,7 @@
 //! | `uint32_t pk_answer_holds(uint64_t A)` | | (returns 1 when answer `A` of `pk_select` is still the answer to that call, queuing a refresh of a stale index as the call would; else 0; no JSON) |
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[[[K, ..], [V, ..], certname], ..]`: each server at those positions as its fact names' ids, their values' ids, and the certname to add (or `null`); `null` when the index is no longer generation G |
 //! | `void *pk_session_new(void)` | | (a fetch session for one caller, freed with `pk_session_free`) |
-//! | `uint8_t *pk_fetch(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count)` | | (binary, see [`fetch`]: the servers at `positions` of index generation G with the fact names and values they hold that the caller lacks, for its table of `have` objects; freed with `pk_free_fetch`) |
+//! | `uint8_t *pk_fetch(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count, size_t *length)` | | (binary, see [`fetch`]: the servers at `positions` of index generation G with the fact names and values they hold that the caller lacks, for its table of `have` objects; its length in bytes written to `*length`, which bounds what the caller reads; freed with `pk_free_fetch`) |
 //! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
 //! | `char *pk_run_helper(req, len)` | as `pk_configure`'s | how the masterless helper ended (`"Done"`, `"AlreadyRunning"`, ..), once it has |
@@ -64,8 +64,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free; 7: pk_configure's
 /// certificate settings; 8: pk_command; 9: pk_fetch_stream, pk_fetch_next,
 /// pk_fetch_stream_free; 10: pk_run_helper; 11: pk_fetch_stream, pk_fetch_next and
-/// pk_fetch_stream_free removed).
-pub const ABI_VERSION: u32 = 11;
+/// pk_fetch_stream_free removed; 12: pk_fetch's `length`).
+pub const ABI_VERSION: u32 = 12;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -211,14 +211,17 @@ pub unsafe extern "C" fn pk_session_free(session: *mut fetch::Session) {
 
 /// The servers at `count` `positions` of index `generation`, with the names and
 /// values they hold that the caller, holding `have` objects of `session`, lacks:
-/// one binary buffer ([`fetch`]: its first 8 bytes are its length) that the caller
-/// passes to `pk_free_fetch` exactly once. A stale generation or a position beyond
-/// the index is [`fetch::STALE`]; an error or a panic, [`fetch::FAILED`] with the
-/// JSON error. Never null.
+/// one binary buffer ([`fetch`]) that the caller passes to `pk_free_fetch` exactly
+/// once. Its length in bytes is written to `*length` (unless `length` is null): a
+/// caller reads no byte past it, and checks the buffer's first 8 bytes, its own
+/// record of its length, against it. A stale generation or a position beyond the
+/// index is [`fetch::STALE`]; an error or a panic, [`fetch::FAILED`] with the JSON
+/// error. Never null.
 ///
 /// # Safety
 /// `session` must be null or a live session of `pk_session_new`; `positions` must
-/// point to `count` readable u32s (or be null with `count == 0`).
+/// point to `count` readable u32s (or be null with `count == 0`); `length` must be
+/// null or point to a writable `size_t`.
 #[no_mangle]
 pub unsafe extern "C" fn pk_fetch(
     session: *const fetch::Session,
@@ -226,6 +229,7 @@ pub unsafe extern "C" fn pk_fetch(
     have: u64,
     positions: *const u32,
     count: usize,
+    length: *mut usize,
 ) -> *mut u8 {
     let reply = match (unsafe { session.as_ref() }, unsafe { positions_at(positions, count) }) {
         (None, _) => fetch::failed(Failure::request("null session".to_string())),
@@ -233,6 +237,9 @@ pub unsafe extern "C" fn pk_fetch(
         (Some(session), Ok(positions)) => catch_unwind(AssertUnwindSafe(|| session.fetch(generation, have, positions)))
             .unwrap_or_else(|panic| fetch::failed(Failure::panic(&*panic))),
     };
+    if let Some(length) = unsafe { length.as_mut() } {
+        *length = reply.bytes().len();
+    }
     reply.into_raw()
 }
 

@@ -546,8 +546,9 @@ impl Fetcher {
     }
 
     fn fetch_having(&mut self, generation: u64, have: u64, positions: &[u32]) -> Fetched {
-        let reply = unsafe { pk_fetch(self.session, generation, have, positions.as_ptr(), positions.len()) };
-        read_reply(reply, &mut self.table)
+        let mut length = 0;
+        let reply = unsafe { pk_fetch(self.session, generation, have, positions.as_ptr(), positions.len(), &mut length) };
+        read_reply(reply, length, &mut self.table)
     }
 }
 
@@ -557,9 +558,12 @@ impl Drop for Fetcher {
     }
 }
 
-fn read_reply(reply: *mut u8, table: &mut Vec<Value>) -> Fetched {
+/// Reads the reply of `length` bytes (as pk_fetch handed it over) at `reply`, and frees it.
+fn read_reply(reply: *mut u8, length: usize, table: &mut Vec<Value>) -> Fetched {
     assert!(!reply.is_null());
-    let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    assert!(length >= puppet_kicker_ffi::fetch::HEADER_BYTES, "a header at least: {length}");
+    let own = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    assert_eq!(own, length, "the reply's own length is the one handed over");
     let bytes = unsafe { std::slice::from_raw_parts(reply, length) }.to_vec();
     unsafe { pk_free_fetch(reply) };
     read_fetched(&bytes, table)
@@ -662,11 +666,14 @@ fn fetch_gives_the_servers_of_the_json_functions_in_one_binary_reply() {
     assert!(matches!(fetcher.fetch(generation + 1, &[web1]), Fetched::Stale));
     assert!(matches!(fetcher.fetch(u64::MAX, &[]), Fetched::Stale));
     // Null positions with a count, or no session: a request error, as data.
-    let reply = unsafe { pk_fetch(fetcher.session, generation, 0, std::ptr::null(), 3) };
-    let Fetched::Failed(failure) = read_reply(reply, &mut Vec::new()) else { panic!("null positions accepted") };
+    let mut length = 0;
+    let reply = unsafe { pk_fetch(fetcher.session, generation, 0, std::ptr::null(), 3, &mut length) };
+    let Fetched::Failed(failure) = read_reply(reply, length, &mut Vec::new()) else { panic!("null positions accepted") };
     assert_eq!(error(&failure), ("request".to_string(), "null positions with count 3".to_string()));
-    let reply = unsafe { pk_fetch(std::ptr::null(), generation, 0, [web1].as_ptr(), 1) };
-    let Fetched::Failed(failure) = read_reply(reply, &mut Vec::new()) else { panic!("no session accepted") };
+    // No length asked for (null): the reply is the same, its length in its first 8 bytes.
+    let reply = unsafe { pk_fetch(std::ptr::null(), generation, 0, [web1].as_ptr(), 1, std::ptr::null_mut()) };
+    let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    let Fetched::Failed(failure) = read_reply(reply, length, &mut Vec::new()) else { panic!("no session accepted") };
     assert_eq!(error(&failure), ("request".to_string(), "null session".to_string()));
     unsafe { pk_free_fetch(std::ptr::null_mut()) };
     unsafe { pk_session_free(std::ptr::null_mut()) };
