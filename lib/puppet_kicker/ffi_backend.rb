@@ -26,12 +26,17 @@ module PuppetKicker
     ANSWER = Object.new.freeze
     # Notes (certname => environment) remembered before they are all forgotten.
     MAX_NOTED = 100_000
+    # Raised by #read when the Java reader failed and was dropped: the call starts
+    # again, with the Ruby reader.
+    class JavaReaderDropped < StandardError; end
+    private_constant :JavaReaderDropped
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = FetchReader::PARSE
 
     class << self
-      # The Java reader of pk_fetch replies, under JRuby when its jar loaded; else nil.
+      # The Java reader of pk_fetch replies, under JRuby when its jar loaded (and it
+      # has not failed since); else nil.
       attr_reader :library, :java_reader
 
       # Opens the library at `path` and checks its ABI version. Raises LoadError,
@@ -257,6 +262,8 @@ module PuppetKicker
           return found if found
         end
         raise PuppetKicker::Error, 'puppet-kicker: the index kept changing while it was read; try again'
+      rescue JavaReaderDropped
+        retry # with the Ruby reader (only once: the Java one is gone)
       end
 
       # Answers are held by their query: in nested Hashes, one level per string of
@@ -333,8 +340,15 @@ module PuppetKicker
         fresh_answers
         # What pk_fetch sent in this generation, numbered as it sent it: the Java
         # reader's own table (with the Hashes it copies), else an Array.
-        @table = @java_reader ? @java_reader.table : []
+        @table = @java_reader ? java_table : []
         @cache_generation = generation
+      end
+
+      def java_table
+        @java_reader.table
+      rescue *reader_failures => e
+        drop_java_reader(e)
+        []
       end
 
       # The servers at `positions`, from the cache or fetched; nil if the index has
@@ -365,11 +379,42 @@ module PuppetKicker
       end
 
       # The servers of the pk_fetch reply at `pointer`, of `length` bytes (freed
-      # here), nil when it is stale.
+      # here), nil when it is stale. A reply the reader refuses is a
+      # PuppetKicker::Error; any other failure of the Java reader drops it
+      # (#drop_java_reader) and raises JavaReaderDropped, for the call to start again.
       def read(pointer, length)
-        FetchReader.servers(pointer, length, @table, java: @java_reader) { |error| decode_document(error) }
+        java = @java_reader
+        begin
+          FetchReader.servers(pointer, length, @table, java: java) { |error| decode_document(error) }
+        rescue PuppetKicker::Error
+          raise
+        rescue *reader_failures => e
+          raise unless java
+
+          drop_java_reader(e)
+          raise JavaReaderDropped
+        end
       ensure
         @lib.pk_free_fetch(pointer)
+      end
+
+      # What a reader raises when it fails rather than refuses a reply: any Ruby
+      # error and, under JRuby, any Java Throwable (a LinkageError such as
+      # NoSuchMethodError from a JRuby the jar was not built for).
+      def reader_failures
+        @reader_failures ||= RUBY_ENGINE == 'jruby' ? [StandardError, ::Java::JavaLang::Throwable] : [StandardError]
+      end
+
+      # The Java reader failed during a call (it loaded, but, say, does not link with
+      # this JRuby): one warning, naming the error, and the Ruby reader for the rest
+      # of the process. What was converted is forgotten, so the session starts over
+      # with the Ruby reader's table. The caller holds @cache_lock.
+      def drop_java_reader(error)
+        @java_reader = nil
+        warn_operator("puppet-kicker: the Java reader (#{PuppetKicker::JRUBY_READER}) failed: #{error.class}: " \
+                      "#{error.message}; servers are converted by the slower Ruby reader for the rest of this process")
+        @cache_generation = nil
+        fresh_generation(:none)
       end
 
       # The reply's value, or its error raised as the magnus extension raises it.

@@ -99,4 +99,45 @@ describe 'the ffi backend under JRuby' do
       expect(mri[5]).to match([:raised, 'PuppetKicker::QueryError', /\Aclause 'uptime': no operator/])
     end
   end
+
+  # A Java reader that loads and then fails during a call (a LinkageError, as one
+  # built for another JRuby would throw) must not fail the compile: one warning
+  # naming the error, and the Ruby reader for the rest of the process.
+  it 'falls back to the Ruby reader, with one warning, when the Java reader fails during a call' do
+    raise 'no jruby: script/test-puppetserver installs it (with puppetserver) and runs this' unless @jruby
+
+    master = ScratchMaster.create
+    Dir.mktmpdir('puppet-kicker-jruby-reader') do |dir|
+      jruby_jar, status = Open3.capture2(@jruby, '-e', 'print File.join(RbConfig::CONFIG["libdir"], "jruby.jar")')
+      expect(status).to be_success
+      fixture = File.join(ROOT, 'spec', 'fixtures', 'jruby', 'mismatched_reader')
+      classes = File.join(dir, 'classes')
+      # FetchReader compiled against one Layout, the jar shipping another.
+      system('javac', '--release', '11', '-cp', jruby_jar, '-d', classes,
+             *Dir[File.join(fixture, 'built_against', '**', '*.java')], exception: true)
+      system('javac', '--release', '11', '-d', classes, File.join(fixture, 'shipped', 'puppetkicker', 'Layout.java'),
+             exception: true)
+      FileUtils.cp_r(File.join(ROOT, 'lib'), dir)
+      FileUtils.mkdir_p(File.join(dir, 'native'))
+      FileUtils.cp(PuppetKicker::FFI_LIBRARY, File.join(dir, 'native'))
+      system('jar', '--create', '--file', File.join(dir, 'native', 'puppet_kicker_jruby.jar'), '-C', classes, '.',
+             exception: true)
+
+      script = File.join(ROOT, 'spec', 'fixtures', 'jruby', 'reader_fallback.rb')
+      stdout, stderr, status = Open3.capture3({ 'PUPPET_KICKER_BACKEND' => nil }, @jruby, script,
+                                              File.join(dir, 'lib'), master, File.join(master, 'var'))
+      expect(status).to be_success, "#{stdout}\n#{stderr}"
+      result = JSON.parse(stdout.lines.last)
+      expect(result).to eq('backend' => 'ffi', 'loaded' => 'PuppetKicker::JavaFetchReader', 'after' => nil,
+                           'first' => %w[lb1 node1 node2 node3], 'again' => %w[node2 node3],
+                           'one' => 'lb1')
+      warnings = stderr.lines.grep(/Java reader/)
+      expect(warnings.size).to eq(1), stderr
+      expect(warnings.first).to include("puppet-kicker: the Java reader (#{File.join(dir, 'native', 'puppet_kicker_jruby.jar')}) " \
+                                        'failed: Java::JavaLang::NoSuchMethodError:', 'headerBytes',
+                                        'the slower Ruby reader for the rest of this process')
+    ensure
+      FileUtils.rm_rf(master)
+    end
+  end
 end
