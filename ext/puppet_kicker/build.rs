@@ -21,12 +21,8 @@ fn main() {
         }
         value
     };
-    let record = format!(
-        "ruby_version={} arch={} ruby={}",
-        field("RUBY_VERSION"),
-        field("ARCH"),
-        field("RUBY_PROGRAM_VERSION")
-    );
+    let record =
+        format!("ruby_version={} arch={} ruby={}", field("RUBY_VERSION"), field("ARCH"), field("RUBY_PROGRAM_VERSION"));
     println!("cargo:rustc-env=PUPPET_KICKER_RUBY_ABI={record}");
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -547,7 +547,8 @@ impl Fetcher {
 
     fn fetch_having(&mut self, generation: u64, have: u64, positions: &[u32]) -> Fetched {
         let mut length = 0;
-        let reply = unsafe { pk_fetch(self.session, generation, have, positions.as_ptr(), positions.len(), &mut length) };
+        let reply =
+            unsafe { pk_fetch(self.session, generation, have, positions.as_ptr(), positions.len(), &mut length) };
         read_reply(reply, length, &mut self.table)
     }
 }
@@ -668,7 +669,9 @@ fn fetch_gives_the_servers_of_the_json_functions_in_one_binary_reply() {
     // Null positions with a count, or no session: a request error, as data.
     let mut length = 0;
     let reply = unsafe { pk_fetch(fetcher.session, generation, 0, std::ptr::null(), 3, &mut length) };
-    let Fetched::Failed(failure) = read_reply(reply, length, &mut Vec::new()) else { panic!("null positions accepted") };
+    let Fetched::Failed(failure) = read_reply(reply, length, &mut Vec::new()) else {
+        panic!("null positions accepted")
+    };
     assert_eq!(error(&failure), ("request".to_string(), "null positions with count 3".to_string()));
     // No length asked for (null): the reply is the same, its length in its first 8 bytes.
     let reply = unsafe { pk_fetch(std::ptr::null(), generation, 0, [web1].as_ptr(), 1, std::ptr::null_mut()) };
