@@ -52,7 +52,7 @@ public final class FetchReader {
     private FetchReader() {}
 
     /**
-     * Defines {@code PuppetKicker::JavaFetchReader.servers(reply, table)} and
+     * Defines {@code PuppetKicker::JavaFetchReader.servers(reply, length, table)} and
      * {@code .table}, and the class of its tables, {@code PuppetKicker::JavaFetchReader::Table}.
      */
     public static void define(Ruby runtime) {
