@@ -16,7 +16,7 @@ Gem::Specification.new do |spec|
 
   spec.files = Dir[
     'Cargo.toml', 'Cargo.lock', 'rustfmt.toml', 'src/**/*.rs', 'benches/**/*.rs',
-    'ext/puppet_kicker/Cargo.toml', 'ext/puppet_kicker/extconf.rb', 'ext/puppet_kicker/src/**/*.rs',
+    'ext/puppet_kicker/Cargo.toml', 'ext/puppet_kicker/build.rs', 'ext/puppet_kicker/extconf.rb', 'ext/puppet_kicker/src/**/*.rs',
     'ext/puppet_kicker/benches/*.rs',
     'ext/puppet_kicker_ffi/Cargo.toml', 'ext/puppet_kicker_ffi/build.rs', 'ext/puppet_kicker_ffi/src/**/*.rs',
     'ext/puppet_kicker_ffi/include/*.h', 'ext/puppet_kicker_jruby/src/**/*.java',

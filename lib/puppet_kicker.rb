@@ -7,35 +7,18 @@
 # - magnus: the C extension puppet_kicker.so, for MRI (`puppet apply`, agents);
 # - ffi: libpuppet_kicker_ffi.so, a C ABI loaded with Ruby's ffi, for JRuby
 #   (puppetserver), which cannot load C extensions.
-# The backend is magnus on MRI and ffi elsewhere; PUPPET_KICKER_BACKEND=magnus|ffi
-# (or PuppetKicker.backend = ...) overrides it. Ruby 2.6 syntax (puppetserver's JRuby).
+# The backend is magnus on an MRI the extension was built for (RubyABI: its record
+# of the Ruby it was compiled for, read before it is loaded), and ffi on any other
+# Ruby; PUPPET_KICKER_BACKEND=magnus|ffi (or PuppetKicker.backend = ...) overrides
+# it. Ruby 2.6 syntax (puppetserver's JRuby).
 require_relative 'puppet_kicker/version'
+require_relative 'puppet_kicker/errors'
 require_relative 'puppet_kicker/libraries'
+require_relative 'puppet_kicker/ruby_abi'
 require_relative 'puppet_kicker/helper'
 require_relative 'puppet_kicker/kick'
 
 module PuppetKicker
-  # Base of every error the core raises; the functions turn it into Puppet::ParseError.
-  class Error < StandardError; end
-  # A malformed clause or role argument.
-  class QueryError < Error; end
-  # puppet_kicker.yaml has an unknown key or a bad value.
-  class ConfigError < Error; end
-  # The index holds no server (see `on_no_data`).
-  class NoDataError < Error; end
-  # A kick report the `kick` processor cannot read.
-  class ReportError < Error; end
-
-  # The one list of error kinds (the core's error::Kind) and the class each raises;
-  # both backends look kinds up here. Any other kind (io, request, internal) raises
-  # PuppetKicker::Error.
-  ERRORS = {
-    'query' => QueryError,
-    'config' => ConfigError,
-    'no_data' => NoDataError,
-    'report' => ReportError,
-  }.freeze
-
   # The certificate settings the core is given (the PuppetDB source's defaults).
   SSL_SETTINGS = %w[hostcert hostprivkey localcacert hostcrl].freeze
 
@@ -46,12 +29,25 @@ module PuppetKicker
                         'them there with `rake compile`.'
 
   class << self
-    # 'magnus' on MRI, 'ffi' on any other Ruby, unless PUPPET_KICKER_BACKEND is set.
+    # PUPPET_KICKER_BACKEND when it is set; else 'magnus' on MRI when the extension
+    # was built for this Ruby, and 'ffi' otherwise. An MRI whose extension was built
+    # for another Ruby (the module package built on Debian 12's Ruby 3.1, run by Ruby
+    # 3.3 or puppet-agent's 3.2), or that has none, gets the ffi backend, which gives
+    # the same answers (its C ABI does not depend on Ruby), with one notice per
+    # process saying why.
     def default_backend
       chosen = ENV.fetch('PUPPET_KICKER_BACKEND', '').strip
       return chosen unless chosen.empty?
+      return 'ffi' unless RUBY_ENGINE == 'ruby'
 
-      RUBY_ENGINE == 'ruby' ? 'magnus' : 'ffi'
+      unfit = RubyABI.unfit(NATIVE_LIBRARY)
+      return 'magnus' unless unfit
+
+      @magnus_unfit = unfit
+      notice_once("puppet-kicker: the magnus extension #{NATIVE_LIBRARY} #{unfit}: using the ffi backend " \
+                  "(#{FFI_LIBRARY}, through Ruby's ffi), which gives the same answers. `rake compile` under this " \
+                  'Ruby builds the extension for it.')
+      'ffi'
     end
 
     # The backend in use: 'magnus' or 'ffi'.
@@ -257,12 +253,32 @@ module PuppetKicker
       loaded
     end
 
+    # Notices to the operator, each once per process.
+    def notice_once(message)
+      return if (@noticed ||= {})[message]
+
+      @noticed[message] = true
+      if defined?(Puppet) && Puppet.respond_to?(:notice)
+        Puppet.notice(message)
+      else
+        Kernel.warn(message)
+      end
+    end
+
+    # The extension, only when it was built for this Ruby (RubyABI): one built for
+    # another reads this Ruby's objects with the wrong layouts, and nothing in Ruby
+    # refuses to load it.
     def load_magnus(path)
+      unfit = RubyABI.unfit(path)
+      if unfit
+        raise Error, "cannot load puppet-kicker's native library #{path} (magnus backend): it #{unfit}, so it is " \
+                     'not loaded. Leave PUPPET_KICKER_BACKEND unset to use the ffi backend, which gives the same ' \
+                     "answers, or build the extension for this Ruby with `rake compile`. #{WHERE_LIBRARIES_ARE}"
+      end
       require path
       PuppetKicker::Native
     rescue LoadError => e
-      hint = RUBY_ENGINE == 'ruby' ? '' : " #{RUBY_ENGINE} cannot load C extensions: use the ffi backend."
-      raise Error, "cannot load puppet-kicker's native library #{path} (magnus backend): #{e.message}.#{hint} " \
+      raise Error, "cannot load puppet-kicker's native library #{path} (magnus backend): #{e.message}. " \
                    "#{WHERE_LIBRARIES_ARE}"
     end
 
@@ -270,7 +286,8 @@ module PuppetKicker
       require_relative 'puppet_kicker/ffi_backend'
       PuppetKicker::FFIBackend.load(path)
     rescue LoadError => e
-      raise Error, "cannot load puppet-kicker's native library #{path} (ffi backend): #{e.message}. " \
+      why = @magnus_unfit ? " (It is used because the magnus extension #{NATIVE_LIBRARY} #{@magnus_unfit}.)" : ''
+      raise Error, "cannot load puppet-kicker's native library #{path} (ffi backend): #{e.message}.#{why} " \
                    "#{WHERE_LIBRARIES_ARE}"
     end
   end

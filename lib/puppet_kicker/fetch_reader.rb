@@ -22,17 +22,21 @@ module PuppetKicker
     module_function
 
     # The servers' frozen Hashes, in the order asked, of the reply at `pointer` (an
-    # FFI::Pointer), their objects added to `table`; nil when the index has been
-    # replaced. A failed reply's JSON error document is yielded (the caller raises it).
-    # `java`, under JRuby, is PuppetKicker::JavaFetchReader (FetchReader.java_reader),
-    # and `table` then one of its tables (`java.table`): it reads an OK reply's objects
-    # in Java instead of the loop below.
-    def servers(pointer, table, java: nil)
+    # FFI::Pointer, as pk_fetch returned it: unbounded) of `length` bytes (as pk_fetch
+    # handed it over: no byte past them is read), their objects added to `table`; nil
+    # when the index has been replaced. A failed reply's JSON error document is
+    # yielded (the caller raises it). `java`, under JRuby, is
+    # PuppetKicker::JavaFetchReader (FetchReader.java_reader), and `table` then one of
+    # its tables (`java.table`): it reads an OK reply's objects in Java instead of the
+    # loop below.
+    def servers(pointer, length, table, java: nil)
+      malformed('its length') unless length.is_a?(Integer) && length >= HEADER_BYTES
       status, base, strings, scalars, containers, servers, word_count, text_bytes, json_bytes = pointer.get_array_of_uint32(8, 9)
       words_at = HEADER_BYTES
       text_at = words_at + (4 * word_count)
       json_at = text_at + text_bytes
-      malformed('its length') unless json_at + json_bytes == pointer.get_uint64(0)
+      # Every part below is read inside the reply's own `length` bytes.
+      malformed('its length') unless json_at + json_bytes == length && pointer.get_uint64(0) == length
       case status
       when OK then nil
       when STALE then return nil
@@ -40,7 +44,7 @@ module PuppetKicker
         yield JSON.parse(utf8(pointer.get_bytes(json_at, json_bytes)), PARSE)
         malformed('a failure without an error')
       end
-      return java.servers(pointer, table) if java
+      return java.servers(pointer, length, table) if java
 
       # The session started over (a reply this table missed): so does the table.
       table.clear unless base == table.size

@@ -14,12 +14,7 @@ module PuppetKicker
   # Ruby 2.6 syntax (puppetserver's JRuby 9.3).
   module FFIBackend
     # The ABI this code speaks (the library's pk_abi_version must match).
-    ABI_VERSION = 9
-    # More servers than this to fetch come from pk_fetch_stream: the core encodes the
-    # next reply while this thread builds the objects of one (its first reply has 32
-    # servers, each next one twice as many, up to SERVERS_PER_REPLY).
-    STREAMED_ABOVE = 64
-    SERVERS_PER_REPLY = 512
+    ABI_VERSION = 12
     # Selections retried when the index changes between selecting and fetching.
     SELECT_ATTEMPTS = 3
     # Answers kept per generation before they are all dropped (the core keeps 256).
@@ -31,12 +26,17 @@ module PuppetKicker
     ANSWER = Object.new.freeze
     # Notes (certname => environment) remembered before they are all forgotten.
     MAX_NOTED = 100_000
+    # Raised by #read when the Java reader failed and was dropped: the call starts
+    # again, with the Ruby reader.
+    class JavaReaderDropped < StandardError; end
+    private_constant :JavaReaderDropped
 
     # JSON.parse options: no depth limit (facts can nest deeply), no object creation.
     PARSE = FetchReader::PARSE
 
     class << self
-      # The Java reader of pk_fetch replies, under JRuby when its jar loaded; else nil.
+      # The Java reader of pk_fetch replies, under JRuby when its jar loaded (and it
+      # has not failed since); else nil.
       attr_reader :library, :java_reader
 
       # Opens the library at `path` and checks its ABI version. Raises LoadError,
@@ -78,11 +78,16 @@ module PuppetKicker
       # remembered are forgotten, whatever the outcome.
       def configure(confdir, vardir, server_datadir, config_file, ssl)
         @noted_lock.synchronize do
-          request(:pk_configure, (ssl || {}).merge('confdir' => confdir, 'vardir' => vardir,
-                                                   'server_datadir' => server_datadir, 'config_file' => config_file))
+          request(:pk_configure, settings(confdir, vardir, server_datadir, config_file, ssl))
         ensure
           @noted = {}
         end
+      end
+
+      # The masterless helper (lib/puppet_kicker/helper.rb), run in this process: how
+      # it ended, once it has.
+      def run_helper(confdir, vardir, server_datadir, config_file, ssl)
+        request(:pk_run_helper, settings(confdir, vardir, server_datadir, config_file, ssl))
       end
 
       def servers_with_role(roles, environment)
@@ -193,7 +198,14 @@ module PuppetKicker
       def require_ffi
         require 'ffi'
       rescue LoadError => e
-        raise LoadError, "Ruby's ffi library is not available (#{e.message})"
+        raise LoadError, "Ruby's ffi library is not available (#{e.message}): install the ffi gem (Debian's " \
+                         'ruby-ffi; the agent packages of Puppet and OpenVox have it)'
+      end
+
+      # pk_configure's (and pk_run_helper's) request.
+      def settings(confdir, vardir, server_datadir, config_file, ssl)
+        (ssl || {}).merge('confdir' => confdir, 'vardir' => vardir, 'server_datadir' => server_datadir,
+                          'config_file' => config_file)
       end
 
       def attach(lib)
@@ -208,15 +220,14 @@ module PuppetKicker
         %i[pk_configure pk_select pk_note_environment pk_kick pk_command].each do |name|
           lib.attach_function name, %i[string size_t], :strptr
         end
+        # Blocking: runs until the helper's work is done (the GVL is let go meanwhile).
+        lib.attach_function :pk_run_helper, %i[string size_t], :strptr, blocking: true
         lib.attach_function :pk_free, [:pointer], :void
         lib.attach_function :pk_session_new, [], :pointer
         lib.attach_function :pk_session_free, [:pointer], :void
-        lib.attach_function :pk_fetch, %i[pointer uint64 uint64 buffer_in size_t], :pointer
+        # The last argument, a size_t out: the reply's length in bytes.
+        lib.attach_function :pk_fetch, %i[pointer uint64 uint64 buffer_in size_t pointer], :pointer
         lib.attach_function :pk_free_fetch, [:pointer], :void
-        lib.attach_function :pk_fetch_stream, %i[pointer uint64 uint64 buffer_in size_t size_t], :pointer
-        # Blocking: waits for the core's encoder (MRI lets other threads run meanwhile).
-        lib.attach_function :pk_fetch_next, [:pointer], :pointer, blocking: true
-        lib.attach_function :pk_fetch_stream_free, [:pointer], :void
       end
 
       def request(function, payload, options = PARSE)
@@ -251,6 +262,8 @@ module PuppetKicker
           return found if found
         end
         raise PuppetKicker::Error, 'puppet-kicker: the index kept changing while it was read; try again'
+      rescue JavaReaderDropped
+        retry # with the Ruby reader (only once: the Java one is gone)
       end
 
       # Answers are held by their query: in nested Hashes, one level per string of
@@ -327,8 +340,15 @@ module PuppetKicker
         fresh_answers
         # What pk_fetch sent in this generation, numbered as it sent it: the Java
         # reader's own table (with the Hashes it copies), else an Array.
-        @table = @java_reader ? @java_reader.table : []
+        @table = @java_reader ? java_table : []
         @cache_generation = generation
+      end
+
+      def java_table
+        @java_reader.table
+      rescue *reader_failures => e
+        drop_java_reader(e)
+        []
       end
 
       # The servers at `positions`, from the cache or fetched; nil if the index has
@@ -349,39 +369,52 @@ module PuppetKicker
         positions.map { |p| @cache[p] }
       end
 
-      # The servers at `positions` built from pk_fetch's replies and what earlier
-      # replies of this generation sent; nil when the index has been replaced. Many
-      # servers come in several replies (pk_fetch_stream): the core encodes the next
-      # while this thread builds the objects of one.
+      # The servers at `positions` built from pk_fetch's reply and what earlier
+      # replies of this generation sent; nil when the index has been replaced.
       def fetch(generation, positions)
-        packed = positions.pack('L*')
-        return read(@lib.pk_fetch(@session, generation, @table.size, packed, positions.size)) if
-          positions.size <= STREAMED_ABOVE
-
-        stream = @lib.pk_fetch_stream(@session, generation, @table.size, packed, positions.size, SERVERS_PER_REPLY)
-        raise PuppetKicker::Error, 'puppet-kicker: pk_fetch_stream failed' if stream.null?
-
-        begin
-          fetched = []
-          until (pointer = @lib.pk_fetch_next(stream)).null?
-            servers = read(pointer)
-            return nil if servers.nil?
-
-            fetched.concat(servers)
-          end
-          fetched
-        ensure
-          @lib.pk_fetch_stream_free(stream)
-        end
+        length = ::FFI::MemoryPointer.new(:size_t)
+        pointer = @lib.pk_fetch(@session, generation, @table.size, positions.pack('L*'), positions.size, length)
+        # (size_t is an unsigned long on Linux)
+        read(pointer, length.get_ulong(0))
       end
 
-      # The servers of one pk_fetch reply (freed here), nil when it is stale.
-      def read(pointer)
-        FetchReader.servers(pointer, @table, java: @java_reader) do |error|
-          decode_document(error)
+      # The servers of the pk_fetch reply at `pointer`, of `length` bytes (freed
+      # here), nil when it is stale. A reply the reader refuses is a
+      # PuppetKicker::Error; any other failure of the Java reader drops it
+      # (#drop_java_reader) and raises JavaReaderDropped, for the call to start again.
+      def read(pointer, length)
+        java = @java_reader
+        begin
+          FetchReader.servers(pointer, length, @table, java: java) { |error| decode_document(error) }
+        rescue PuppetKicker::Error
+          raise
+        rescue *reader_failures => e
+          raise unless java
+
+          drop_java_reader(e)
+          raise JavaReaderDropped
         end
       ensure
         @lib.pk_free_fetch(pointer)
+      end
+
+      # What a reader raises when it fails rather than refuses a reply: any Ruby
+      # error and, under JRuby, any Java Throwable (a LinkageError such as
+      # NoSuchMethodError from a JRuby the jar was not built for).
+      def reader_failures
+        @reader_failures ||= RUBY_ENGINE == 'jruby' ? [StandardError, ::Java::JavaLang::Throwable] : [StandardError]
+      end
+
+      # The Java reader failed during a call (it loaded, but, say, does not link with
+      # this JRuby): one warning, naming the error, and the Ruby reader for the rest
+      # of the process. What was converted is forgotten, so the session starts over
+      # with the Ruby reader's table. The caller holds @cache_lock.
+      def drop_java_reader(error)
+        @java_reader = nil
+        warn_operator("puppet-kicker: the Java reader (#{PuppetKicker::JRUBY_READER}) failed: #{error.class}: " \
+                      "#{error.message}; servers are converted by the slower Ruby reader for the rest of this process")
+        @cache_generation = nil
+        fresh_generation(:none)
       end
 
       # The reply's value, or its error raised as the magnus extension raises it.

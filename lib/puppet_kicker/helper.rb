@@ -2,14 +2,17 @@
 
 require 'rbconfig'
 require_relative 'libraries'
+require_relative 'ruby_abi'
 
 module PuppetKicker
   # The masterless helper. A `puppet apply` exits seconds after it starts; what it
   # leaves undone (a refresh in flight, kicks to retry, follow-ups, a kick of its own
   # server) is finished by this file run as a detached process: `ruby helper.rb
-  # CONFDIR VARDIR SERVER_DATADIR CONFIG_FILE`, which loads the magnus library and
-  # calls the core's `run_helper` (one per cache dir, under `helper.lock`; see
-  # src/helper.rs). A master (puppetserver) never starts it: its threads do the work.
+  # CONFDIR VARDIR SERVER_DATADIR CONFIG_FILE`, which loads the magnus library (the
+  # C-ABI one when the extension was not built for this Ruby, see RubyABI, or
+  # PUPPET_KICKER_BACKEND is ffi) and calls the core's `run_helper` (one per cache
+  # dir, under `helper.lock`; see src/masterless_helper.rs). A master (puppetserver)
+  # never starts it: its threads do the work.
   module Helper
     SCRIPT = File.expand_path(__FILE__)
     LOG = 'helper.log'
@@ -54,6 +57,19 @@ module PuppetKicker
       paths + (settings[4] || {}).filter_map { |name, path| "#{name}=#{path}" if path }
     end
 
+    # The backend the helper runs: the facade's choice, without its notice (the
+    # `puppet apply` that started it gave that).
+    def library
+      require_relative 'errors'
+      if ENV['PUPPET_KICKER_BACKEND'].to_s.strip != 'ffi' && RubyABI.unfit(PuppetKicker::NATIVE_LIBRARY).nil?
+        require PuppetKicker::NATIVE_LIBRARY
+        PuppetKicker::Native
+      else
+        require_relative 'ffi_backend'
+        PuppetKicker::FFIBackend.load(PuppetKicker::FFI_LIBRARY)
+      end
+    end
+
     def rotate(log)
       File.rename(log, "#{log}.1") if File.size?(log).to_i > MAX_LOG_BYTES
     rescue SystemCallError
@@ -64,9 +80,8 @@ module PuppetKicker
     def main(argv)
       confdir, vardir, server_datadir, config_file, *ssl = argv
       ssl = ssl.to_h { |pair| pair.split('=', 2) }
-      # The library alone (it defines PuppetKicker's errors): not Puppet, not the facade.
-      require PuppetKicker::NATIVE_LIBRARY
-      ending = PuppetKicker::Native.run_helper(confdir.to_s, vardir.to_s, server_datadir, config_file, ssl)
+      # The library alone: not Puppet, not the facade.
+      ending = library.run_helper(confdir.to_s, vardir.to_s, server_datadir, config_file, ssl)
       $stdout.puts "#{Time.now.utc.strftime('%FT%TZ')} helper[#{Process.pid}]: #{ending}" if ending == 'AlreadyRunning'
       0
     rescue StandardError, LoadError => e

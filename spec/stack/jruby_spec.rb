@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require 'json'
 require 'open3'
 require 'tmpdir'
 
@@ -33,8 +34,6 @@ describe 'the ffi backend under JRuby' do
       expect(jruby['deep_frozen']).to be(true)
       expect(jruby['shared']).to be > 0
       expect(jruby['one_object_each']).to be(true)
-      # The same answers again from a stream of one-server replies (pk_fetch_stream).
-      expect(jruby['streamed']).to be(true)
       # Hand-made replies: one read whole; every malformed one refused, saying what is wrong.
       # Three Hashes of the same keys (copies of one template), each with its own values.
       array = [2.5, nil, 18_446_744_073_709_551_615]
@@ -53,7 +52,14 @@ describe 'the ffi backend under JRuby' do
         'words past the end' => 'puppet-kicker: a malformed pk_fetch reply (its words)',
         'a failed reply' => 'puppet-kicker: a malformed pk_fetch reply (status 2 is not OK)'
       )
-      # 500 replies with bytes overwritten at random: each read or refused, nothing else.
+      # A reply as production reads it, through the pointer pk_fetch returned (no size
+      # of its own), bounded by the length pk_fetch handed over.
+      length = 'puppet-kicker: a malformed pk_fetch reply (its length)'
+      expect(jruby['guards']).to eq('a returned pointer' => 'FFI::Pointer', 'read whole' => true,
+                                    'a length one short' => length, 'a length one more' => length,
+                                    'its own length past the one handed over' => length,
+                                    'words past the length handed over' => length)
+      # 500 times with bytes overwritten at random: each read or refused, nothing else.
       expect(jruby['corrupted'].values.sum).to eq(500)
       expect(jruby['corrupted']['refused']).to be > 0
       mri = PuppetKicker.with_backend('magnus') do
@@ -91,6 +97,47 @@ describe 'the ffi backend under JRuby' do
       end
       expect(mri.first.map { |s| s['hostname'] }).to eq(%w[lb1 node1 node2 node3])
       expect(mri[5]).to match([:raised, 'PuppetKicker::QueryError', /\Aclause 'uptime': no operator/])
+    end
+  end
+
+  # A Java reader that loads and then fails during a call (a LinkageError, as one
+  # built for another JRuby would throw) must not fail the compile: one warning
+  # naming the error, and the Ruby reader for the rest of the process.
+  it 'falls back to the Ruby reader, with one warning, when the Java reader fails during a call' do
+    raise 'no jruby: script/test-puppetserver installs it (with puppetserver) and runs this' unless @jruby
+
+    master = ScratchMaster.create
+    Dir.mktmpdir('puppet-kicker-jruby-reader') do |dir|
+      jruby_jar, status = Open3.capture2(@jruby, '-e', 'print File.join(RbConfig::CONFIG["libdir"], "jruby.jar")')
+      expect(status).to be_success
+      fixture = File.join(ROOT, 'spec', 'fixtures', 'jruby', 'mismatched_reader')
+      classes = File.join(dir, 'classes')
+      # FetchReader compiled against one Layout, the jar shipping another.
+      system('javac', '--release', '11', '-cp', jruby_jar, '-d', classes,
+             *Dir[File.join(fixture, 'built_against', '**', '*.java')], exception: true)
+      system('javac', '--release', '11', '-d', classes, File.join(fixture, 'shipped', 'puppetkicker', 'Layout.java'),
+             exception: true)
+      FileUtils.cp_r(File.join(ROOT, 'lib'), dir)
+      FileUtils.mkdir_p(File.join(dir, 'native'))
+      FileUtils.cp(PuppetKicker::FFI_LIBRARY, File.join(dir, 'native'))
+      system('jar', '--create', '--file', File.join(dir, 'native', 'puppet_kicker_jruby.jar'), '-C', classes, '.',
+             exception: true)
+
+      script = File.join(ROOT, 'spec', 'fixtures', 'jruby', 'reader_fallback.rb')
+      stdout, stderr, status = Open3.capture3({ 'PUPPET_KICKER_BACKEND' => nil }, @jruby, script,
+                                              File.join(dir, 'lib'), master, File.join(master, 'var'))
+      expect(status).to be_success, "#{stdout}\n#{stderr}"
+      result = JSON.parse(stdout.lines.last)
+      expect(result).to eq('backend' => 'ffi', 'loaded' => 'PuppetKicker::JavaFetchReader', 'after' => nil,
+                           'first' => %w[lb1 node1 node2 node3], 'again' => %w[node2 node3],
+                           'one' => 'lb1')
+      warnings = stderr.lines.grep(/Java reader/)
+      expect(warnings.size).to eq(1), stderr
+      expect(warnings.first).to include("puppet-kicker: the Java reader (#{File.join(dir, 'native', 'puppet_kicker_jruby.jar')}) " \
+                                        'failed: Java::JavaLang::NoSuchMethodError:', 'headerBytes',
+                                        'the slower Ruby reader for the rest of this process')
+    ensure
+      FileUtils.rm_rf(master)
     end
   end
 end

@@ -297,29 +297,48 @@ describe 'the two backends' do
     expect(ffi.servers_with_facts(['role=web'], 'production').map(&:object_id)).to eq(web.map(&:object_id))
   end
 
-  it 'converts more servers than one pk_fetch reply gives from a stream of replies, identically' do
-    stub_const('PuppetKicker::FFIBackend::STREAMED_ABOVE', 1)
-    stub_const('PuppetKicker::FFIBackend::SERVERS_PER_REPLY', 2)
+  it "reads pk_fetch's replies only whole and within the length pk_fetch hands over: else a PuppetKicker::Error" do
     ffi = PuppetKicker.with_backend('ffi') { PuppetKicker.native }
-    ffi.send(:fresh_generation, :none) # nothing converted: every server is fetched
-    lib = ffi.instance_variable_get(:@lib)
-    allow(lib).to receive(:pk_fetch_next).and_call_original
-    all = expect_identical { |n| n.servers_with_role(['/./'], 'production') }
-    expect(all.map { |s| s['hostname'] }).to eq(%w[db1 db2 db3 odd web1 web2])
-    # Three replies of two servers, then the end.
-    expect(lib).to have_received(:pk_fetch_next).exactly(4).times
-  end
-
-  it "reads pk_fetch's replies only whole: a malformed one is a PuppetKicker::Error" do
-    PuppetKicker.with_backend('ffi') { PuppetKicker.native }
     reply = lambda do |length, counts|
       bytes = ([length] + counts).pack('QL9') # native byte order, as the library writes
       FFI::MemoryPointer.new(:uint8, bytes.bytesize).tap { |pointer| pointer.put_bytes(0, bytes) }
     end
-    expect(PuppetKicker::FetchReader.servers(reply.call(44, [0] * 9), [])).to eq([])
-    expect(PuppetKicker::FetchReader.servers(reply.call(44, [1] + ([0] * 8)), [])).to be_nil
-    expect { PuppetKicker::FetchReader.servers(reply.call(45, [0] * 9), []) }.to raise_error(PuppetKicker::Error, /malformed.*length/)
-    expect { PuppetKicker::FetchReader.servers(reply.call(44, [0, 3] + ([0] * 7)), []) }.to raise_error(PuppetKicker::Error, /malformed.*base 3/)
+    servers = ->(pointer, length = pointer.size) { PuppetKicker::FetchReader.servers(pointer, length, []) }
+    malformed = ->(what) { raise_error(PuppetKicker::Error, /malformed pk_fetch reply \(#{what}/) }
+    expect(servers.call(reply.call(44, [0] * 9))).to eq([])
+    expect(servers.call(reply.call(44, [1] + ([0] * 8)))).to be_nil
+    expect { servers.call(reply.call(45, [0] * 9)) }.to malformed.call('its length')
+    expect { servers.call(reply.call(44, [0, 3] + ([0] * 7))) }.to malformed.call('base 3')
+    expect { servers.call(reply.call(44, [0] * 9), 43) }.to malformed.call('its length')
+
+    # As production reads them: a pointer the attached pk_fetch returned (it carries
+    # no size of its own) and the length pk_fetch handed over beside it.
+    lib = ffi.instance_variable_get(:@lib)
+    selected = ffi.send(:request, :pk_select, 'op' => 'servers_with_role', 'roles' => ['web'], 'environment' => 'production')
+    positions = selected['positions']
+    session = lib.pk_session_new
+    length = FFI::MemoryPointer.new(:size_t)
+    pointer = lib.pk_fetch(session, selected['generation'], 0, positions.pack('L*'), positions.size, length)
+    begin
+      expect(pointer).not_to be_a(FFI::MemoryPointer)
+      size = length.get_ulong(0)
+      expect(servers.call(pointer, size).map { |server| server['hostname'] }).to eq(%w[web1 web2])
+      # Handed another length than the reply's own: refused before any part is read.
+      [size - 1, size + 1, 43].each { |other| expect { servers.call(pointer, other) }.to malformed.call('its length') }
+      # The reply's own length, or its parts, made to claim more than it has: refused.
+      own = pointer.get_uint64(0)
+      pointer.put_uint64(0, own + (1 << 40))
+      expect { servers.call(pointer, size) }.to malformed.call('its length')
+      pointer.put_uint64(0, own)
+      words = pointer.get_uint32(8 + (4 * 6))
+      pointer.put_uint32(8 + (4 * 6), words + 1_000_000)
+      expect { servers.call(pointer, size) }.to malformed.call('its length')
+      pointer.put_uint32(8 + (4 * 6), words)
+      expect(servers.call(pointer, size).map { |server| server['hostname'] }).to eq(%w[web1 web2])
+    ensure
+      lib.pk_free_fetch(pointer)
+      lib.pk_session_free(session)
+    end
   end
 
   it 'fails to load with an error that names the file and why' do
@@ -332,8 +351,9 @@ describe 'the two backends' do
       expect { PuppetKicker.send(:load_ffi, broken) }.to raise_error(
         PuppetKicker::Error, /library #{Regexp.escape(broken)} \(ffi backend\): .*(invalid ELF header|file too short)/
       )
+      # Refused before it is loaded: it does not say which Ruby it was built for.
       expect { PuppetKicker.send(:load_magnus, broken) }.to raise_error(
-        PuppetKicker::Error, /library #{Regexp.escape(broken)} \(magnus backend\): .*(invalid ELF header|file too short)/
+        PuppetKicker::Error, /library #{Regexp.escape(broken)} \(magnus backend\): it carries no record of the Ruby it was built for/
       )
     end
   end

@@ -20,6 +20,12 @@ use puppet_kicker::log::LogLine;
 use serde_json::Value as Json;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// Which Ruby this extension is compiled for (build.rs), where
+/// lib/puppet_kicker/ruby_abi.rb finds it in the file before loading it: the only
+/// copy of its marker in the library, between NULs. Loaded, it is
+/// `PuppetKicker::Native::RUBY_ABI`.
+static RUBY_ABI: &str = concat!("\0PUPPET_KICKER_RUBY_ABI ", env!("PUPPET_KICKER_RUBY_ABI"), "\0");
+
 /// The exception class for a failure: `PuppetKicker::ERRORS[kind]`, the one list
 /// (lib/puppet_kicker.rb), else `PuppetKicker::Error`. Looked up rather than kept:
 /// the lookup cannot panic, and a missing class (a broken load) degrades to
@@ -207,6 +213,8 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
 #[rustfmt::skip]
 fn define(ruby: &Ruby) -> Result<(), Error> {
     let native = ruby.define_module("PuppetKicker")?.define_module("Native")?;
+    // (black_box: the record's bytes stay in the file whole, NULs included.)
+    native.const_set("RUBY_ABI", std::hint::black_box(RUBY_ABI).trim_matches('\0'))?;
     native.define_module_function("configure", function!(|r: &Ruby, c, v, d, f, s| { let s = settings(r, c, v, d, f, s)?; call(r, || api::configure(s), nil) }, 5))?;
     native.define_module_function("servers_with_role", function!(|r: &Ruby, roles, environment| servers(r, Query::ServersWithRole { roles, environment }), 2))?;
     native.define_module_function("server_with_role", function!(|r: &Ruby, roles, environment| first(r, Query::ServerWithRole { roles, environment }), 2))?;

@@ -1,7 +1,7 @@
 /*
  * puppet_kicker_ffi.h: the C ABI of libpuppet_kicker_ffi.so, puppet-kicker's Rust core
  * for callers that cannot load a Ruby C extension (JRuby/puppetserver through Ruby's
- * ffi). ABI version 9. See ext/puppet_kicker_ffi/src/lib.rs.
+ * ffi). ABI version 12. See ext/puppet_kicker_ffi/README.md.
  *
  * Requests: `len` bytes of UTF-8 JSON at `req` (no NUL needed; null only with len 0).
  *
@@ -33,14 +33,18 @@
 extern "C" {
 #endif
 
-/* The ABI version this library implements (9); check it before any other call. */
+/* The ABI version this library implements (12); check it before any other call. */
 uint32_t pk_abi_version(void);
 
 /* ok: "0.1.0 (index format 2)", the core's version. */
 char *pk_version(void);
 
-/* req: {"confdir": s, "vardir": s, "server_datadir": s|null, "config_file": s|null}
- * (Puppet's settings; config_file is PUPPET_KICKER_CONFIG). ok: null.
+/* req: {"confdir": s, "vardir": s, "server_datadir": s|null, "config_file": s|null,
+ *       "hostcert": s|null, "hostprivkey": s|null, "localcacert": s|null, "hostcrl": s|null}
+ * (Puppet's settings; config_file is PUPPET_KICKER_CONFIG; the four certificate
+ * settings are what the PuppetDB source presents and trusts unless puppet_kicker.yaml
+ * says otherwise). An optional field absent, null or empty is not given; any other
+ * field is a "request" error. ok: null.
  * Reuses the core while the settings are unchanged; a new core when they differ. */
 char *pk_configure(const uint8_t *req, size_t len);
 
@@ -84,27 +88,11 @@ void pk_session_free(void *session);
  * starts the session over from 0. One binary buffer in native byte order (layout:
  * ext/puppet_kicker_ffi/src/fetch.rs): u64 length; u32 status (0 ok, 1 stale:
  * select again, 2 failed: the JSON is an error reply), base, counts; u32 words;
- * UTF-8 text; JSON. Never null; pass it to pk_free_fetch() exactly once. */
-uint8_t *pk_fetch(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count);
-
-/* pk_fetch's servers in replies of at most `per_reply` servers, which pk_fetch_next()
- * gives in order while a thread of the library encodes the next (the positions are
- * copied before it returns). Each reply is what pk_fetch would give for its servers
- * to a caller that read the replies before it; a stale or failed reply is the last.
- * With as many streams being encoded as the machine has cores, the stream is one
- * reply, encoded by the caller's thread in pk_fetch_stream() itself. Errors (null
- * session or positions, per_reply 0) are one failed reply. Free it with
- * pk_fetch_stream_free(), read to the end or not: a session whose caller stopped
- * reading starts over at its next fetch. Null only on an internal failure. */
-void *pk_fetch_stream(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count,
-                      size_t per_reply);
-
-/* The stream's next reply (as pk_fetch's: pass it to pk_free_fetch()), waiting for
- * it; null after the last, or for a null stream. One thread at a time per stream. */
-uint8_t *pk_fetch_next(void *stream);
-
-/* Frees a stream of pk_fetch_stream(); null is ignored. */
-void pk_fetch_stream_free(void *stream);
+ * UTF-8 text; JSON. Never null; pass it to pk_free_fetch() exactly once. Its length
+ * in bytes is written to *length (unless length is null): read no byte past it, and
+ * check the buffer's own u64 length against it. */
+uint8_t *pk_fetch(void *session, uint64_t generation, uint64_t have, const uint32_t *positions, size_t count,
+                  size_t *length);
 
 /* req: {"generation": n, "values": [V, ...], "keys": [K, ...]}. ok: {"values":
  * [value, ...], "keys": [name, ...]} in the order asked, each id of that index
@@ -114,6 +102,12 @@ char *pk_values(const uint8_t *req, size_t len);
 
 /* req: {"certname": s, "environment": s}: where a node compiles. ok: null. */
 char *pk_note_environment(const uint8_t *req, size_t len);
+
+/* The masterless helper: finishes, in this process, what a `puppet apply` left undone
+ * (a refresh, kicks) for these settings, then returns. req: as pk_configure's. ok: how
+ * it ended, a string ("Done", "AlreadyRunning": another helper holds the cache
+ * directory, or "LifetimeOver { undelivered: n }"). Blocks until then. */
+char *pk_run_helper(const uint8_t *req, size_t len);
 
 /* ok: [[level, message], ...] to log since the last call: the core's warnings, then
  * what the kick dispatcher logged. */
@@ -149,7 +143,7 @@ char *pk_kick_status(void);
 /* Frees a reply of any pk_* function; null is ignored. */
 void pk_free(char *reply);
 
-/* Frees a reply of pk_fetch or pk_fetch_next; null is ignored. */
+/* Frees a reply of pk_fetch; null is ignored. */
 void pk_free_fetch(uint8_t *reply);
 
 #ifdef __cplusplus

@@ -15,15 +15,6 @@
 //! could not read to the end) or the generation is another, the session starts over
 //! from 0 and the reply's `base` says so.
 //!
-//! # Streams
-//!
-//! A generation's first call converts thousands of servers. [`Session::stream`]
-//! gives them in replies of a few hundred, encoded on a thread of their own while
-//! the caller builds the objects of the reply before: under JRuby the encoding
-//! (about 4.5 µs a server) then overlaps the Java reader (about 5.5) instead of
-//! preceding it. Each reply is an ordinary one, its `base` the end of the one
-//! before, so a caller reads it as it reads `fetch`'s.
-//!
 //! # Layout (native byte order: the caller is in this process)
 //!
 //! | Bytes | What |
@@ -44,13 +35,10 @@
 //! numbers of the servers asked for, in order (a server is an OBJECT container:
 //! its facts, then `certname` unless a fact has that name).
 
-use crossbeam_channel::{Receiver, Sender};
 use puppet_kicker::api::{self, Entry, Failure, Server, ServersAt};
 use puppet_kicker::store::{Kind, StrId, View};
 use std::mem::ManuallyDrop;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
 pub const OK: u32 = 0;
 pub const STALE: u32 = 1;
@@ -70,10 +58,9 @@ const SCALAR_RANK: u32 = 2 << 30;
 const CONTAINER_RANK: u32 = 3 << 30;
 
 /// What one caller holds of one index generation: objects by store value or name.
-/// Shared with the thread that encodes a [`Stream`]'s replies, which may outlive
-/// the caller's handle.
+/// Locked while a reply is encoded (a caller's threads may share a session).
 #[derive(Default)]
-pub struct Session(Arc<Mutex<Sent>>);
+pub struct Session(Mutex<Sent>);
 
 #[derive(Default)]
 struct Sent {
@@ -166,153 +153,7 @@ impl Session {
     /// The servers at `positions` of index `generation`, encoded for a caller that
     /// holds `have` objects of this session.
     pub fn fetch(&self, generation: u64, have: u64, positions: &[u32]) -> Reply {
-        let mut one = None;
-        encode_replies(&self.0, generation, have, positions.to_vec(), usize::MAX, usize::MAX, |reply| {
-            one = Some(reply);
-            true
-        });
-        one.unwrap_or_else(|| failed(Failure::internal("a fetch without a reply")))
-    }
-
-    /// The servers at `positions`, as [`fetch`](Session::fetch) gives them, in
-    /// replies of at most `per_reply` servers each, encoded on a thread of their own
-    /// while the caller reads the ones before: a generation's first call converts
-    /// thousands of servers, and the caller's building of objects (JRuby's) then
-    /// overlaps the encoding instead of following it. The first reply has at most
-    /// [`FIRST_REPLY`] servers and each next one twice as many as the one before (up
-    /// to `per_reply`), so that the caller starts early. With as many streams being
-    /// encoded as the machine has cores, or no thread to be had, it is encoded here,
-    /// as one reply: the caller's wait is then what `fetch`'s is.
-    pub fn stream(&self, generation: u64, have: u64, positions: &[u32], per_reply: usize) -> Stream {
-        if per_reply == 0 {
-            return Stream::of(failed(Failure::request("0 servers a reply".to_string())));
-        }
-        let (sender, replies) = crossbeam_channel::bounded(1);
-        let stream = Stream { replies, due: positions.len(), ended: false };
-        let job =
-            StreamJob { session: Arc::clone(&self.0), generation, have, positions: positions.to_vec(), per_reply };
-        let Some(slot) = EncoderSlot::take() else {
-            drop(sender);
-            return Stream::of(job.run_here());
-        };
-        let spawned = std::thread::Builder::new().name("pk-fetch".to_string()).spawn({
-            let job = job.clone();
-            move || {
-                job.run(&sender);
-                // Free before the caller sees the stream end (run catches panics).
-                drop(slot);
-                drop(sender);
-            }
-        });
-        match spawned {
-            Ok(_) => stream,
-            Err(_) => Stream::of(job.run_here()),
-        }
-    }
-}
-
-/// A stream's work: what [`Session::stream`] was asked.
-#[derive(Clone)]
-struct StreamJob {
-    session: Arc<Mutex<Sent>>,
-    generation: u64,
-    have: u64,
-    positions: Vec<u32>,
-    per_reply: usize,
-}
-
-impl StreamJob {
-    /// Encodes the replies into `sender` until they are all sent or the caller
-    /// stops reading; a panic is a last, FAILED reply.
-    fn run(self, sender: &Sender<Reply>) {
-        let StreamJob { session, generation, have, positions, per_reply } = self;
-        let first = per_reply.min(FIRST_REPLY);
-        let sent = catch_unwind(AssertUnwindSafe(|| {
-            encode_replies(&session, generation, have, positions, first, per_reply, |reply| sender.send(reply).is_ok())
-        }));
-        if let Err(panic) = sent {
-            let _ = sender.send(failed(Failure::panic(&*panic)));
-        }
-    }
-
-    /// The whole stream as one reply, encoded on the caller's thread.
-    fn run_here(self) -> Reply {
-        let session = Session(self.session);
-        catch_unwind(AssertUnwindSafe(|| session.fetch(self.generation, self.have, &self.positions)))
-            .unwrap_or_else(|panic| failed(Failure::panic(&*panic)))
-    }
-}
-
-/// The most servers of a stream's first reply: what the caller waits for before it
-/// has anything to read.
-pub const FIRST_REPLY: usize = 32;
-
-/// One of the threads that may encode streams at once, as many as the machine has
-/// cores: after a refresh every JRuby instance of a master makes its first call at
-/// about the same time, and that burst starts no more threads than there are cores;
-/// the streams beyond them are encoded by their callers, as `fetch` is.
-struct EncoderSlot;
-
-static ENCODERS: AtomicUsize = AtomicUsize::new(0);
-
-impl EncoderSlot {
-    fn take() -> Option<EncoderSlot> {
-        static CORES: OnceLock<usize> = OnceLock::new();
-        let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        ENCODERS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cores).then_some(n + 1)).ok()?;
-        Some(EncoderSlot)
-    }
-}
-
-impl Drop for EncoderSlot {
-    fn drop(&mut self) {
-        ENCODERS.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The replies of [`Session::stream`], in order. Each is what `fetch` would give
-/// for its servers to a caller that read the ones before it (its base is their
-/// end); a STALE or FAILED reply is the last. Dropping the stream stops its
-/// encoder after the reply it is writing; the session then starts over at the
-/// next fetch (the caller holds less than it sent).
-pub struct Stream {
-    replies: Receiver<Reply>,
-    /// Servers not given yet: an encoder that ended before them is a FAILED reply.
-    due: usize,
-    ended: bool,
-}
-
-impl Stream {
-    /// A stream of one FAILED reply.
-    pub fn failed(failure: Failure) -> Stream {
-        Stream::of(failed(failure))
-    }
-
-    /// A stream of this one reply.
-    fn of(reply: Reply) -> Stream {
-        let (sender, replies) = crossbeam_channel::bounded(1);
-        let _ = sender.send(reply);
-        Stream { replies, due: 0, ended: false }
-    }
-
-    /// The next reply, waiting for it to be encoded; `None` after the last.
-    pub fn next_reply(&mut self) -> Option<Reply> {
-        if self.ended {
-            return None;
-        }
-        match self.replies.recv() {
-            Ok(reply) => {
-                match reply.status_and_servers() {
-                    (OK, servers) => self.due = self.due.saturating_sub(servers as usize),
-                    _ => self.ended = true,
-                }
-                Some(reply)
-            }
-            Err(_) => {
-                self.ended = true;
-                (self.due > 0).then(|| failed(Failure::internal("the fetch's encoder ended before its last reply")))
-            }
-        }
+        encode(&self.0, generation, have, positions.to_vec())
     }
 }
 
@@ -329,49 +170,24 @@ fn lock(session: &Mutex<Sent>) -> MutexGuard<'_, Sent> {
 }
 
 /// Encodes the servers at `positions` of index `generation`, for a caller holding
-/// `have` objects of `session`, in replies of at most `first` servers, then twice
-/// as many as the reply before, up to `most` (one reply, empty, for no positions),
-/// each handed to `give` until it returns false. A stale generation or position is
-/// one STALE reply; an error, one FAILED reply.
-fn encode_replies(
-    session: &Mutex<Sent>,
-    generation: u64,
-    have: u64,
-    positions: Vec<u32>,
-    first: usize,
-    most: usize,
-    mut give: impl FnMut(Reply) -> bool,
-) {
+/// `have` objects of `session`, in one reply. A stale generation or position is a
+/// STALE reply; an error, a FAILED reply.
+fn encode(session: &Mutex<Sent>, generation: u64, have: u64, positions: Vec<u32>) -> Reply {
     let servers = match api::servers_at(ServersAt { generation, positions }) {
         Ok(Some(servers)) => servers,
-        Ok(None) => {
-            give(finish(STALE, [0; 6], &[], &[], |word| word, b"", b""));
-            return;
-        }
-        Err(e) => {
-            give(failed(Failure::from(e)));
-            return;
-        }
+        Ok(None) => return finish(STALE, [0; 6], &[], &[], |word| word, b"", b""),
+        Err(e) => return failed(Failure::from(e)),
     };
     let mut sent = lock(session);
     if sent.generation != generation || u64::from(sent.count) != have {
         sent.start(generation);
     }
     let servers: Vec<Server> = servers.iter().collect();
-    let (mut rest, mut size) = (&servers[..], first.max(1));
-    loop {
-        let (part, after) = rest.split_at(size.min(rest.len()));
-        (rest, size) = (after, size.saturating_mul(2).min(most));
-        let reply = match Encoder::new(&mut sent).encode(part) {
-            Some(reply) => reply,
-            None => {
-                sent.start(generation);
-                give(failed(Failure::internal("a reply past 2^30 objects or 4 GiB")));
-                return;
-            }
-        };
-        if !give(reply) || rest.is_empty() {
-            return;
+    match Encoder::new(&mut sent).encode(&servers) {
+        Some(reply) => reply,
+        None => {
+            sent.start(generation);
+            failed(Failure::internal("a reply past 2^30 objects or 4 GiB"))
         }
     }
 }
@@ -389,8 +205,8 @@ impl Sent {
 /// reply reuses. A generation's first reply is megabytes: written into a new
 /// allocation each time, every page of it was a page fault, and the faults and the
 /// copy were nearly half of `pk_fetch`'s time. Buffers are kept for the whole
-/// process, [`KEPT_AT_MOST`] bytes of them in all: a [`Stream`]'s replies are read
-/// while the next is written, so a few are in use at once.
+/// process, [`KEPT_AT_MOST`] bytes of them in all (several callers' replies may be
+/// in use at once).
 pub struct Reply {
     /// [`PREFIX`] bytes, then the reply.
     buffer: Vec<u8>,
@@ -423,15 +239,6 @@ impl Reply {
     /// The reply's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.buffer[PREFIX..]
-    }
-
-    /// Its status and, when OK, how many servers it gives (the header's u32s 0 and 5).
-    fn status_and_servers(&self) -> (u32, u32) {
-        let field = |index: usize| {
-            let at = 8 + 4 * index;
-            u32::from_ne_bytes(self.bytes()[at..at + 4].try_into().unwrap_or_default())
-        };
-        (field(0), field(5))
     }
 
     /// The reply's first byte, for a C caller, who passes it to [`Reply::from_raw`]

@@ -15,9 +15,10 @@
 //! | `uint32_t pk_answer_holds(uint64_t A)` | | (returns 1 when answer `A` of `pk_select` is still the answer to that call, queuing a refresh of a stale index as the call would; else 0; no JSON) |
 //! | `char *pk_servers_at(req, len)` | `{"generation": G, "positions": [P, ..]}` | `[[[K, ..], [V, ..], certname], ..]`: each server at those positions as its fact names' ids, their values' ids, and the certname to add (or `null`); `null` when the index is no longer generation G |
 //! | `void *pk_session_new(void)` | | (a fetch session for one caller, freed with `pk_session_free`) |
-//! | `uint8_t *pk_fetch(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count)` | | (binary, see [`fetch`]: the servers at `positions` of index generation G with the fact names and values they hold that the caller lacks, for its table of `have` objects; freed with `pk_free_fetch`) |
+//! | `uint8_t *pk_fetch(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count, size_t *length)` | | (binary, see [`fetch`]: the servers at `positions` of index generation G with the fact names and values they hold that the caller lacks, for its table of `have` objects; its length in bytes written to `*length`, which bounds what the caller reads; freed with `pk_free_fetch`) |
 //! | `char *pk_values(req, len)` | `{"generation": G, "values": [V, ..], "keys": [K, ..]}` | `{"values": [value, ..], "keys": [name, ..]}`, or `null` when the index is no longer generation G (or an id is not its own) |
 //! | `char *pk_note_environment(req, len)` | `{"certname","environment"}` | `null` |
+//! | `char *pk_run_helper(req, len)` | as `pk_configure`'s | how the masterless helper ended (`"Done"`, `"AlreadyRunning"`, ..), once it has |
 //! | `char *pk_take_log(void)` | | `[[level, message], ..]`: refresh warnings, then kick lines |
 //! | `uint32_t pk_log_pending(void)` | | (returns how many lines `pk_take_log` would give now; no JSON) |
 //! | `char *pk_status(void)` | | `{"servers","index_bytes","built_at","last_error","config_file","cache_dir","failures","retry_at","work_left","helper"}` |
@@ -26,10 +27,7 @@
 //! | `char *pk_kick_status(void)` | | the kick status document, as a JSON text in a string |
 //! | `char *pk_command(req, len)` | `{"name": SUBCOMMAND, "args": {..}}`, a `puppet kicker` subcommand | its answer, as a JSON text in a string |
 //! | `void pk_free(char *)` | | |
-//! | `void *pk_fetch_stream(void *session, uint64_t G, uint64_t have, const uint32_t *positions, size_t count, size_t per_reply)` | | (what `pk_fetch` gives, in replies of at most `per_reply` servers that `pk_fetch_next` gives in order, encoded on a thread of their own while the caller reads the ones before ([`fetch::Session::stream`]); freed with `pk_fetch_stream_free`) |
-//! | `uint8_t *pk_fetch_next(void *stream)` | | (the stream's next reply, as `pk_fetch`'s, waiting for it; null after the last; freed with `pk_free_fetch`) |
 //! | `void pk_free_fetch(uint8_t *)` | | |
-//! | `void pk_fetch_stream_free(void *)` | | |
 //! | `void pk_session_free(void *)` | | |
 //!
 //! - A request is `len` bytes of UTF-8 JSON at `req` (no NUL needed).
@@ -65,8 +63,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// pk_servers_at by ids, pk_values; 5: pk_log_pending, pk_answer_holds; 6:
 /// pk_session_new, pk_fetch, pk_free_fetch, pk_session_free; 7: pk_configure's
 /// certificate settings; 8: pk_command; 9: pk_fetch_stream, pk_fetch_next,
-/// pk_fetch_stream_free).
-pub const ABI_VERSION: u32 = 9;
+/// pk_fetch_stream_free; 10: pk_run_helper; 11: pk_fetch_stream, pk_fetch_next and
+/// pk_fetch_stream_free removed; 12: pk_fetch's `length`).
+pub const ABI_VERSION: u32 = 12;
 
 /// The ABI version this library implements; the Ruby side checks it before anything else.
 #[no_mangle]
@@ -121,6 +120,13 @@ with_request!(
 with_request!(
     /// Records the environment a certname compiles in. `ok`: `null`.
     pk_note_environment => api::note_environment);
+with_request!(
+    /// The masterless helper ([`api::run_helper`]): finishes, in this process, what a
+    /// `puppet apply` left undone for these settings (`pk_configure`'s request), and
+    /// returns when it is done (or another helper holds the cache directory). `ok`:
+    /// how it ended, as a string. For `lib/puppet_kicker/helper.rb` on an MRI whose
+    /// magnus extension was built for another Ruby.
+    pk_run_helper => api::run_helper);
 without_request!(
     /// `{"ok": "<crate version> (index format N)"}`.
     pk_version => api::version);
@@ -205,14 +211,17 @@ pub unsafe extern "C" fn pk_session_free(session: *mut fetch::Session) {
 
 /// The servers at `count` `positions` of index `generation`, with the names and
 /// values they hold that the caller, holding `have` objects of `session`, lacks:
-/// one binary buffer ([`fetch`]: its first 8 bytes are its length) that the caller
-/// passes to `pk_free_fetch` exactly once. A stale generation or a position beyond
-/// the index is [`fetch::STALE`]; an error or a panic, [`fetch::FAILED`] with the
-/// JSON error. Never null.
+/// one binary buffer ([`fetch`]) that the caller passes to `pk_free_fetch` exactly
+/// once. Its length in bytes is written to `*length` (unless `length` is null): a
+/// caller reads no byte past it, and checks the buffer's first 8 bytes, its own
+/// record of its length, against it. A stale generation or a position beyond the
+/// index is [`fetch::STALE`]; an error or a panic, [`fetch::FAILED`] with the JSON
+/// error. Never null.
 ///
 /// # Safety
 /// `session` must be null or a live session of `pk_session_new`; `positions` must
-/// point to `count` readable u32s (or be null with `count == 0`).
+/// point to `count` readable u32s (or be null with `count == 0`); `length` must be
+/// null or point to a writable `size_t`.
 #[no_mangle]
 pub unsafe extern "C" fn pk_fetch(
     session: *const fetch::Session,
@@ -220,6 +229,7 @@ pub unsafe extern "C" fn pk_fetch(
     have: u64,
     positions: *const u32,
     count: usize,
+    length: *mut usize,
 ) -> *mut u8 {
     let reply = match (unsafe { session.as_ref() }, unsafe { positions_at(positions, count) }) {
         (None, _) => fetch::failed(Failure::request("null session".to_string())),
@@ -227,6 +237,9 @@ pub unsafe extern "C" fn pk_fetch(
         (Some(session), Ok(positions)) => catch_unwind(AssertUnwindSafe(|| session.fetch(generation, have, positions)))
             .unwrap_or_else(|panic| fetch::failed(Failure::panic(&*panic))),
     };
+    if let Some(length) = unsafe { length.as_mut() } {
+        *length = reply.bytes().len();
+    }
     reply.into_raw()
 }
 
@@ -242,69 +255,10 @@ unsafe fn positions_at<'a>(positions: *const u32, count: usize) -> Result<&'a [u
     }
 }
 
-/// `pk_fetch`'s servers in replies of at most `per_reply` servers, which
-/// `pk_fetch_next` gives in order while a thread of their own encodes the next
-/// ([`fetch::Session::stream`]): each is what `pk_fetch` would give for its servers
-/// to a caller that read the replies before it. Errors (a null session or
-/// positions, `per_reply` 0, a panic) are one FAILED reply. Free the stream with
-/// `pk_fetch_stream_free`, read to the end or not. Null only if its allocation
-/// panicked.
+/// Frees a reply of `pk_fetch`. Null is ignored.
 ///
 /// # Safety
-/// As `pk_fetch`'s arguments; the positions are copied before it returns.
-#[no_mangle]
-pub unsafe extern "C" fn pk_fetch_stream(
-    session: *const fetch::Session,
-    generation: u64,
-    have: u64,
-    positions: *const u32,
-    count: usize,
-    per_reply: usize,
-) -> *mut fetch::Stream {
-    let positions = unsafe { positions_at(positions, count) };
-    let session = unsafe { session.as_ref() };
-    catch_unwind(AssertUnwindSafe(|| {
-        let stream = match (session, positions) {
-            (None, _) => fetch::Stream::failed(Failure::request("null session".to_string())),
-            (_, Err(message)) => fetch::Stream::failed(Failure::request(message)),
-            (Some(session), Ok(positions)) => session.stream(generation, have, positions, per_reply),
-        };
-        Box::into_raw(Box::new(stream))
-    }))
-    .unwrap_or(std::ptr::null_mut())
-}
-
-/// The next reply of `stream`, as `pk_fetch`'s (pass it to `pk_free_fetch`),
-/// waiting until it is encoded; null after the last, or for a null stream.
-///
-/// # Safety
-/// `stream` must be null or a live stream of `pk_fetch_stream`, used by one
-/// thread at a time.
-#[no_mangle]
-pub unsafe extern "C" fn pk_fetch_next(stream: *mut fetch::Stream) -> *mut u8 {
-    let Some(stream) = (unsafe { stream.as_mut() }) else { return std::ptr::null_mut() };
-    catch_unwind(AssertUnwindSafe(|| stream.next_reply()))
-        .unwrap_or_else(|panic| Some(fetch::failed(Failure::panic(&*panic))))
-        .map_or(std::ptr::null_mut(), fetch::Reply::into_raw)
-}
-
-/// Frees a stream of `pk_fetch_stream`, read to the end or not (its encoder stops
-/// after the reply it is writing). Null is ignored.
-///
-/// # Safety
-/// `stream` must be null or a pointer `pk_fetch_stream` returned, not freed before.
-#[no_mangle]
-pub unsafe extern "C" fn pk_fetch_stream_free(stream: *mut fetch::Stream) {
-    if !stream.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(stream) })));
-    }
-}
-
-/// Frees a reply of `pk_fetch` or `pk_fetch_next`. Null is ignored.
-///
-/// # Safety
-/// `reply` must be null or a pointer `pk_fetch` or `pk_fetch_next` returned, not
-/// freed before.
+/// `reply` must be null or a pointer `pk_fetch` returned, not freed before.
 #[no_mangle]
 pub unsafe extern "C" fn pk_free_fetch(reply: *mut u8) {
     if !reply.is_null() {

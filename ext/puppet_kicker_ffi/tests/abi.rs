@@ -546,8 +546,10 @@ impl Fetcher {
     }
 
     fn fetch_having(&mut self, generation: u64, have: u64, positions: &[u32]) -> Fetched {
-        let reply = unsafe { pk_fetch(self.session, generation, have, positions.as_ptr(), positions.len()) };
-        read_reply(reply, &mut self.table)
+        let mut length = 0;
+        let reply =
+            unsafe { pk_fetch(self.session, generation, have, positions.as_ptr(), positions.len(), &mut length) };
+        read_reply(reply, length, &mut self.table)
     }
 }
 
@@ -557,9 +559,12 @@ impl Drop for Fetcher {
     }
 }
 
-fn read_reply(reply: *mut u8, table: &mut Vec<Value>) -> Fetched {
+/// Reads the reply of `length` bytes (as pk_fetch handed it over) at `reply`, and frees it.
+fn read_reply(reply: *mut u8, length: usize, table: &mut Vec<Value>) -> Fetched {
     assert!(!reply.is_null());
-    let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    assert!(length >= puppet_kicker_ffi::fetch::HEADER_BYTES, "a header at least: {length}");
+    let own = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    assert_eq!(own, length, "the reply's own length is the one handed over");
     let bytes = unsafe { std::slice::from_raw_parts(reply, length) }.to_vec();
     unsafe { pk_free_fetch(reply) };
     read_fetched(&bytes, table)
@@ -662,11 +667,16 @@ fn fetch_gives_the_servers_of_the_json_functions_in_one_binary_reply() {
     assert!(matches!(fetcher.fetch(generation + 1, &[web1]), Fetched::Stale));
     assert!(matches!(fetcher.fetch(u64::MAX, &[]), Fetched::Stale));
     // Null positions with a count, or no session: a request error, as data.
-    let reply = unsafe { pk_fetch(fetcher.session, generation, 0, std::ptr::null(), 3) };
-    let Fetched::Failed(failure) = read_reply(reply, &mut Vec::new()) else { panic!("null positions accepted") };
+    let mut length = 0;
+    let reply = unsafe { pk_fetch(fetcher.session, generation, 0, std::ptr::null(), 3, &mut length) };
+    let Fetched::Failed(failure) = read_reply(reply, length, &mut Vec::new()) else {
+        panic!("null positions accepted")
+    };
     assert_eq!(error(&failure), ("request".to_string(), "null positions with count 3".to_string()));
-    let reply = unsafe { pk_fetch(std::ptr::null(), generation, 0, [web1].as_ptr(), 1) };
-    let Fetched::Failed(failure) = read_reply(reply, &mut Vec::new()) else { panic!("no session accepted") };
+    // No length asked for (null): the reply is the same, its length in its first 8 bytes.
+    let reply = unsafe { pk_fetch(std::ptr::null(), generation, 0, [web1].as_ptr(), 1, std::ptr::null_mut()) };
+    let length = u64::from_ne_bytes(unsafe { *(reply as *const [u8; 8]) }) as usize;
+    let Fetched::Failed(failure) = read_reply(reply, length, &mut Vec::new()) else { panic!("no session accepted") };
     assert_eq!(error(&failure), ("request".to_string(), "null session".to_string()));
     unsafe { pk_free_fetch(std::ptr::null_mut()) };
     unsafe { pk_session_free(std::ptr::null_mut()) };
@@ -718,142 +728,4 @@ fn fetch_keeps_numbers_exact_and_sends_a_shared_value_once_a_generation() {
     let Fetched::Servers(again) = fetcher.fetch_having(generation, 3, &m1_at) else { panic!() };
     // 8 names, 5 strings (certname included), `release`, `os`, the list, m1.
     assert_eq!((again, fetcher.table.len()), (m1, 17), "from 0: all of m1");
-}
-
-/// Every reply of a stream, read in order into `table` (the stream is freed).
-fn read_stream(stream: *mut puppet_kicker_ffi::fetch::Stream, table: &mut Vec<Value>) -> Vec<Fetched> {
-    assert!(!stream.is_null());
-    let mut replies = Vec::new();
-    loop {
-        let reply = unsafe { pk_fetch_next(stream) };
-        if reply.is_null() {
-            break;
-        }
-        replies.push(read_reply(reply, table));
-    }
-    assert!(unsafe { pk_fetch_next(stream) }.is_null(), "null after the last, again");
-    unsafe { pk_fetch_stream_free(stream) };
-    replies
-}
-
-/// The servers of a stream's OK replies, in order, and how many each reply gave.
-fn streamed(fetcher: &mut Fetcher, generation: u64, positions: &[u32], per_reply: usize) -> (Vec<Value>, Vec<usize>) {
-    let have = fetcher.table.len() as u64;
-    let stream =
-        unsafe { pk_fetch_stream(fetcher.session, generation, have, positions.as_ptr(), positions.len(), per_reply) };
-    servers_of(read_stream(stream, &mut fetcher.table))
-}
-
-fn servers_of(replies: Vec<Fetched>) -> (Vec<Value>, Vec<usize>) {
-    let mut sizes = Vec::new();
-    let servers = replies
-        .into_iter()
-        .flat_map(|reply| match reply {
-            Fetched::Servers(servers) => {
-                sizes.push(servers.len());
-                servers
-            }
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    (servers, sizes)
-}
-
-/// A stream gives what one pk_fetch gives, in replies of at most `per_reply`
-/// servers (the first of at most 32, each next one up to twice the one before),
-/// each continuing the caller's table; a stale generation is one STALE
-/// reply; bad arguments are one FAILED reply; a stream freed before its end makes
-/// the session start over; with every core's encoder busy, a stream is one reply,
-/// encoded by the caller.
-#[test]
-fn a_stream_gives_what_one_fetch_gives_in_replies_of_a_few_servers() {
-    let _core = serial();
-    let fleet: Vec<(String, Value)> = (0..100)
-        .map(|i| {
-            let os = json!({"family": "Debian", "release": {"full": format!("12.{}", i % 3)}});
-            (format!("n{i:02}.example.com"), json!({"role": "n", "os": os, "ip": format!("10.0.0.{i}"), "n": i}))
-        })
-        .collect();
-    let fleet: Vec<(&str, Value)> = fleet.iter().map(|(name, facts)| (name.as_str(), facts.clone())).collect();
-    let master = Master::new("fetch-stream", "", &fleet);
-    assert_eq!(ok(master.configure()), Value::Null);
-    let n = json!({"op": "servers_with_role", "roles": ["n"], "environment": "production"});
-    let selected = ok(call(pk_select, &n));
-    let generation = selected["generation"].as_u64().unwrap();
-    let positions = positions_of(&selected);
-    assert_eq!(positions.len(), 100);
-    let Fetched::Servers(whole) = Fetcher::new().fetch(generation, &positions) else { panic!("not fetched") };
-    assert_eq!(Value::Array(whole.clone()), ok(query(&n)));
-
-    // Replies of at most 32 servers first (FIRST_REPLY), then twice the one before.
-    let sevens = [vec![7; 14], vec![2]].concat();
-    for (per_reply, sizes) in
-        [(1, vec![1; 100]), (7, sevens), (32, vec![32, 32, 32, 4]), (40, vec![32, 40, 28]), (1000, vec![32, 64, 4])]
-    {
-        let mut fetcher = Fetcher::new();
-        let (servers, given) = streamed(&mut fetcher, generation, &positions, per_reply);
-        assert!(servers == whole, "{per_reply}: the servers of one fetch");
-        assert_eq!(given, sizes, "{per_reply}");
-        // The session holds what the stream sent: the same servers again send nothing new.
-        let held = fetcher.table.len();
-        let Fetched::Servers(again) = fetcher.fetch(generation, &positions) else { panic!("not fetched") };
-        assert!(again == whole, "{per_reply}: fetched again");
-        assert_eq!(fetcher.table.len() - held, 200, "only each server's Hash and certname are new");
-    }
-    let mut fetcher = Fetcher::new();
-    assert_eq!(streamed(&mut fetcher, generation, &[], 5), (Vec::new(), vec![0]), "no positions: one empty reply");
-
-    // Stale, or bad arguments: one reply, the last.
-    let mut table = Vec::new();
-    let stream = unsafe { pk_fetch_stream(fetcher.session, generation + 1, 0, positions.as_ptr(), 100, 5) };
-    assert!(matches!(read_stream(stream, &mut table)[..], [Fetched::Stale]));
-    for (session, at, count, per_reply, message) in [
-        (fetcher.session as *const _, positions.as_ptr(), 100, 0, "0 servers a reply"),
-        (fetcher.session as *const _, std::ptr::null(), 3, 5, "null positions with count 3"),
-        (std::ptr::null(), positions.as_ptr(), 100, 5, "null session"),
-    ] {
-        let stream = unsafe { pk_fetch_stream(session, generation, 0, at, count, per_reply) };
-        let [Fetched::Failed(failure)] = &read_stream(stream, &mut table)[..] else { panic!("{message}: accepted") };
-        assert_eq!(error(failure), ("request".to_string(), message.to_string()));
-    }
-    assert!(unsafe { pk_fetch_next(std::ptr::null_mut()) }.is_null());
-    unsafe { pk_fetch_stream_free(std::ptr::null_mut()) };
-
-    // Freed after its first reply: the caller holds less than was sent, and the
-    // session starts over from 0 at its next fetch.
-    let mut fetcher = Fetcher::new();
-    let stream = unsafe { pk_fetch_stream(fetcher.session, generation, 0, positions.as_ptr(), 100, 10) };
-    let Fetched::Servers(first) = read_reply(unsafe { pk_fetch_next(stream) }, &mut fetcher.table) else { panic!() };
-    assert_eq!(first[..], whole[..10]);
-    unsafe { pk_fetch_stream_free(stream) };
-    let held = fetcher.table.len();
-    let reply = unsafe { pk_fetch(fetcher.session, generation, held as u64, positions.as_ptr(), 100) };
-    let bytes = unsafe { std::slice::from_raw_parts(reply, 44) }.to_vec();
-    assert_eq!(u32::from_ne_bytes(bytes[12..16].try_into().unwrap()), 0, "base 0: started over");
-    let Fetched::Servers(all) = read_reply(reply, &mut fetcher.table) else { panic!() };
-    assert_eq!(all, whole);
-
-    // Every core's encoder waiting for its caller to read: the next stream is
-    // encoded by its caller, as one reply.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let waiting: Vec<(Fetcher, *mut puppet_kicker_ffi::fetch::Stream)> = (0..cores)
-        .map(|_| {
-            let fetcher = Fetcher::new();
-            let stream = unsafe { pk_fetch_stream(fetcher.session, generation, 0, positions.as_ptr(), 100, 1) };
-            (fetcher, stream)
-        })
-        .collect();
-    let mut fetcher = Fetcher::new();
-    let (servers, sizes) = streamed(&mut fetcher, generation, &positions, 1);
-    assert!(servers == whole);
-    assert_eq!(sizes, [100], "one reply");
-    for (mut waiter, stream) in waiting {
-        let (servers, sizes) = servers_of(read_stream(stream, &mut waiter.table));
-        assert!(servers == whole);
-        assert_eq!(sizes, [1; 100], "the waiting streams go on");
-    }
-    // Their encoders gave their slots back before their streams ended: a stream has a thread again.
-    let (servers, sizes) = streamed(&mut Fetcher::new(), generation, &positions, 50);
-    assert!(servers == whole);
-    assert_eq!(sizes, [32, 50, 18]);
 }

@@ -34,8 +34,9 @@ import org.jruby.util.ByteList;
  * four Arrays and a splat). The reply is read where pk_fetch wrote it, through its FFI
  * pointer. Strings are slices of one copy of the reply's text, the other scalars come
  * from its JSON array, each Hash or Array from objects already in the table; all
- * frozen. Every count and number is checked against the reply's length and the
- * table's size: a malformed reply raises {@code PuppetKicker::Error}.
+ * frozen. Every count and number is checked against the reply's length, which
+ * pk_fetch hands over beside it (no byte past it is read), and the table's size: a
+ * malformed reply raises {@code PuppetKicker::Error}.
  *
  * <p>Loaded by lib/puppet_kicker/ffi_backend.rb under JRuby, from
  * native/puppet_kicker_jruby.jar, which {@code rake jar} builds. Java 11 bytecode,
@@ -51,7 +52,7 @@ public final class FetchReader {
     private FetchReader() {}
 
     /**
-     * Defines {@code PuppetKicker::JavaFetchReader.servers(reply, table)} and
+     * Defines {@code PuppetKicker::JavaFetchReader.servers(reply, length, table)} and
      * {@code .table}, and the class of its tables, {@code PuppetKicker::JavaFetchReader::Table}.
      */
     public static void define(Ruby runtime) {
@@ -76,21 +77,27 @@ public final class FetchReader {
 
     /**
      * The servers' frozen Hashes, in the order asked, of {@code reply} (an FFI pointer
-     * to the reply, its status OK: read where pk_fetch wrote it, not copied), their
+     * to the reply, its status OK: read where pk_fetch wrote it, not copied) of
+     * {@code length} bytes (what pk_fetch said: no byte past them is read), their
      * objects appended to {@code table} (made by {@link #table}).
      */
     @JRubyMethod(name = "servers", meta = true)
-    public static IRubyObject servers(ThreadContext context, IRubyObject self, IRubyObject reply, IRubyObject table) {
+    public static IRubyObject servers(ThreadContext context, IRubyObject self, IRubyObject reply, IRubyObject length,
+            IRubyObject table) {
         Ruby runtime = context.runtime;
-        if (!(reply instanceof AbstractMemory) || !(table instanceof Table)) {
-            throw malformed(runtime, "servers takes an FFI pointer to the reply and a JavaFetchReader.table");
+        if (!(reply instanceof AbstractMemory) || !(length instanceof RubyFixnum) || !(table instanceof Table)) {
+            throw malformed(runtime,
+                    "servers takes an FFI pointer to the reply, its length and a JavaFetchReader.table");
         }
         AbstractMemory memory = (AbstractMemory) reply;
         Table objects = (Table) table;
+        // The reply's own length, as pk_fetch handed it over; never more than the
+        // pointer's size when it has one (a pointer a function returned has none).
+        long readable = Math.min(((RubyFixnum) length).getLongValue(), memory.getSize());
         synchronized (objects) {
             boolean read = false;
             try {
-                IRubyObject servers = new Reading(context, memory.getMemoryIO(), memory.getSize(), objects).servers();
+                IRubyObject servers = new Reading(context, memory.getMemoryIO(), readable, objects).servers();
                 read = true;
                 return servers;
             } finally {
@@ -250,7 +257,7 @@ public final class FetchReader {
         private final Ruby runtime;
         /** The reply, in native memory. */
         private final MemoryIO reply;
-        /** Bytes readable at {@code reply}: the FFI pointer's size (unbounded for a returned one). */
+        /** Bytes readable at {@code reply}: the reply's length, as pk_fetch handed it over. */
         private final long readable;
         private final Table table;
         /** Where the table's objects end when this reply's are added. */
@@ -292,7 +299,7 @@ public final class FetchReader {
             long wordsAt = HEADER_BYTES;
             long textAt = wordsAt + 4 * wordCount;
             long jsonAt = textAt + textBytes;
-            if (jsonAt + jsonBytes != total || total > readable) {
+            if (jsonAt + jsonBytes != total || total != readable) {
                 throw malformed(runtime, "its length");
             }
             if (status != OK) {
