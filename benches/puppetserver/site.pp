@@ -21,8 +21,9 @@ node default {
     pk_bench_servers_with_facts('role=haproxy', 'os.family=Debian'),
     pk_bench_server_with_role('haproxy', { 'certname' => 'none' }),
     pk_bench_scope_servers_with_role('haproxy'),
-    pk_bench_kept_servers_with_role('haproxy'),
     pk_bench_body_servers_with_role('haproxy'),
+    pk_bench_once_servers_with_role('haproxy'),
+    pk_bench_scoped_servers_with_role('haproxy'),
   ]
 
   # Each sample, for each call: two pairs, each between reads of the clock: the no-op
@@ -79,17 +80,6 @@ node default {
     $bps_noop = pk_bench_servers_with_role('haproxy')
     $bps2 = pk_bench::clock()
 
-    $apk0 = pk_bench::clock()
-    $apk_noop = pk_bench_servers_with_role('haproxy')
-    $apk1 = pk_bench::clock()
-    $apk_call = pk_bench_kept_servers_with_role('haproxy')
-    $apk2 = pk_bench::clock()
-    $bpk0 = pk_bench::clock()
-    $bpk_call = pk_bench_kept_servers_with_role('haproxy')
-    $bpk1 = pk_bench::clock()
-    $bpk_noop = pk_bench_servers_with_role('haproxy')
-    $bpk2 = pk_bench::clock()
-
     $apb0 = pk_bench::clock()
     $apb_noop = pk_bench_servers_with_role('haproxy')
     $apb1 = pk_bench::clock()
@@ -100,6 +90,28 @@ node default {
     $bpb1 = pk_bench::clock()
     $bpb_noop = pk_bench_servers_with_role('haproxy')
     $bpb2 = pk_bench::clock()
+
+    $apo0 = pk_bench::clock()
+    $apo_noop = pk_bench_servers_with_role('haproxy')
+    $apo1 = pk_bench::clock()
+    $apo_call = pk_bench_once_servers_with_role('haproxy')
+    $apo2 = pk_bench::clock()
+    $bpo0 = pk_bench::clock()
+    $bpo_call = pk_bench_once_servers_with_role('haproxy')
+    $bpo1 = pk_bench::clock()
+    $bpo_noop = pk_bench_servers_with_role('haproxy')
+    $bpo2 = pk_bench::clock()
+
+    $apc0 = pk_bench::clock()
+    $apc_noop = pk_bench_servers_with_role('haproxy')
+    $apc1 = pk_bench::clock()
+    $apc_call = pk_bench_scoped_servers_with_role('haproxy')
+    $apc2 = pk_bench::clock()
+    $bpc0 = pk_bench::clock()
+    $bpc_call = pk_bench_scoped_servers_with_role('haproxy')
+    $bpc1 = pk_bench::clock()
+    $bpc_noop = pk_bench_servers_with_role('haproxy')
+    $bpc2 = pk_bench::clock()
 
     # Per call: [[no-op first, no-op second], [call second, call first], whether
     # both calls returned the kept answer]. (A Hash literal cannot begin a
@@ -125,15 +137,20 @@ node default {
         [$aps1 - $aps0, $bps2 - $bps1], [$aps2 - $aps1, $bps1 - $bps0],
         true,
       ],
-      'kept'               => [
-        [$apk1 - $apk0, $bpk2 - $bpk1], [$apk2 - $apk1, $bpk1 - $bpk0],
-        pk_bench::same($apk_call, $kept['servers_with_role']) and
-          pk_bench::same($bpk_call, $kept['servers_with_role']),
-      ],
       'body'               => [
         [$apb1 - $apb0, $bpb2 - $bpb1], [$apb2 - $apb1, $bpb1 - $bpb0],
         pk_bench::same($apb_call, $kept['servers_with_role']) and
           pk_bench::same($bpb_call, $kept['servers_with_role']),
+      ],
+      'once'               => [
+        [$apo1 - $apo0, $bpo2 - $bpo1], [$apo2 - $apo1, $bpo1 - $bpo0],
+        pk_bench::same($apo_call, $kept['servers_with_role']) and
+          pk_bench::same($bpo_call, $kept['servers_with_role']),
+      ],
+      'scoped'             => [
+        [$apc1 - $apc0, $bpc2 - $bpc1], [$apc2 - $apc1, $bpc1 - $bpc0],
+        pk_bench::same($apc_call, $kept['servers_with_role']) and
+          pk_bench::same($bpc_call, $kept['servers_with_role']),
       ],
     }
     $sample
