@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# `script/bench --report [--long]`: runs every benchmark once and writes
+# `script/bench --report [--long] [--puppetserver]`: runs every benchmark once and writes
 # docs/performance.md whole from that run (the machine, the versions, the date, the
 # commit, which parts ran, then every table), and rewrites README.md's performance
 # summary (between its two markers) from the same run. No figure in either is typed
@@ -8,7 +8,12 @@
 # (JSON, for the summary and the scaling table).
 #
 #   --long   also the 50,000-server scaling run and the benchmarks against a real
-#            PuppetDB (bench/puppetdb, under the stack lock)
+#            PuppetDB (bench/puppetdb, under the stack lock); the puppetserver
+#            benchmark with 10,000 servers in its fact cache rather than 1,000
+#   --puppetserver
+#            the puppetserver benchmark (benches/puppetserver/run, under the stack
+#            lock) even when puppetserver is not installed: installs it first
+#            (script/puppetserver install, apt); it runs anyway when it is installed
 #   --compare REV
 #            also the MRI binding of this checkout next to git revision REV's
 #            (benches/ruby/compare_mri.rb), as the section "The MRI binding: this
@@ -40,12 +45,14 @@ LONG_SCALING = 50_000
 STACK_LOCK = ENV.fetch('PK_BENCH_STACK_LOCK', '/tmp/pk/stack.lock')
 JRUBY_ARGS = ENV.fetch('PK_BENCH_JRUBY_ARGS', '-J-Xms2g -J-Xmx2g').split
 PUPPETSERVER_RUN = File.join(ROOT, 'benches', 'puppetserver', 'run')
+PUPPETSERVER_SERVERS = 1_000
 NATIVE = File.join(ROOT, 'native')
 JAR = File.join(NATIVE, 'puppet_kicker_jruby.jar')
 
 long = ARGV.delete('--long')
+want_puppetserver = ARGV.delete('--puppetserver')
 compare = (at = ARGV.index('--compare')) && ARGV.slice!(at, 2)[1]
-usage = 'usage: script/bench --report [--long] [--compare REV]'
+usage = 'usage: script/bench --report [--long] [--puppetserver] [--compare REV]'
 abort "#{usage} (--compare needs a git revision)" if at && compare.nil?
 abort "#{usage} (unknown: #{ARGV.join(' ')})" unless ARGV.empty?
 
@@ -210,8 +217,16 @@ system('cargo', 'build', '--quiet', '--release', '--locked', '--features', 'synt
        chdir: ROOT, out: $stderr, exception: true)
 build_seconds = monotonic - build_started
 
-puppetserver_skip = if !File.exist?(PUPPETSERVER_RUN) then 'benches/puppetserver/run is not in this checkout'
-                    elsif !File.executable?(PUPPETSERVER_RUN) then 'benches/puppetserver/run is not executable'
+# Debian's puppetserver package, installed (what script/puppetserver runs).
+def puppetserver_installed?
+  command_output('dpkg-query', '-W', '-f=${db:Status-Status}', 'puppetserver') == 'installed'
+end
+
+system(File.join(ROOT, 'script', 'puppetserver'), 'install', out: $stderr, exception: true) if want_puppetserver && !puppetserver_installed?
+puppetserver_servers = long ? SERVERS : PUPPETSERVER_SERVERS
+puppetserver_skip = if !File.executable?(PUPPETSERVER_RUN) then 'benches/puppetserver/run is not in this checkout'
+                    elsif !puppetserver_installed?
+                      'puppetserver is not installed (`script/bench --report --puppetserver` installs it)'
                     elsif !available?('flock') then 'flock (util-linux) is not installed'
                     end
 pdb_skip = if !long then 'not asked for (`--long`)'
@@ -223,7 +238,9 @@ parts = [
   *(compare ? [Part.new(:compare_mri, "The MRI binding: this commit vs #{compare}", ['ruby', 'benches/ruby/compare_mri.rb', compare, SERVERS.to_s])] : []),
   Part.new(:functions_jruby, 'The functions against pure Ruby: JRuby',
            ['jruby', *JRUBY_ARGS, 'benches/ruby/functions.rb', SERVERS.to_s], skipped: jar_error),
-  Part.new(:puppetserver, 'In a puppetserver compile', [PUPPETSERVER_RUN], lock: true, skipped: puppetserver_skip),
+  # (built above: the benchmark need not build again; it loads the Java reader)
+  Part.new(:puppetserver, 'In a puppetserver compile', [PUPPETSERVER_RUN, puppetserver_servers.to_s],
+           env: { 'PK_BENCH_NO_BUILD' => '1' }, lock: true, skipped: puppetserver_skip || jar_error),
   Part.new(:query, 'The query core, loading and cold starts', cargo_bench['query'], env: { 'PK_BENCH_SERVERS' => SERVERS.to_s }),
   *(SCALING - [SERVERS]).map do |n|
     Part.new(:"scaling_#{n}", "Scaling: #{count(n)} servers", cargo_bench['query'],
@@ -262,6 +279,11 @@ def goal_cell(results, row)
   parts.join('; ')
 end
 
+# Whether a part's results hold every one of `keys` (a part that failed has none).
+def has?(results, *keys)
+  (keys - results.keys).empty?
+end
+
 functions = { 'MRI' => part[:functions_mri].results, 'JRuby' => part[:functions_jruby].results }.reject { |_, r| r.empty? }
 query = part[:query].results
 mco = part[:inventory].results
@@ -290,11 +312,18 @@ def goal(text, met)
   "#{text}: #{met ? 'met' : '**missed**'}"
 end
 
-# Whether a part's results hold every one of `keys` (a part that failed has none).
-def has?(results, *keys)
-  (keys - results.keys).empty?
+puppetserver = part[:puppetserver].results
+if has?(puppetserver, 'figures', 'worst', 'goal')
+  worst = puppetserver['worst']
+  row = puppetserver.dig('figures', worst['phase'], worst['function'])
+  ratios = puppetserver['figures'].map do |phase, fig|
+    "#{phase} #{span(%w[servers_with_role servers_with_facts server_with_role].map { |f| fig.dig(f, 'ratio') }) { |r| times(r) }}"
+  end
+  summary << ["A kept answer under puppetserver ÷ a no-op Puppet function (#{count(puppetserver['servers'])} servers)",
+              "worst `#{worst['function']}` #{worst['phase']}: #{times(worst['ratio'])} (#{ns(row['call'])} vs " \
+              "#{ns(row['noop'])}); #{ratios.join('; ')}",
+              goal("≤ #{puppetserver['goal']}x", worst['ratio'] <= puppetserver['goal']),]
 end
-
 if has?(query, 'cold_json', 'cold_snapshot', 'index_bytes', 'json_bytes', 'cold_snapshot_rss_mb', 'json_to_index', 'refresh_10')
   cold = query['cold_json'] / query['cold_snapshot']
   summary << ["A new process's first answer: from the snapshot vs the JSON fact cache",
@@ -385,9 +414,11 @@ sections = {
     JIT is warmed up is said above the table.
   TEXT
   puppetserver: <<~TEXT,
-    `benches/puppetserver/run`, under the stack lock: a real puppetserver, each function's
-    identical repeated call next to a no-op function with the same signature, timed the same
-    way in the same compile.
+    `benches/puppetserver/run #{puppetserver_servers}`, under the stack lock (#{count(puppetserver_servers)} servers;
+    `--long` gives it #{count(SERVERS)}): Debian's puppetserver started for the run with the ffi backend,
+    each function's identical repeated call next to a no-op Puppet function with the same
+    signature, timed the same way from the manifest in the same compiles, then where the time
+    of a call goes. It runs when puppetserver is installed; `--puppetserver` installs it.
   TEXT
   query: <<~TEXT,
     `cargo bench --bench query` at #{count(SERVERS)} servers: (a) and (b) the index against a scan of
@@ -508,7 +539,7 @@ TEXT
 header = <<~TEXT
   # Performance
 
-  Generated by `script/bench --report#{long ? ' --long' : ''}#{compare ? " --compare #{compare}" : ''}`; do not edit it: run that command again.
+  Generated by `script/bench --report#{long ? ' --long' : ''}#{want_puppetserver ? ' --puppetserver' : ''}#{compare ? " --compare #{compare}" : ''}`; do not edit it: run that command again.
   Every table below comes from that one run. Figures vary by about 10 % between runs on a
   quiet machine, more on a busy one: compare figures within one run, side by side.
 
