@@ -295,7 +295,7 @@ module PuppetKicker
   # What the function calls of one compile share, made by its first call
   # (PuppetKicker.compile), which configured the core for it: the compiler it is for
   # (by object_id, unique for the life of the process, so that a finished compile is
-  # not kept alive), the backend (and whether it holds answers: #kept), the compile's
+  # not kept alive), the backend (and, once log and note are done, the one that holds answers: #holder), the compile's
   # environment, and whether the core's log was taken and the node's environment
   # noted in it.
   class Compile
