@@ -182,8 +182,8 @@ keys! {
         set |c, v, _| c.sources.mcollective.overrides.connector = Some(v.as_str().and_then(ConnectorKind::parse).ok_or(expected("rabbitmq or activemq"))?),
         show |c| &c.sources.mcollective.overrides.connector;
     /// Brokers, tried in order: a list of `{host, port, user, password}` or `host:port`; `ssl: true`
-    /// with `ssl_ca` (a file or a list), `ssl_cert`, `ssl_key` for TLS (see "TLS to the broker";
-    /// relative to this file).
+    /// with `ssl_ca` (a file or a list), `ssl_cert`, `ssl_key` for TLS (see
+    /// docs/mcollective.md, "TLS to the broker"; relative to this file).
     Plain "mcollective.pool" = Described("from client.cfg (`plugin.<connector>.pool.*`)"),
         set |c, v, base| c.sources.mcollective.overrides.pool = Some(pool(v, base)?),
         show |c| &c.sources.mcollective.overrides.pool;
