@@ -6,6 +6,7 @@
 //! mcollective `runonce`, and reports outcomes back.
 
 mod chain;
+pub mod choria;
 mod config;
 mod graph;
 mod planner;
