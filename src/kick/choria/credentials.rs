@@ -14,7 +14,7 @@ use std::fmt;
 /// A key pair and its certificate, checked to belong together.
 pub struct Credentials {
     key: RsaKeyPair,
-    /// The certificate as PEM text, as Choria's `pubcert` carries it.
+    /// The certificate file's text (PEM), as Choria's `pubcert` carries it.
     certificate_pem: String,
     rng: SystemRandom,
 }
@@ -44,8 +44,9 @@ impl Credentials {
         if !certificate.as_ref().windows(public.len()).any(|w| w == public) {
             return Err(CredentialError::KeyNotCertificates);
         }
+        // Sent as the file is, as go-choria sends it (`PublicCertBytes`).
         let text = std::str::from_utf8(certificate_pem).map_err(|_| CredentialError::CertificateNotPem)?;
-        Ok(Credentials { key, certificate_pem: text.trim_end().to_string(), rng: SystemRandom::new() })
+        Ok(Credentials { key, certificate_pem: text.to_string(), rng: SystemRandom::new() })
     }
 
     /// The certificate, PEM, for `pubcert`.

@@ -36,9 +36,11 @@
 //!   PKCS#1 v1.5 with SHA-256 (`secure_request.json`'s description of `signature`).
 //!   `pubcert` is the PEM certificate (`constructors.go` `NewSecureRequest`).
 //! - The request's `message` is base64 of the RPC body: the server decodes it so
-//!   (`message/message.go` `NewMessageFromRequest`: `SetBase64Payload(req.Message())`).
-//!   The body is `{"agent","action","data"}` (`providers/agent/mcorpc/client/client.go`
-//!   `RPCRequest`), `data` a JSON object whose keys Go writes sorted.
+//!   (`message/message.go` `NewMessageFromRequest`: `SetBase64Payload(req.Message())`,
+//!   which keeps the text as it is when it is not base64, so a server takes the plain
+//!   JSON some go-choria clients send as well). The body is `{"agent","action","data"}`
+//!   (`providers/agent/mcorpc/client/client.go` `RPCRequest`), `data` a JSON object
+//!   whose keys Go writes sorted.
 //! - A reply's `hash` is base64 of SHA-256 over the reply's JSON text, compared by
 //!   `secureReply.Valid`; the reply's `message` is the RPC reply's JSON text, which
 //!   the client parses as it is (`providers/agent/mcorpc/client/util.go`
