@@ -74,6 +74,8 @@ mod credentials;
 mod error;
 mod reply;
 mod request;
+mod settings;
+mod transport;
 
 pub use credentials::Credentials;
 pub use error::{CredentialError, ReplyError, RequestError};
@@ -82,6 +84,8 @@ pub use request::{
     directed_subject, reply_subject, runonce_request, Caller, Destination, DirectedRequest, RequestId, RunOnce, AGENT,
     MIN_TTL,
 };
+pub use settings::{parse_brokers, runonce_inputs, Broker, ChoriaSettings, SetupError, DEFAULT_NATS_PORT};
+pub use transport::ChoriaTransport;
 
 /// `protocol` of each message, as go-choria's `protocol/protocol.go` names them.
 pub const TRANSPORT_V1: &str = "choria:transport:1";
