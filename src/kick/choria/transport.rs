@@ -254,15 +254,30 @@ impl Shared {
             connection_lost: true,
         };
         let client = &connection.client;
-        let mut replies = client.subscribe(request.reply_to.clone()).await.map_err(|e| lost("subscribe", &e))?;
-        client
-            .publish(request.subject.clone(), request.payload.clone().into())
-            .await
-            .map_err(|e| lost("publish", &e))?;
-        client.flush().await.map_err(|e| lost("flush", &e))?;
+        let deadline = Instant::now() + self.reply_timeout;
+        // The broker must take the request within the reply timeout too: a broker
+        // that stops reading cannot hold the kick longer.
+        let sent = tokio::time::timeout(self.reply_timeout, async {
+            let replies = client.subscribe(request.reply_to.clone()).await.map_err(|e| lost("subscribe", &e))?;
+            let payload = request.payload.clone().into();
+            client.publish(request.subject.clone(), payload).await.map_err(|e| lost("publish", &e))?;
+            client.flush().await.map_err(|e| lost("flush", &e))?;
+            Ok(replies)
+        });
+        let mut replies = match sent.await {
+            Ok(replies) => replies?,
+            Err(_) => {
+                let seconds = self.reply_timeout.as_secs_f64();
+                return Err(Failure {
+                    reason: format!(
+                        "choria: kick of {target} not sent: broker {broker} did not take it within {seconds} s"
+                    ),
+                    connection_lost: true,
+                });
+            }
+        };
 
         let expected = Expected { request_id: &request.request_id, target };
-        let deadline = Instant::now() + self.reply_timeout;
         let mut refused = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
