@@ -374,7 +374,8 @@ mod tests {
         c.ssl_key = Some(fixture("nonexistent.pem"));
         let e = c.resolve(&puppet).unwrap_err().to_string();
         assert!(e.contains("'choria.ssl_key': cannot read") && e.contains("nonexistent.pem"), "{e}");
-        assert_eq!(runonce_inputs(&crate::kick::Agent::Puppetd).unwrap_err().to_string().contains("puppetd"), true);
+        let e = runonce_inputs(&crate::kick::Agent::Puppetd).unwrap_err().to_string();
+        assert!(e.contains("'kick.agent' is puppetd"), "{e}");
     }
 
     #[test]
