@@ -47,6 +47,23 @@ struct NatsServer {
 impl NatsServer {
     /// On a port the server picks, or on `port` (to bring a stopped broker back).
     fn start(name: &str, port: Option<u16>) -> NatsServer {
+        NatsServer::start_with(name, port, "")
+    }
+
+    /// With Choria's broker ACLs: each client named by its certificate's subject
+    /// (`verify_and_map`), the kicker allowed to publish requests and to hear the
+    /// replies of the caller id `reply_caller` only, servers to hear requests and
+    /// publish replies (go-choria's broker gives clients and servers these).
+    fn with_acls(name: &str, reply_caller: &str) -> NatsServer {
+        use md5::Digest;
+        let md5: String = md5::Md5::digest(reply_caller.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        let acls = format!(
+            "authorization {{\n  users = [\n    {{user: \"CN=kicker.mcollective\", permissions: {{publish: [\"*.node.>\"], subscribe: [\"*.reply.{md5}.>\"]}}}}\n    {{user: \"CN=web1.example.com\", permissions: {{publish: [\"*.reply.>\"], subscribe: [\"*.node.>\"]}}}}\n  ]\n}}\n"
+        );
+        NatsServer::start_with(name, None, &acls)
+    }
+
+    fn start_with(name: &str, port: Option<u16>, acls: &str) -> NatsServer {
         let dir = std::env::temp_dir().join(format!("pk-choria-nats-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let conf = dir.join("nats.conf");
@@ -54,10 +71,11 @@ impl NatsServer {
         std::fs::write(
             &conf,
             format!(
-                "host: \"127.0.0.1\"\nport: {port_setting}\nmax_payload: 1048576\ntls {{\n  cert_file: {:?}\n  key_file: {:?}\n  ca_file: {:?}\n  verify: true\n  timeout: 5\n}}\n",
+                "host: \"127.0.0.1\"\nport: {port_setting}\nmax_payload: 1048576\ntls {{\n  cert_file: {:?}\n  key_file: {:?}\n  ca_file: {:?}\n  {}: true\n  timeout: 5\n}}\n{acls}",
                 fixture("broker.pem"),
                 fixture("broker.key"),
                 fixture("ca.pem"),
+                if acls.is_empty() { "verify" } else { "verify_and_map" },
             ),
         )
         .unwrap();
@@ -474,6 +492,27 @@ fn a_lost_broker_fails_the_kick_and_the_next_kick_connects_again() {
     let nats = NatsServer::start("lost-again", Some(port));
     let responder = Responder::start(&nats.broker());
     assert_eq!(kick(&choria, "web1.example.com"), Outcome::StartedAt(1_700_000_000_000));
+    assert_eq!(responder.seen().len(), 1);
+}
+
+#[test]
+fn the_brokers_acls_let_the_kicker_hear_only_its_own_replies() {
+    // Choria's broker lets a client hear `*.reply.<md5(its caller id)>.>` only: the
+    // subjects the transport uses are those.
+    let nats = NatsServer::with_acls("acls", "choria=kicker.mcollective");
+    let responder = Responder::start(&nats.broker());
+    let choria = transport(&config(&nats.broker(), json!({})));
+    assert_eq!(kick(&choria, "web1.example.com"), Outcome::StartedAt(1_700_000_000_000));
+    assert_eq!(responder.seen().len(), 1);
+
+    // A broker whose ACLs are for another caller id: the kick fails, and says why.
+    let nats = NatsServer::with_acls("acls-other", "choria=someone.mcollective");
+    let responder = Responder::start(&nats.broker());
+    let choria = transport(&config(&nats.broker(), json!({})));
+    let why = failed(kick(&choria, "web1.example.com"));
+    assert!(why.contains("no reply from web1.example.com within 2 s"), "{why}");
+    assert!(why.contains("the broker said") && why.contains("Permissions Violation"), "{why}");
+    // The request did go out (publishing to *.node.> is allowed); its reply could not come back.
     assert_eq!(responder.seen().len(), 1);
 }
 
