@@ -12,7 +12,8 @@
 use super::error::Problem;
 use super::values::*;
 use super::{Config, OnNoData};
-use crate::kick::{Agent, RateLimit};
+use crate::kick::choria::{parse_brokers, MIN_TTL};
+use crate::kick::{Agent, RateLimit, TransportKind};
 use crate::mcollective::ConnectorKind;
 use serde_json::Value;
 use std::fmt::Debug;
@@ -302,6 +303,52 @@ keys! {
         set |c, v, _| c.sources.puppetdb.full_refresh = seconds(v, "a duration (3600, 1h)")?,
         show |c| &c.sources.puppetdb.full_refresh;
 
+    /// The NATS brokers of your Choria fleet, tried in order: a list of `host:port` (Choria's port is
+    /// 4222). Required with `kick.transport: choria`. TLS is always on (see docs/choria.md).
+    Plain "choria.brokers" = Described("none: required for `kick.transport: choria`"),
+        set |c, v, _| c.kick.choria.brokers = parse_brokers(v).map_err(|e| Problem::Invalid(format!("must be {e}")))?,
+        show |c| &c.kick.choria.brokers;
+    /// The caller id is `choria=<certname>`; the certificate must be this name's (checked at start).
+    Plain "choria.certname" = Described("Puppet's certname (the name of its `hostcert` file)"),
+        set |c, v, _| c.kick.choria.certname = Some(text(v, "a certname")?),
+        show |c| &c.kick.choria.certname;
+    /// The CA the brokers' certificates must chain to, and the certificate and key that sign
+    /// requests and authenticate to the brokers (relative to this file): Choria's own defaults.
+    Plain "choria.ssl_ca" = Described("Puppet's `localcacert` (`$ssldir/certs/ca.pem`)"),
+        set |c, v, base| c.kick.choria.ssl_ca = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.choria.ssl_ca;
+    Plain "choria.ssl_cert" = Described("Puppet's `hostcert` (`$ssldir/certs/<certname>.pem`)"),
+        set |c, v, base| c.kick.choria.ssl_cert = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.choria.ssl_cert;
+    Plain "choria.ssl_key" = Described("Puppet's `hostprivkey` (`$ssldir/private_keys/<certname>.pem`)"),
+        set |c, v, base| c.kick.choria.ssl_key = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.choria.ssl_key;
+    /// The main collective; a kick whose environment is one of `choria.collectives` goes to that collective.
+    Plain "choria.collective" = Value("mcollective"),
+        set |c, v, _| c.kick.choria.collective = text(v, "a collective")?,
+        show |c| &c.kick.choria.collective;
+    Plain "choria.collectives" = Described("none"),
+        set |c, v, _| c.kick.choria.collectives = collectives(v)?,
+        show |c| &c.kick.choria.collectives;
+    /// Seconds a request stays valid (at least 30); servers drop older ones (clocks must agree).
+    Plain "choria.ttl" = Value("60"),
+        set |c, v, _| c.kick.choria.ttl = u32::try_from(positive_seconds(v, "a duration (60)")?).ok().filter(|t| *t >= MIN_TTL).ok_or(Problem::Invalid(format!("must be at least {MIN_TTL} seconds (Choria's minimum)")))?,
+        show |c| &c.kick.choria.ttl;
+    /// TCP, TLS and NATS handshake, per broker.
+    Plain "choria.connect_timeout" = Value("10"),
+        set |c, v, _| c.kick.choria.connect_timeout = Duration::from_secs(positive_seconds(v, "a duration (10)")?),
+        show |c| &c.kick.choria.connect_timeout;
+    /// Send the kick's environment as `runonce`'s `environment` input. Off: the server runs in
+    /// its own environment, as with mcollective.
+    Plain "choria.send_environment" = Value("false"),
+        set |c, v, _| c.kick.choria.send_environment = flag(v)?,
+        show |c| &c.kick.choria.send_environment;
+
+    /// How kicks reach the servers: `mcollective` (the `mcollective.*` keys) or `choria` (the
+    /// `choria.*` keys; see docs/choria.md).
+    Plain "kick.transport" = Value("mcollective"),
+        set |c, v, _| c.kick.transport = choice(v, TransportKind::ALL, "'mcollective' or 'choria'")?,
+        show |c| c.kick.transport.name();
     /// mcollective agent: `puppet` (mcollective-puppet-agent) or the legacy `puppetd` (`runonce` with
     /// `forcerun` as the String `"true"`, as `mco puppetd runonce` sends it: the DDLs in the field
     /// declare it a string or not at all). A request the agent refuses as such (its DDL rejects an

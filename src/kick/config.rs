@@ -2,15 +2,36 @@
 //! others in `config::keys` (which gives these settings their defaults); here are
 //! the settings they fill and the check that spans two of them.
 
+use super::choria::ChoriaSettings;
 use super::policy::{Policy, RateLimit};
 use super::transport::Agent;
 use super::{KickConfig, ReportBudget};
 use std::fmt;
 use std::time::Duration;
 
+/// How kicks reach the servers (`kick.transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    Mcollective,
+    Choria,
+}
+
+impl TransportKind {
+    /// Each kind with its `kick.transport` name.
+    pub const ALL: &'static [(&'static str, TransportKind)] =
+        &[("mcollective", TransportKind::Mcollective), ("choria", TransportKind::Choria)];
+
+    pub fn name(self) -> &'static str {
+        TransportKind::ALL.iter().find(|(_, k)| *k == self).map_or("?", |(name, _)| name)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct KickSettings {
     pub planner: KickConfig,
+    pub transport: TransportKind,
+    /// The `choria.*` keys, used when `transport` is Choria.
+    pub choria: ChoriaSettings,
     pub agent: Agent,
     /// How long a `runonce` waits for the server's reply.
     pub reply_timeout: Duration,
@@ -39,6 +60,8 @@ impl KickSettings {
                 dry_run: false,
                 keep_outcomes: 200,
             },
+            transport: TransportKind::Mcollective,
+            choria: ChoriaSettings::unset(),
             agent: Agent::Puppetd,
             reply_timeout: Duration::ZERO,
             exit_wait: Duration::ZERO,

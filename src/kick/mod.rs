@@ -6,6 +6,7 @@
 //! mcollective `runonce`, and reports outcomes back.
 
 mod chain;
+pub mod choria;
 mod config;
 mod graph;
 mod planner;
@@ -15,7 +16,7 @@ mod transport;
 mod wire;
 
 pub use chain::Chain;
-pub use config::{KickSettings, ReplyTimeoutTooLong};
+pub use config::{KickSettings, ReplyTimeoutTooLong, TransportKind};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
     Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target,

@@ -85,6 +85,8 @@ pub enum NoTransport {
     DryRun,
     /// The mcollective client configuration is unusable.
     Mcollective(crate::mcollective::Error),
+    /// The `choria.*` settings or files are unusable.
+    Choria(super::choria::SetupError),
 }
 
 impl fmt::Display for NoTransport {
@@ -92,6 +94,7 @@ impl fmt::Display for NoTransport {
         match self {
             NoTransport::DryRun => f.write_str("dry run"),
             NoTransport::Mcollective(e) => write!(f, "mcollective is not usable for kicks: {e}"),
+            NoTransport::Choria(e) => write!(f, "Choria is not usable for kicks: {e}"),
         }
     }
 }
@@ -100,6 +103,7 @@ impl std::error::Error for NoTransport {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             NoTransport::Mcollective(e) => Some(e),
+            NoTransport::Choria(e) => Some(e),
             _ => None,
         }
     }

@@ -148,12 +148,11 @@ fn unsupported_regex_features_are_named() {
     assert!(e.contains("invalid regex /^(?!db)/") && e.contains("look-around"), "{e}");
     let e = error("hostname=~(a)\\1");
     assert!(e.contains("invalid regex") && e.contains("backreferences"), "{e}");
-    // Unicode classes a fact pattern may use are there; the Age and break tables are not.
+    // Unicode classes a fact pattern may use are there. (The Age and break tables are
+    // too since async-nats, the Choria transport's client, asks for regex's defaults.)
     let greek = node(json!({"hostname": "αθήνα1", "role": "node"}));
     assert!(Clause::parse("hostname=/^\\p{Greek}+\\d$/").unwrap().matches(&greek));
     assert!(Clause::parse("hostname=/^\\w+$/").unwrap().matches(&greek));
-    let e = error("hostname=/\\p{Age=6.0}/");
-    assert!(e.contains("invalid regex /\\p{Age=6.0}/"), "{e}");
 }
 
 #[test]

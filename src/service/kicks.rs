@@ -5,9 +5,10 @@ use super::IndexService;
 use crate::config::PuppetSettings;
 use crate::error::{Error, Result};
 use crate::index::{Index, RoleSelector, ServerRef};
+use crate::kick::choria::{self, ChoriaTransport};
 use crate::kick::{
     Event, KickError, KickService, McoTransport, NoTransport, Planner, PlannerState, Progress, ReportKicks, Resolved,
-    Selector, Target, Transport,
+    Selector, Target, Transport, TransportKind,
 };
 use crate::log::{Level, LogLine};
 use std::collections::BTreeMap;
@@ -209,23 +210,33 @@ impl Service {
         Ok(self.kick_service()?.status())
     }
 
+    /// The transport `kick.transport` names, built from its settings.
+    fn transport(&self) -> std::result::Result<Box<dyn Transport>, NoTransport> {
+        let kick = &self.config().kick;
+        match kick.transport {
+            TransportKind::Mcollective => self
+                .config()
+                .sources
+                .mcollective
+                .client_config()
+                .map(|mco| {
+                    let client = crate::mcollective::Client::new(mco);
+                    Box::new(McoTransport::new(client, kick.agent.clone(), kick.reply_timeout)) as Box<dyn Transport>
+                })
+                .map_err(NoTransport::Mcollective),
+            TransportKind::Choria => {
+                let inputs = choria::runonce_inputs(&kick.agent).map_err(NoTransport::Choria)?;
+                ChoriaTransport::new(&kick.choria, &self.index.settings, inputs, kick.reply_timeout)
+                    .map(|t| Box::new(t) as Box<dyn Transport>)
+                    .map_err(NoTransport::Choria)
+            }
+        }
+    }
+
     fn kick_service(&self) -> Result<&KickService> {
         let config = self.config();
         let started = self.kicks.get_or_init(|| {
-            let transport: std::result::Result<Box<dyn Transport>, NoTransport> = if config.kick.planner.dry_run {
-                Err(NoTransport::DryRun)
-            } else {
-                config
-                    .sources
-                    .mcollective
-                    .client_config()
-                    .map(|mco| {
-                        let client = crate::mcollective::Client::new(mco);
-                        Box::new(McoTransport::new(client, config.kick.agent.clone(), config.kick.reply_timeout))
-                            as Box<dyn Transport>
-                    })
-                    .map_err(NoTransport::Mcollective)
-            };
+            let transport = if config.kick.planner.dry_run { Err(NoTransport::DryRun) } else { self.transport() };
             // A kicked server must see what changed: refresh the index before each
             // dispatch (bounded), so its compile (here, or from the snapshot) is fresh.
             let before_dispatch = Box::new(self.index.refresher(Duration::from_secs(config.cold_start_timeout)));

@@ -1,0 +1,286 @@
+//! A `puppet#runonce` request directed to one server, as the bytes to publish and
+//! the subjects to publish it to and hear its reply on.
+
+use super::credentials::Credentials;
+use super::error::RequestError;
+use super::{REQUEST_V1, SECURE_REQUEST_V1, TRANSPORT_V1};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use md5::{Digest, Md5};
+use serde::Serialize;
+use std::fmt;
+
+/// The agent that runs Puppet (choria-plugins/puppet-agent).
+pub const AGENT: &str = "puppet";
+/// Choria's least `ttl` (`request.json`: `"minimum": 30`).
+pub const MIN_TTL: u32 = 30;
+/// The longest name this codec puts in a subject or envelope (a certname is a DNS
+/// name: 253 characters).
+const MAX_NAME: usize = 255;
+/// The `puppet` DDL's `maxlength` of `environment`.
+const MAX_ENVIRONMENT: usize = 50;
+
+/// `runonce`'s inputs (the `puppet` agent's DDL, `puppet.json`); each is sent only
+/// when set, as `mco puppet runonce` sends only the options given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunOnce {
+    /// Run now, without the agent's splay.
+    pub force: Option<bool>,
+    pub splay: Option<bool>,
+    /// Seconds; the DDL's type is `number`.
+    pub splaylimit: Option<u32>,
+    /// The Puppet environment to run in.
+    pub environment: Option<String>,
+}
+
+/// Who asks: the envelope's `senderid` and `callerid`, the transport's `mc_sender`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// This host's Choria identity (`senderid`, `mc_sender`), usually its FQDN.
+    pub sender: String,
+    /// The client certificate's name: the caller id is `choria=<certname>`, and a
+    /// Choria server accepts the certificate only under that name.
+    pub certname: String,
+}
+
+impl Caller {
+    pub fn caller_id(&self) -> String {
+        format!("choria={}", self.certname)
+    }
+}
+
+/// A request's id: 32 lowercase hex digits (`request.json`: 32 characters; go-choria
+/// makes them from a UUID without its dashes).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RequestId(String);
+
+impl RequestId {
+    /// 128 bits from the operating system.
+    pub fn random() -> Result<RequestId, RequestError> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|_| RequestError::NoRandomness)?;
+        Ok(RequestId(hex(&bytes)))
+    }
+
+    pub fn parse(id: &str) -> Result<RequestId, RequestError> {
+        if id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            Ok(RequestId(id.to_string()))
+        } else {
+            Err(RequestError::BadRequestId(super::error::clip(id)))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RequestId({})", self.0)
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What to publish, where, and where the reply comes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectedRequest {
+    /// `<collective>.node.<target>`.
+    pub subject: String,
+    /// `<collective>.reply.<md5(callerid)>.<requestid>`: subscribe before publishing.
+    pub reply_to: String,
+    pub request_id: RequestId,
+    /// The transport message, JSON.
+    pub payload: Vec<u8>,
+}
+
+/// `<collective>.node.<identity>` (go-choria `NodeDirectedTarget`).
+pub fn directed_subject(collective: &str, target: &str) -> Result<String, RequestError> {
+    Ok(format!("{}.node.{}", name("collective", collective, false)?, name("target", target, true)?))
+}
+
+/// `<collective>.reply.<md5 hex of callerid>.<requestid>` (go-choria `ReplyTarget`).
+pub fn reply_subject(collective: &str, caller: &Caller, id: &RequestId) -> Result<String, RequestError> {
+    let collective = name("collective", collective, false)?;
+    let caller_md5 = hex(&Md5::digest(caller.caller_id().as_bytes()));
+    Ok(format!("{collective}.reply.{caller_md5}.{id}"))
+}
+
+/// Where a request goes: one server (its Choria identity, its certname) in one
+/// collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Destination<'a> {
+    pub collective: &'a str,
+    pub target: &'a str,
+}
+
+/// `puppet#runonce` to `to`, signed with `credentials`, valid `ttl` seconds from
+/// `now` (Unix seconds, this host's clock).
+pub fn runonce_request(
+    credentials: &Credentials,
+    caller: &Caller,
+    to: Destination<'_>,
+    inputs: &RunOnce,
+    id: RequestId,
+    ttl: u32,
+    now: i64,
+) -> Result<DirectedRequest, RequestError> {
+    let Destination { collective, target } = to;
+    let subject = directed_subject(collective, target)?;
+    let reply_to = reply_subject(collective, caller, &id)?;
+    name("sender", &caller.sender, true)?;
+    name("certname", &caller.certname, true)?;
+    if ttl < MIN_TTL {
+        return Err(RequestError::TtlTooShort(ttl));
+    }
+    if let Some(env) = &inputs.environment {
+        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+        if env.is_empty() || env.len() > MAX_ENVIRONMENT || !env.bytes().all(word) {
+            return Err(RequestError::BadEnvironment(super::error::clip(env)));
+        }
+    }
+
+    let rpc = RpcRequest {
+        agent: AGENT,
+        action: "runonce",
+        data: RunOnceData {
+            environment: inputs.environment.as_deref(),
+            force: inputs.force,
+            splay: inputs.splay,
+            splaylimit: inputs.splaylimit,
+        },
+    };
+    let caller_id = caller.caller_id();
+    let request = Request {
+        protocol: REQUEST_V1,
+        message: BASE64.encode(json(&rpc)),
+        envelope: Envelope {
+            requestid: id.as_str(),
+            senderid: &caller.sender,
+            callerid: &caller_id,
+            collective,
+            agent: AGENT,
+            ttl,
+            time: now,
+            filter: Filter { fact: [], cf_class: [], agent: [AGENT], identity: [target], compound: [] },
+        },
+    };
+    let request_json = json(&request);
+    let signature = credentials.sign(request_json.as_bytes()).map_err(RequestError::Signing)?;
+    let secure = SecureRequest {
+        protocol: SECURE_REQUEST_V1,
+        message: &request_json,
+        signature: BASE64.encode(signature),
+        pubcert: credentials.certificate_pem(),
+    };
+    let transport = Transport {
+        protocol: TRANSPORT_V1,
+        data: BASE64.encode(json(&secure)),
+        headers: Headers { reply_to: &reply_to, mc_sender: &caller.sender },
+    };
+    let payload = json(&transport).into_bytes();
+    Ok(DirectedRequest { subject, reply_to, request_id: id, payload })
+}
+
+/// A name for a subject or an envelope: not empty, at most [`MAX_NAME`] bytes, no
+/// space, control, `*` or `>`; with `dots`, `.`-separated tokens none empty (a
+/// certname), without, no `.` at all (a collective is one token).
+fn name<'a>(what: &'static str, value: &'a str, dots: bool) -> Result<&'a str, RequestError> {
+    let bad_char = |c: char| c.is_whitespace() || c.is_control() || c == '*' || c == '>' || (!dots && c == '.');
+    let ok = !value.is_empty()
+        && value.len() <= MAX_NAME
+        && !value.chars().any(bad_char)
+        && value.split('.').all(|token| !token.is_empty());
+    if ok {
+        Ok(value)
+    } else {
+        Err(RequestError::BadName { what, value: super::error::clip(value) })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    bytes.iter().flat_map(|b| [DIGITS[usize::from(b >> 4)] as char, DIGITS[usize::from(b & 15)] as char]).collect()
+}
+
+/// These types hold only strings, numbers and options: serializing cannot fail.
+fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+// The messages, their fields in go-choria's order (`protocol/v1/*.go`).
+
+#[derive(Serialize)]
+struct RpcRequest<'a> {
+    agent: &'a str,
+    action: &'a str,
+    data: RunOnceData<'a>,
+}
+
+/// Sorted as Go writes a map's keys.
+#[derive(Serialize)]
+struct RunOnceData<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    environment: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    force: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    splay: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    splaylimit: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    protocol: &'a str,
+    message: String,
+    envelope: Envelope<'a>,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    requestid: &'a str,
+    senderid: &'a str,
+    callerid: &'a str,
+    collective: &'a str,
+    agent: &'a str,
+    ttl: u32,
+    time: i64,
+    filter: Filter<'a>,
+}
+
+#[derive(Serialize)]
+struct Filter<'a> {
+    fact: [(); 0],
+    cf_class: [&'a str; 0],
+    agent: [&'a str; 1],
+    identity: [&'a str; 1],
+    compound: [(); 0],
+}
+
+#[derive(Serialize)]
+struct SecureRequest<'a> {
+    protocol: &'a str,
+    message: &'a str,
+    signature: String,
+    pubcert: &'a str,
+}
+
+#[derive(Serialize)]
+struct Transport<'a> {
+    protocol: &'a str,
+    data: String,
+    headers: Headers<'a>,
+}
+
+#[derive(Serialize)]
+struct Headers<'a> {
+    #[serde(rename = "reply-to")]
+    reply_to: &'a str,
+    mc_sender: &'a str,
+}
