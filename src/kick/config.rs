@@ -3,6 +3,7 @@
 //! the settings they fill and the check that spans two of them.
 
 use super::policy::{Policy, RateLimit};
+use super::ssh::SshSettings;
 use super::transport::Agent;
 use super::{KickConfig, ReportBudget};
 use std::fmt;
@@ -16,6 +17,19 @@ pub struct KickSettings {
     pub reply_timeout: Duration,
     /// How long a short-lived process (`puppet apply`) waits at exit for due kicks.
     pub exit_wait: Duration,
+    /// How a kick reaches a server (`kick.transport`).
+    pub transport: TransportKind,
+    /// The `ssh.*` keys, for `kick.transport: ssh`.
+    pub ssh: SshSettings,
+}
+
+/// `kick.transport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// mcollective `runonce` (the `mcollective.*` keys).
+    Mcollective,
+    /// The system's OpenSSH client (the `ssh.*` keys).
+    Ssh,
 }
 
 impl KickSettings {
@@ -42,6 +56,8 @@ impl KickSettings {
             agent: Agent::Puppetd,
             reply_timeout: Duration::ZERO,
             exit_wait: Duration::ZERO,
+            transport: TransportKind::Mcollective,
+            ssh: SshSettings::unset(),
         }
     }
 

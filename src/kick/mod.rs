@@ -11,11 +11,12 @@ mod graph;
 mod planner;
 mod policy;
 mod service;
+mod ssh;
 mod transport;
 mod wire;
 
 pub use chain::Chain;
-pub use config::{KickSettings, ReplyTimeoutTooLong};
+pub use config::{KickSettings, ReplyTimeoutTooLong, TransportKind};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
     Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target,
@@ -25,6 +26,7 @@ pub use service::{
     decode_state, load_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, Progress,
     MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE,
 };
+pub use ssh::{SshConfigError, SshSettings, SshTransport};
 pub use transport::{classify, Agent, McoTransport, Transport};
 pub use wire::parse_report;
 

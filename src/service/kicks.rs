@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::index::{Index, RoleSelector, ServerRef};
 use crate::kick::{
     Event, KickError, KickService, McoTransport, NoTransport, Planner, PlannerState, Progress, ReportKicks, Resolved,
-    Selector, Target, Transport,
+    Selector, SshTransport, Target, Transport, TransportKind,
 };
 use crate::log::{Level, LogLine};
 use std::collections::BTreeMap;
@@ -214,6 +214,12 @@ impl Service {
         let started = self.kicks.get_or_init(|| {
             let transport: std::result::Result<Box<dyn Transport>, NoTransport> = if config.kick.planner.dry_run {
                 Err(NoTransport::DryRun)
+            } else if config.kick.transport == TransportKind::Ssh {
+                let address_of = Box::new(self.index.fact_reader(&config.kick.ssh.address_fact));
+                let control_dir = config.cache_dir.join("ssh");
+                SshTransport::new(config.kick.ssh.clone(), config.kick.reply_timeout, &control_dir, address_of)
+                    .map(|t| Box::new(t) as Box<dyn Transport>)
+                    .map_err(NoTransport::Ssh)
             } else {
                 config
                     .sources

@@ -1,0 +1,139 @@
+//! One child process run to a deadline: its stdout and stderr read on threads of
+//! their own, each kept up to a bound (the rest is read and dropped, so the child
+//! never blocks on a full pipe), and the child killed and reaped when the deadline
+//! passes.
+
+use std::io::{self, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How often the child is looked at while it runs.
+const POLL: Duration = Duration::from_millis(5);
+/// After the child exited, how long its output may take to reach EOF (a process it
+/// left behind may hold the pipes open: what was read by then is kept).
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// How a child run ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// `None`: killed at the deadline.
+    pub status: Option<ExitStatus>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+}
+
+/// What was read of one stream: at most the bound, and whether more came.
+#[derive(Debug, Default)]
+pub struct Captured {
+    pub bytes: Vec<u8>,
+    pub truncated: bool,
+}
+
+/// Runs `command` (stdin from /dev/null, in a process group of its own) until it
+/// exits or `deadline` passes; then kills its group and reaps it. Each stream keeps
+/// at most `limit` bytes.
+pub fn run(mut command: Command, deadline: Instant, limit: usize) -> io::Result<Finished> {
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let mut child = command.spawn()?;
+    let stdout = reader(child.stdout.take(), limit);
+    let stderr = reader(child.stderr.take(), limit);
+    let status = wait_until(&mut child, deadline)?;
+    let drained = Instant::now() + DRAIN_GRACE;
+    let take = |rx: mpsc::Receiver<Captured>| {
+        rx.recv_timeout(drained.saturating_duration_since(Instant::now())).unwrap_or_default()
+    };
+    Ok(Finished { status, stdout: take(stdout), stderr: take(stderr) })
+}
+
+/// The child's exit status, or `None` when it was killed at `deadline`.
+fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            // The whole group: a ProxyCommand the child started goes too.
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: kill(2) with a process group id; no memory is involved.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            }
+            let _ = child.kill();
+            child.wait()?;
+            return Ok(None);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Reads `stream` to its end on a thread, keeping the first `limit` bytes.
+fn reader(stream: Option<impl Read + Send + 'static>, limit: usize) -> mpsc::Receiver<Captured> {
+    let (tx, rx) = mpsc::channel();
+    match stream {
+        Some(mut stream) => {
+            let spawned = std::thread::Builder::new().name("puppet-kicker-ssh-output".into()).spawn(move || {
+                let mut captured = Captured::default();
+                let mut buffer = [0u8; 8192];
+                loop {
+                    match stream.read(&mut buffer) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            let room = limit.saturating_sub(captured.bytes.len());
+                            captured.bytes.extend_from_slice(&buffer[..n.min(room)]);
+                            captured.truncated |= n > room;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = tx.send(captured);
+            });
+            if spawned.is_err() {
+                // No thread: the stream is dropped (the child then sees a closed pipe).
+                return rx;
+            }
+        }
+        None => {
+            let _ = tx.send(Captured::default());
+        }
+    }
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut command = Command::new("/bin/sh");
+        command.arg("-c").arg(script);
+        command
+    }
+
+    #[test]
+    fn output_is_kept_up_to_the_limit_and_the_rest_drained() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let finished = run(sh("head -c 200000 /dev/zero; echo oops >&2; exit 3"), deadline, 1000).unwrap();
+        assert_eq!(finished.status.and_then(|s| s.code()), Some(3));
+        assert_eq!(finished.stdout.bytes.len(), 1000);
+        assert!(finished.stdout.truncated);
+        assert_eq!(finished.stderr.bytes, b"oops\n");
+        assert!(!finished.stderr.truncated);
+    }
+
+    #[test]
+    fn a_child_past_its_deadline_is_killed_with_its_group_and_reaped() {
+        let started = Instant::now();
+        let marker = std::env::temp_dir().join(format!("pk-child-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        // A grandchild that would write the marker after 2 s: killed with the group.
+        let script = format!("(sleep 2; touch {}) & echo started; sleep 30", marker.display());
+        let finished = run(sh(&script), started + Duration::from_millis(300), 1000).unwrap();
+        assert!(finished.status.is_none(), "{finished:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        assert_eq!(finished.stdout.bytes, b"started\n");
+        std::thread::sleep(Duration::from_millis(2500));
+        assert!(!marker.exists(), "the grandchild outlived the deadline");
+    }
+}
