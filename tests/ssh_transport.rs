@@ -338,15 +338,10 @@ fn shared_connections_serve_later_kicks_and_are_kept_under_the_control_dir() {
 fn kicks_of_many_servers_go_out_at_most_max_parallel_at_a_time() {
     let sshd = Sshd::start("parallel");
     let spans = sshd.dir.join("spans");
-    let script = format!(
-        "echo \"start $(date +%s%N)\" >> {0}; sleep 0.5; echo \"end $(date +%s%N)\" >> {0}",
-        spans.display()
-    );
-    let settings = SshSettings {
-        command: vec!["/bin/sh".into(), "-c".into(), script],
-        max_parallel: 2,
-        ..sshd.settings()
-    };
+    let script =
+        format!("echo \"start $(date +%s%N)\" >> {0}; sleep 0.5; echo \"end $(date +%s%N)\" >> {0}", spans.display());
+    let settings =
+        SshSettings { command: vec!["/bin/sh".into(), "-c".into(), script], max_parallel: 2, ..sshd.settings() };
     let transport = sshd.transport(settings, TIMEOUT);
     let cache = sshd.dir.join("cache");
     let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
@@ -392,7 +387,8 @@ fn kicks_of_many_servers_go_out_at_most_max_parallel_at_a_time() {
 #[test]
 fn the_transport_is_refused_without_a_readable_known_hosts() {
     let dir = std::env::temp_dir().join(format!("pk-ssh-nokh-{}", std::process::id()));
-    let settings = SshSettings { known_hosts: Some(dir.join("missing")), ..puppet_kicker::kick::KickSettings::default().ssh };
+    let settings =
+        SshSettings { known_hosts: Some(dir.join("missing")), ..puppet_kicker::kick::KickSettings::default().ssh };
     let error = SshTransport::new(settings, TIMEOUT, &dir, Box::new(|_| None)).err().expect("refused");
     assert_eq!(error.key, "ssh.known_hosts");
     assert!(error.to_string().contains(&dir.join("missing").display().to_string()), "{error}");

@@ -154,7 +154,10 @@ mod tests {
             answer("puppet-kicker runonce: disabled Puppet is disabled, cannot run now: upgrade\n", 1),
             Outcome::Disabled("Puppet is disabled, cannot run now: upgrade".into())
         );
-        assert_eq!(answer("puppet-kicker runonce: refused invalid environment\n", 2), Outcome::Refused("invalid environment".into()));
+        assert_eq!(
+            answer("puppet-kicker runonce: refused invalid environment\n", 2),
+            Outcome::Refused("invalid environment".into())
+        );
         assert_eq!(
             answer("puppet-kicker runonce: failed no puppet command on /bin\n", 1),
             Outcome::Failed("lb1: no puppet command on /bin".into())

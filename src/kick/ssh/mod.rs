@@ -150,7 +150,13 @@ impl SshTransport {
                 });
             }
         }
-        Ok(SshTransport { settings, timeout, control_dir: control_dir.to_path_buf(), address_of, program: "ssh".into() })
+        Ok(SshTransport {
+            settings,
+            timeout,
+            control_dir: control_dir.to_path_buf(),
+            address_of,
+            program: "ssh".into(),
+        })
     }
 
     /// Runs `program` instead of `ssh` (tests).

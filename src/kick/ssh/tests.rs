@@ -103,7 +103,8 @@ fn a_hostile_target_or_environment_is_refused_before_ssh_runs() {
         chain: Chain::default(),
         attempt: 1,
     };
-    for target in ["-oProxyCommand=touch /tmp/pwned", "evil-fact", "root@lb1", "lb1;id", "lb1 x", ".lb1", "", "lb1$(id)"]
+    for target in
+        ["-oProxyCommand=touch /tmp/pwned", "evil-fact", "root@lb1", "lb1;id", "lb1 x", ".lb1", "", "lb1$(id)"]
     {
         match t.runonce(&dispatch(target, "production")) {
             Outcome::Refused(why) => assert!(why.contains("not a host name"), "{target}: {why}"),
@@ -149,7 +150,8 @@ fn debug_shows_the_settings_but_not_the_script() {
 
 fn parse(yaml: &str) -> Result<crate::config::Config, String> {
     let settings = crate::config::PuppetSettings::default();
-    crate::config::Config::parse(yaml, Path::new("/etc/puppet/puppet_kicker.yaml"), &settings).map_err(|e| e.to_string())
+    crate::config::Config::parse(yaml, Path::new("/etc/puppet/puppet_kicker.yaml"), &settings)
+        .map_err(|e| e.to_string())
 }
 
 #[test]
