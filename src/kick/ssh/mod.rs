@@ -94,10 +94,12 @@ impl SshSettings {
                 reason: "must be set when kick.transport is ssh: the file of host keys the targets are checked against (unknown hosts are never accepted)".into(),
             });
         };
-        if let Err(e) = std::fs::File::open(path) {
-            return Err(SshConfigError { key, reason: format!("cannot read {}: {e}", path.display()) });
-        }
-        Ok(())
+        // Not opened unless a regular file: opening a FIFO would wait for a writer.
+        let readable = std::fs::metadata(path).and_then(|meta| match meta.is_file() {
+            true => std::fs::File::open(path).map(drop),
+            false => Err(std::io::Error::other("not a regular file")),
+        });
+        readable.map_err(|e| SshConfigError { key, reason: format!("cannot read {}: {e}", path.display()) })
     }
 }
 

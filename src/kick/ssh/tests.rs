@@ -137,7 +137,17 @@ fn known_hosts_is_required_and_must_be_readable() {
     let unreadable = SshSettings { known_hosts: Some("/nonexistent/known_hosts".into()), ..settings() };
     let e = unreadable.check().unwrap_err().to_string();
     assert!(e.starts_with("'ssh.known_hosts' cannot read /nonexistent/known_hosts: "), "{e}");
-    let readable = SshSettings { known_hosts: Some("/dev/null".into()), ..settings() };
+    let directory = SshSettings { known_hosts: Some("/".into()), ..settings() };
+    assert_eq!(directory.check().unwrap_err().reason, "cannot read /: not a regular file");
+    // A FIFO is refused without opening it (which would wait for a writer).
+    let dir = crate::snapshot::tests::tempdir("ssh-fifo");
+    let fifo = dir.join("fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let pipe = SshSettings { known_hosts: Some(fifo), ..settings() };
+    assert!(pipe.check().unwrap_err().reason.ends_with(": not a regular file"));
+    std::fs::write(dir.join("known_hosts"), "").unwrap();
+    let readable = SshSettings { known_hosts: Some(dir.join("known_hosts")), ..settings() };
     assert_eq!(readable.check(), Ok(()));
 }
 
