@@ -339,7 +339,7 @@ keys! {
     /// answers busy or disabled as the Choria `puppet` agent does (docs/ssh.md).
     Plain "ssh.command" = Described("`[sudo, -n, /bin/sh, -c, <the runonce script of docs/ssh.md>, puppet-kicker-runonce]`"),
         set |c, v, _| c.kick.ssh.command = argv(v)?,
-        show |c| &c.kick.ssh.command;
+        show |c| c.kick.ssh.shown_command();
     /// Share one connection per target between kicks (`ControlMaster=auto`, `ControlPersist=60`,
     /// sockets in `<cache.dir>/ssh`). Off: `ControlMaster=no`, `ControlPath=none`.
     Plain "ssh.control_master" = Value("false"),

@@ -14,16 +14,26 @@ use crate::kick::Outcome;
 /// The prefix of the answer line.
 pub const ANSWER: &str = "puppet-kicker runonce: ";
 
-/// POSIX sh, run as `sh -c RUNONCE_SCRIPT puppet-kicker-runonce [--environment E]`.
+/// POSIX sh, run as `sh -c RUNONCE_SCRIPT puppet-kicker-runonce [--puppet PATH]
+/// [--environment E]` (`--puppet`: the `puppet` command to use, else the first on
+/// the PATH).
 /// Where Puppet keeps its lock files is asked of Puppet itself (`puppet config
 /// print`), so the same script works with Debian's `puppet` package and the
 /// puppetlabs/openvox AIO packages (`/opt/puppetlabs/bin` is looked in first).
 pub const RUNONCE_SCRIPT: &str = r#"answer() { echo "puppet-kicker runonce: $*"; }
-environment=
-if [ "${1-}" = --environment ]; then environment=${2-}; fi
+environment= puppet=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --environment) environment=${2-} ;;
+    --puppet) puppet=${2-} ;;
+    *) answer refused "unknown argument"; exit 2 ;;
+  esac
+  [ $# -gt 1 ] && shift; shift
+done
 case $environment in *[!A-Za-z0-9_]*) answer refused "invalid environment"; exit 2 ;; esac
 PATH=/opt/puppetlabs/bin:$PATH:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
-puppet=$(command -v puppet) || { answer failed "no puppet command on $PATH"; exit 1; }
+if [ -z "$puppet" ]; then puppet=$(command -v puppet) || { answer failed "no puppet command on $PATH"; exit 1; }; fi
+[ -x "$puppet" ] || { answer failed "$puppet is not an executable"; exit 1; }
 settings=$("$puppet" config print --section agent agent_catalog_run_lockfile agent_disabled_lockfile pidfile 2>&1 </dev/null) ||
   { answer failed "puppet config print failed: $(echo "$settings" | tail -n 1 | cut -c1-300)"; exit 1; }
 setting() { echo "$settings" | sed -n "s/^$1 = //p"; }

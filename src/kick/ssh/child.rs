@@ -125,15 +125,24 @@ mod tests {
     #[test]
     fn a_child_past_its_deadline_is_killed_with_its_group_and_reaped() {
         let started = Instant::now();
-        let marker = std::env::temp_dir().join(format!("pk-child-{}", std::process::id()));
-        let _ = std::fs::remove_file(&marker);
-        // A grandchild that would write the marker after 2 s: killed with the group.
-        let script = format!("(sleep 2; touch {}) & echo started; sleep 30", marker.display());
-        let finished = run(sh(&script), started + Duration::from_millis(300), 1000).unwrap();
+        // A grandchild in the background, its pid told: it goes with the group.
+        let finished = run(sh("sleep 60 & echo $!; exec sleep 60"), started + Duration::from_secs(3), 1000).unwrap();
         assert!(finished.status.is_none(), "{finished:?}");
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-        assert_eq!(finished.stdout.bytes, b"started\n");
-        std::thread::sleep(Duration::from_millis(2500));
-        assert!(!marker.exists(), "the grandchild outlived the deadline");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        let grandchild = String::from_utf8(finished.stdout.bytes).unwrap();
+        let grandchild = grandchild.trim();
+        assert!(!grandchild.is_empty(), "the shell did not start within 3 s");
+        // Dead: gone, or a zombie waiting for init to reap it.
+        let stat = format!("/proc/{grandchild}/stat");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let state = std::fs::read_to_string(&stat).ok().and_then(|s| s.rsplit(") ").next().map(|r| r.to_string()));
+            match state {
+                None => break,
+                Some(rest) if rest.starts_with('Z') => break,
+                Some(rest) => assert!(Instant::now() < deadline, "the grandchild outlived the deadline: {rest}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

@@ -84,6 +84,12 @@ impl SshSettings {
         vec!["/bin/sh".into(), "-c".into(), RUNONCE_SCRIPT.into(), SCRIPT_NAME.into()]
     }
 
+    /// `command` as the configuration's `Debug` shows it: the runonce script named,
+    /// not spelled out.
+    pub fn shown_command(&self) -> Vec<&str> {
+        self.command.iter().map(|w| if w == RUNONCE_SCRIPT { "<the runonce script>" } else { w.as_str() }).collect()
+    }
+
     /// What a transport needs that no key checks alone, when `ssh` is the
     /// transport: a readable known_hosts file. The error names the key.
     pub fn check(&self) -> Result<(), SshConfigError> {

@@ -202,9 +202,10 @@ fn the_defaults_are_the_documented_ones() {
     let k = crate::kick::KickSettings::default();
     assert_eq!(k.transport, crate::kick::TransportKind::Mcollective);
     let s = k.ssh;
-    assert_eq!((s.user, s.port, s.identity_file, s.known_hosts, s.config_file), (None, None, None, None, None));
+    assert_eq!((&s.user, s.port, &s.identity_file, &s.known_hosts, &s.config_file), (&None, None, &None, &None, &None));
     assert_eq!(s.connect_timeout, Duration::from_secs(5));
     assert_eq!(s.command, SshSettings::default_command());
+    assert_eq!(s.shown_command(), ["sudo", "-n", "/bin/sh", "-c", "<the runonce script>", "puppet-kicker-runonce"]);
     assert_eq!((s.control_master, s.max_parallel, s.address_fact.as_str()), (false, 16, "fqdn"));
 }
 
