@@ -480,10 +480,13 @@ fn a_full_disk_loses_no_kick_and_the_save_succeeds_once_space_is_back() {
     drop(tmpfs);
 }
 
-/// Answers "started" after a while, counting how many answer at once.
+/// Answers "started" once three kicks were sent (waiting up to 10 s for that, so
+/// that the first three overlap however slow the machine), counting how many
+/// answer at once.
 #[derive(Default)]
 struct Slow {
     now: std::sync::atomic::AtomicUsize,
+    begun: std::sync::atomic::AtomicUsize,
     most: Arc<std::sync::atomic::AtomicUsize>,
     sent: Arc<Mutex<Vec<String>>>,
 }
@@ -493,7 +496,12 @@ impl Transport for Slow {
         use std::sync::atomic::Ordering::SeqCst;
         let now = self.now.fetch_add(1, SeqCst) + 1;
         self.most.fetch_max(now, SeqCst);
-        std::thread::sleep(Duration::from_millis(150));
+        self.begun.fetch_add(1, SeqCst);
+        let waited = std::time::Instant::now();
+        while self.begun.load(SeqCst) < 3 && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
         self.sent.lock().unwrap().push(dispatch.target.clone());
         self.now.fetch_sub(1, SeqCst);
         Outcome::Started
@@ -526,7 +534,7 @@ fn the_dispatcher_sends_up_to_the_transports_max_parallel_at_once() {
     let targets: Vec<Target> =
         (1..=9).map(|i| Target { certname: format!("web{i}"), role: Some("web".into()) }).collect();
     service.report(&report, |_, _| targets.clone(), |_| Some("node".into()));
-    assert_eq!(service.flush(Duration::from_secs(20)), 0);
+    assert_eq!(service.flush(Duration::from_secs(60)), 0);
     let mut sent = sent.lock().unwrap().clone();
     sent.sort();
     assert_eq!(sent, (1..=9).map(|i| format!("web{i}")).collect::<Vec<_>>(), "each once");
