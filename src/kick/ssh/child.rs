@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 /// How often the child is looked at while it runs.
 const POLL: Duration = Duration::from_millis(5);
-/// After the child exited, how long its output may take to reach EOF (a process it
-/// left behind may hold the pipes open: what was read by then is kept).
+/// After the child exited, its output is waited for until the deadline, and at
+/// least this long (a process it left behind may hold the pipes open: what was read
+/// by then is kept). Not shorter: on a starved machine the reader threads run late.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
 
 /// How a child run ended.
@@ -40,7 +41,7 @@ pub fn run(mut command: Command, deadline: Instant, limit: usize) -> io::Result<
     let stdout = reader(child.stdout.take(), limit);
     let stderr = reader(child.stderr.take(), limit);
     let status = wait_until(&mut child, deadline)?;
-    let drained = Instant::now() + DRAIN_GRACE;
+    let drained = deadline.max(Instant::now() + DRAIN_GRACE);
     let take = |rx: mpsc::Receiver<Captured>| {
         rx.recv_timeout(drained.saturating_duration_since(Instant::now())).unwrap_or_default()
     };
