@@ -479,3 +479,66 @@ fn a_full_disk_loses_no_kick_and_the_save_succeeds_once_space_is_back() {
     drop(service);
     drop(tmpfs);
 }
+
+/// Answers "started" once three kicks were sent (waiting up to 10 s for that, so
+/// that the first three overlap however slow the machine), counting how many
+/// answer at once.
+#[derive(Default)]
+struct Slow {
+    now: std::sync::atomic::AtomicUsize,
+    begun: std::sync::atomic::AtomicUsize,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+    sent: Arc<Mutex<Vec<String>>>,
+}
+
+impl Transport for Slow {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        self.begun.fetch_add(1, SeqCst);
+        let waited = std::time::Instant::now();
+        while self.begun.load(SeqCst) < 3 && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        self.sent.lock().unwrap().push(dispatch.target.clone());
+        self.now.fetch_sub(1, SeqCst);
+        Outcome::Started
+    }
+
+    fn max_parallel(&self) -> usize {
+        3
+    }
+}
+
+#[test]
+fn the_dispatcher_sends_up_to_the_transports_max_parallel_at_once() {
+    let dir = cache_dir("parallel");
+    let slow = Slow::default();
+    let (most, sent) = (slow.most.clone(), slow.sent.clone());
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(slow)), Box::new(|| {})).unwrap();
+    let report = ReportKicks {
+        host: "node1".into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        reporter_pid: None,
+        kicks: vec![KickSpec {
+            resource: "Notify[kick -> web]".into(),
+            selector: Selector::Roles(vec!["web".into()]),
+            environment: None,
+        }],
+    };
+    let targets: Vec<Target> =
+        (1..=9).map(|i| Target { certname: format!("web{i}"), role: Some("web".into()) }).collect();
+    service.report(&report, |_, _| targets.clone(), |_| Some("node".into()));
+    assert_eq!(service.flush(Duration::from_secs(60)), 0);
+    let mut sent = sent.lock().unwrap().clone();
+    sent.sort();
+    assert_eq!(sent, (1..=9).map(|i| format!("web{i}")).collect::<Vec<_>>(), "each once");
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let status = service.status();
+    assert_eq!(status["counters"]["sent"], 9, "{status}");
+}

@@ -119,6 +119,13 @@ fn shown_puppet_inputs(c: &Config) -> Option<(bool, bool, Option<u32>)> {
 
 const PUPPET_AGENT: Agent = Agent::Puppet { force: true, splay: false, splaylimit: None };
 
+/// A command as an argv list: a non-empty list of strings.
+fn argv(v: &Value) -> Result<Vec<String>, Problem> {
+    let what = "a list of strings (the command and its arguments)";
+    let list = v.as_array().filter(|l| !l.is_empty()).ok_or(expected(what))?;
+    list.iter().map(|w| w.as_str().map(str::to_string).ok_or(expected(what))).collect()
+}
+
 keys! {
     /// Where facts come from: `puppet_cache` (the master's own fact cache), `mcollective`
     /// (`rpcutil#inventory` of your mcollectived daemons; see [The mcollective source](#the-mcollective-source))
@@ -344,10 +351,57 @@ keys! {
         set |c, v, _| c.kick.choria.send_environment = flag(v)?,
         show |c| &c.kick.choria.send_environment;
 
-    /// How kicks reach the servers: `mcollective` (the `mcollective.*` keys) or `choria` (the
-    /// `choria.*` keys; see docs/choria.md).
+    /// The file of host keys SSH kicks check the targets against (`UserKnownHostsFile`, with
+    /// `StrictHostKeyChecking=yes`: an unknown or changed host key fails the kick). Required with
+    /// `kick.transport: ssh`; see docs/ssh.md.
+    Plain "ssh.known_hosts" = Described("none"),
+        set |c, v, base| c.kick.ssh.known_hosts = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.ssh.known_hosts;
+    /// The private key SSH kicks log in with (`-i`, `IdentitiesOnly=yes`; relative to this file).
+    Plain "ssh.identity_file" = Described("ssh's own (its agent, `~/.ssh/id_*`)"),
+        set |c, v, base| c.kick.ssh.identity_file = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.ssh.identity_file;
+    /// The user and port SSH kicks log in as and connect to (`-l`, `-p`).
+    Plain "ssh.user" = Described("ssh's own (its config, else the user Puppet runs as; port 22)"),
+        set |c, v, _| c.kick.ssh.user = Some(text(v, "a user name")?),
+        show |c| &c.kick.ssh.user;
+    Plain "ssh.port" = Described("ssh's own (its config, else the user Puppet runs as; port 22)"),
+        set |c, v, _| c.kick.ssh.port = Some(v.as_u64().and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0).ok_or(expected("a port (1 to 65535)"))?),
+        show |c| &c.kick.ssh.port;
+    /// An ssh client configuration for kicks only (`-F`, replacing `~/.ssh/config` and `/etc/ssh/ssh_config`).
+    Plain "ssh.config_file" = Described("ssh's own"),
+        set |c, v, base| c.kick.ssh.config_file = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.ssh.config_file;
+    /// `ConnectTimeout` of SSH kicks; the whole kick is killed after `kick.reply_timeout`.
+    Plain "ssh.connect_timeout" = Value("5"),
+        set |c, v, _| c.kick.ssh.connect_timeout = std::time::Duration::from_secs(positive_seconds(v, "a duration (5, 5s)")?),
+        show |c| &c.kick.ssh.connect_timeout;
+    /// What an SSH kick runs on the target, as a list (each word quoted for the target's shell);
+    /// `--environment ENV` is appended. The default starts one run without waiting for it and
+    /// answers busy or disabled as the Choria `puppet` agent does (docs/ssh.md).
+    Plain "ssh.command" = Described("`[sudo, -n, /bin/sh, -c, <the runonce script of docs/ssh.md>, puppet-kicker-runonce]`"),
+        set |c, v, _| c.kick.ssh.command = argv(v)?,
+        show |c| c.kick.ssh.shown_command();
+    /// Share one connection per target between kicks (`ControlMaster=auto`, `ControlPersist=60`,
+    /// sockets in `<cache.dir>/ssh`). Off: `ControlMaster=no`, `ControlPath=none`.
+    Plain "ssh.control_master" = Value("false"),
+        set |c, v, _| c.kick.ssh.control_master = flag(v)?,
+        show |c| &c.kick.ssh.control_master;
+    /// SSH kicks sent at once (1 to 256).
+    Plain "ssh.max_parallel" = Value("16"),
+        set |c, v, _| c.kick.ssh.max_parallel = at_most(usize_count(v)?, 256)?,
+        show |c| &c.kick.ssh.max_parallel;
+    /// The fact holding the address SSH kicks connect to (a dotted path allowed); a server without
+    /// it is reached by its certname. Checked as a host name or IP address before ssh runs.
+    Plain "ssh.address_fact" = Value("fqdn"),
+        set |c, v, _| c.kick.ssh.address_fact = text(v, "a fact name")?,
+        show |c| &c.kick.ssh.address_fact;
+
+    /// How kicks reach the servers: `mcollective` (`runonce` of the mcollective `kick.agent`, the
+    /// `mcollective.*` keys), `choria` (the `choria.*` keys; docs/choria.md) or `ssh` (the system's
+    /// OpenSSH client; the `ssh.*` keys, docs/ssh.md).
     Plain "kick.transport" = Value("mcollective"),
-        set |c, v, _| c.kick.transport = choice(v, TransportKind::ALL, "'mcollective' or 'choria'")?,
+        set |c, v, _| c.kick.transport = choice(v, TransportKind::ALL, "'mcollective', 'choria' or 'ssh'")?,
         show |c| c.kick.transport.name();
     /// mcollective agent: `puppet` (mcollective-puppet-agent) or the legacy `puppetd` (`runonce` with
     /// `forcerun` as the String `"true"`, as `mco puppetd runonce` sends it: the DDLs in the field

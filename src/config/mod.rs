@@ -162,6 +162,9 @@ impl Config {
             .kick
             .validate()
             .map_err(|e| Problem::Invalid(e.to_string()).into_error(file(), "kick.reply_timeout", &Value::Null))?;
+        if config.kick.transport == crate::kick::TransportKind::Ssh {
+            config.kick.ssh.check().map_err(|e| Problem::Invalid(e.reason).into_error(file(), e.key, &Value::Null))?;
+        }
         Ok(config)
     }
 }

@@ -4,6 +4,7 @@
 
 use super::choria::ChoriaSettings;
 use super::policy::{Policy, RateLimit};
+use super::ssh::SshSettings;
 use super::transport::Agent;
 use super::{KickConfig, ReportBudget};
 use std::fmt;
@@ -12,14 +13,18 @@ use std::time::Duration;
 /// How kicks reach the servers (`kick.transport`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportKind {
+    /// mcollective `runonce` (the `mcollective.*` keys).
     Mcollective,
+    /// Choria's `puppet#runonce` over NATS (the `choria.*` keys).
     Choria,
+    /// The system's OpenSSH client (the `ssh.*` keys).
+    Ssh,
 }
 
 impl TransportKind {
     /// Each kind with its `kick.transport` name.
     pub const ALL: &'static [(&'static str, TransportKind)] =
-        &[("mcollective", TransportKind::Mcollective), ("choria", TransportKind::Choria)];
+        &[("mcollective", TransportKind::Mcollective), ("choria", TransportKind::Choria), ("ssh", TransportKind::Ssh)];
 
     pub fn name(self) -> &'static str {
         TransportKind::ALL.iter().find(|(_, k)| *k == self).map_or("?", |(name, _)| name)
@@ -37,6 +42,8 @@ pub struct KickSettings {
     pub reply_timeout: Duration,
     /// How long a short-lived process (`puppet apply`) waits at exit for due kicks.
     pub exit_wait: Duration,
+    /// The `ssh.*` keys, for `kick.transport: ssh`.
+    pub ssh: SshSettings,
 }
 
 impl KickSettings {
@@ -65,6 +72,7 @@ impl KickSettings {
             agent: Agent::Puppetd,
             reply_timeout: Duration::ZERO,
             exit_wait: Duration::ZERO,
+            ssh: SshSettings::unset(),
         }
     }
 

@@ -12,6 +12,7 @@ mod graph;
 mod planner;
 mod policy;
 mod service;
+mod ssh;
 mod transport;
 mod wire;
 
@@ -26,6 +27,7 @@ pub use service::{
     decode_state, load_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, Progress,
     MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE,
 };
+pub use ssh::{SshConfigError, SshSettings, SshTransport};
 pub use transport::{classify, Agent, McoTransport, Transport};
 pub use wire::parse_report;
 

@@ -87,6 +87,8 @@ pub enum NoTransport {
     Mcollective(crate::mcollective::Error),
     /// The `choria.*` settings or files are unusable.
     Choria(super::choria::SetupError),
+    /// An `ssh.*` setting is unusable (known_hosts unreadable since the configuration was read).
+    Ssh(super::SshConfigError),
 }
 
 impl fmt::Display for NoTransport {
@@ -95,6 +97,7 @@ impl fmt::Display for NoTransport {
             NoTransport::DryRun => f.write_str("dry run"),
             NoTransport::Mcollective(e) => write!(f, "mcollective is not usable for kicks: {e}"),
             NoTransport::Choria(e) => write!(f, "Choria is not usable for kicks: {e}"),
+            NoTransport::Ssh(e) => write!(f, "ssh is not usable for kicks: {e}"),
         }
     }
 }
@@ -104,6 +107,7 @@ impl std::error::Error for NoTransport {
         match self {
             NoTransport::Mcollective(e) => Some(e),
             NoTransport::Choria(e) => Some(e),
+            NoTransport::Ssh(e) => Some(e),
             _ => None,
         }
     }
@@ -579,14 +583,14 @@ fn dispatch_due(inner: &Inner) {
     if !dispatches.is_empty() {
         (inner.before_dispatch)();
     }
-    for dispatch in dispatches {
+    let send = |dispatch: super::Dispatch| {
         // Renewed (and saved) just before sending, so another process waits a whole
         // in-flight timeout from here, whatever came before in this batch.
         if !inner.transact(|planner| {
             let mine = planner.claim(&dispatch, now_ms());
             (mine, mine)
         }) {
-            continue;
+            return;
         }
         let outcome = match &inner.transport {
             Some(transport) => catch_unwind(AssertUnwindSafe(|| transport.runonce(&dispatch)))
@@ -597,7 +601,27 @@ fn dispatch_due(inner: &Inner) {
             planner.on_outcome(&dispatch.target, outcome, now_ms()).iter().for_each(|e| inner.log(log_line(e)));
             ((), true)
         });
+    };
+    // Up to the transport's `max_parallel` at once, each worker taking the next in order.
+    let workers = inner.transport.as_ref().map_or(1, |t| t.max_parallel()).clamp(1, dispatches.len().max(1));
+    if workers == 1 {
+        dispatches.into_iter().for_each(send);
+        return;
     }
+    let queue = Mutex::new(dispatches.into_iter());
+    let next = || lock(&queue).next();
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            let spawned = std::thread::Builder::new()
+                .name("puppet-kicker-send".into())
+                .spawn_scoped(scope, || std::iter::from_fn(next).for_each(send));
+            if spawned.is_err() {
+                break;
+            }
+        }
+    });
+    // Were no thread started, this thread sends them all.
+    std::iter::from_fn(next).for_each(send);
 }
 
 /// Size and modification time of a file: enough to notice another writer.

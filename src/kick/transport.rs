@@ -7,9 +7,15 @@ use crate::mcollective::marshal::Value;
 use crate::mcollective::Client;
 use std::time::Duration;
 
-/// Sends one `runonce`; implemented over mcollective, and by tests.
+/// Sends one `runonce`; implemented over mcollective, SSH, and by tests.
 pub trait Transport: Send + Sync {
     fn runonce(&self, dispatch: &Dispatch) -> Outcome;
+
+    /// How many `runonce` calls the dispatcher may make at once (each from a thread
+    /// of its own); 1, one after the other, unless the transport says otherwise.
+    fn max_parallel(&self) -> usize {
+        1
+    }
 }
 
 /// Which mcollective agent runs Puppet on the servers.

@@ -286,6 +286,17 @@ impl IndexService {
         }
     }
 
+    /// The string value of `fact` (a name or dotted path) of a certname in the index
+    /// as it is when asked, for a kick transport that reaches a server by a fact.
+    pub(super) fn fact_reader(&self, fact: &str) -> impl Fn(&str) -> Option<String> + Send + Sync + 'static {
+        let (shared, path) = (self.shared.clone(), crate::facts::FactPath::new(fact));
+        move |certname| {
+            let index = shared.current.load_full()?;
+            let value = index.by_certname(certname)?.fact(&path)?;
+            value.as_str().map(str::to_string)
+        }
+    }
+
     /// How many warnings [`Self::take_warnings`] would return now.
     pub fn warnings_pending(&self) -> usize {
         let warnings = lock(&self.shared.warnings);

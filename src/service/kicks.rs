@@ -8,7 +8,7 @@ use crate::index::{Index, RoleSelector, ServerRef};
 use crate::kick::choria::{self, ChoriaTransport};
 use crate::kick::{
     Event, KickError, KickService, McoTransport, NoTransport, Planner, PlannerState, Progress, ReportKicks, Resolved,
-    Selector, Target, Transport, TransportKind,
+    Selector, SshTransport, Target, Transport, TransportKind,
 };
 use crate::log::{Level, LogLine};
 use std::collections::BTreeMap;
@@ -229,6 +229,14 @@ impl Service {
                 ChoriaTransport::new(&kick.choria, &self.index.settings, inputs, kick.reply_timeout)
                     .map(|t| Box::new(t) as Box<dyn Transport>)
                     .map_err(NoTransport::Choria)
+            }
+            TransportKind::Ssh => {
+                let config = self.config();
+                let address_of = Box::new(self.index.fact_reader(&kick.ssh.address_fact));
+                let control_dir = config.cache_dir.join("ssh");
+                SshTransport::new(kick.ssh.clone(), kick.reply_timeout, &control_dir, address_of)
+                    .map(|t| Box::new(t) as Box<dyn Transport>)
+                    .map_err(NoTransport::Ssh)
             }
         }
     }

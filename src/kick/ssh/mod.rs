@@ -1,0 +1,321 @@
+//! The SSH transport: a kick is one run of the system's OpenSSH client (`ssh`), so
+//! the operator's ssh configuration, agent, certificates and ProxyJump apply. The
+//! client never prompts (`BatchMode=yes`) and never accepts a host key that is not
+//! in the configured known_hosts (`StrictHostKeyChecking=yes`); it is run from an
+//! argv list, never through a local shell, and killed at the kick's deadline. What
+//! it runs on the target is [`answer::RUNONCE_SCRIPT`] by default.
+
+mod answer;
+mod child;
+
+use answer::{RUNONCE_SCRIPT, SCRIPT_NAME};
+
+use super::planner::{Dispatch, Outcome};
+use super::transport::Transport;
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Most bytes kept of each of ssh's output streams: the answer is one line.
+pub const MAX_OUTPUT: usize = 64 << 10;
+/// How long an idle shared connection (`ssh.control_master`) stays open.
+pub const CONTROL_PERSIST: Duration = Duration::from_secs(60);
+/// The Choria/mcollective `puppet` agent's rule for an environment (its DDL's
+/// `puppet_variable` validation and `maxlength`).
+pub const MAX_ENVIRONMENT: usize = 50;
+/// A DNS name is at most this long.
+const MAX_HOST: usize = 253;
+
+/// The `ssh.*` keys.
+#[derive(Clone, PartialEq)]
+pub struct SshSettings {
+    /// `-l`; unset: ssh's own choice (its config, else the local user).
+    pub user: Option<String>,
+    /// `-p`; unset: ssh's own choice.
+    pub port: Option<u16>,
+    /// `-i` (with `IdentitiesOnly=yes`); unset: the agent and ssh's defaults.
+    pub identity_file: Option<PathBuf>,
+    /// `UserKnownHostsFile`: required for this transport.
+    pub known_hosts: Option<PathBuf>,
+    /// `-F`; unset: `~/.ssh/config` and `/etc/ssh/ssh_config` as usual.
+    pub config_file: Option<PathBuf>,
+    /// `ConnectTimeout`.
+    pub connect_timeout: Duration,
+    /// What runs on the target, an argv list (quoted for the remote shell).
+    pub command: Vec<String>,
+    /// Shared connections (`ControlMaster=auto`, sockets under the cache dir).
+    pub control_master: bool,
+    /// Kicks sent at once.
+    pub max_parallel: usize,
+    /// The fact whose value is the address to connect to (the certname without it).
+    pub address_fact: String,
+}
+
+crate::redact::debug_showing!(SshSettings: user, port, identity_file, known_hosts, config_file, connect_timeout, control_master, max_parallel, address_fact);
+
+impl SshSettings {
+    /// What the keys' defaults are applied to.
+    pub(crate) fn unset() -> SshSettings {
+        SshSettings {
+            user: None,
+            port: None,
+            identity_file: None,
+            known_hosts: None,
+            config_file: None,
+            connect_timeout: Duration::ZERO,
+            command: SshSettings::default_command(),
+            control_master: false,
+            max_parallel: 1,
+            address_fact: String::new(),
+        }
+    }
+
+    /// The default `ssh.command`: [`RUNONCE_SCRIPT`] as root through `sudo -n`.
+    pub fn default_command() -> Vec<String> {
+        let mut command = vec!["sudo".to_string(), "-n".to_string()];
+        command.extend(SshSettings::script_command());
+        command
+    }
+
+    /// [`RUNONCE_SCRIPT`] as an argv list without `sudo`: `/bin/sh -c SCRIPT NAME`.
+    pub fn script_command() -> Vec<String> {
+        vec!["/bin/sh".into(), "-c".into(), RUNONCE_SCRIPT.into(), SCRIPT_NAME.into()]
+    }
+
+    /// `command` as the configuration's `Debug` shows it: the runonce script named,
+    /// not spelled out.
+    pub fn shown_command(&self) -> Vec<&str> {
+        self.command.iter().map(|w| if w == RUNONCE_SCRIPT { "<the runonce script>" } else { w.as_str() }).collect()
+    }
+
+    /// What a transport needs that no key checks alone, when `ssh` is the
+    /// transport: a readable known_hosts file. The error names the key.
+    pub fn check(&self) -> Result<(), SshConfigError> {
+        let key = "ssh.known_hosts";
+        let Some(path) = &self.known_hosts else {
+            return Err(SshConfigError {
+                key,
+                reason: "must be set when kick.transport is ssh: the file of host keys the targets are checked against (unknown hosts are never accepted)".into(),
+            });
+        };
+        // Not opened unless a regular file: opening a FIFO would wait for a writer.
+        let readable = std::fs::metadata(path).and_then(|meta| match meta.is_file() {
+            true => std::fs::File::open(path).map(drop),
+            false => Err(std::io::Error::other("not a regular file")),
+        });
+        readable.map_err(|e| SshConfigError { key, reason: format!("cannot read {}: {e}", path.display()) })
+    }
+}
+
+/// A setting the SSH transport cannot work with: the key and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SshConfigError {
+    pub key: &'static str,
+    pub reason: String,
+}
+
+impl fmt::Display for SshConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "'{}' {}", self.key, self.reason)
+    }
+}
+
+impl std::error::Error for SshConfigError {}
+
+/// The address of a target: the certname given, or where to find it.
+pub type AddressOf = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+pub struct SshTransport {
+    settings: SshSettings,
+    /// The kick's deadline: ssh is killed when it has not finished by then.
+    timeout: Duration,
+    /// Where the shared connections' sockets are (`ssh.control_master`).
+    control_dir: PathBuf,
+    address_of: AddressOf,
+    program: OsString,
+}
+
+impl SshTransport {
+    /// A transport with `settings` (checked: [`SshSettings::check`]); each kick is
+    /// killed after `timeout`; shared connections' sockets go in `control_dir`
+    /// (created, mode 0700, when `ssh.control_master` is on); `address_of` gives a
+    /// certname's address (the `ssh.address_fact`), else the certname is used.
+    pub fn new(
+        settings: SshSettings,
+        timeout: Duration,
+        control_dir: &Path,
+        address_of: AddressOf,
+    ) -> Result<SshTransport, SshConfigError> {
+        settings.check()?;
+        if settings.control_master {
+            use std::os::unix::fs::DirBuilderExt;
+            if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(control_dir) {
+                return Err(SshConfigError {
+                    key: "ssh.control_master",
+                    reason: format!("needs {} for its sockets: {e}", control_dir.display()),
+                });
+            }
+        }
+        Ok(SshTransport {
+            settings,
+            timeout,
+            control_dir: control_dir.to_path_buf(),
+            address_of,
+            program: "ssh".into(),
+        })
+    }
+
+    /// Runs `program` instead of `ssh` (tests).
+    pub fn with_program(mut self, program: impl Into<OsString>) -> SshTransport {
+        self.program = program.into();
+        self
+    }
+
+    /// Where a kick of `certname` connects to: its address fact, else its certname,
+    /// either checked as a host name.
+    fn address(&self, certname: &str) -> Result<String, String> {
+        let address = (self.address_of)(certname).filter(|a| !a.is_empty()).unwrap_or_else(|| certname.to_string());
+        check_host(&address)?;
+        Ok(address)
+    }
+
+    /// The `ssh` command for a kick of `address` in `environment` (checked).
+    pub fn command(&self, address: &str, environment: &str) -> Command {
+        let s = &self.settings;
+        let mut command = Command::new(&self.program);
+        let mut option = |o: String| {
+            command.arg("-o").arg(o);
+        };
+        option("BatchMode=yes".into());
+        option("StrictHostKeyChecking=yes".into());
+        if let Some(known_hosts) = &s.known_hosts {
+            option(format!("UserKnownHostsFile={}", ssh_quoted(&known_hosts.to_string_lossy())));
+        }
+        option(format!("ConnectTimeout={}", s.connect_timeout.as_secs().max(1)));
+        option("LogLevel=ERROR".into());
+        if s.control_master {
+            option("ControlMaster=auto".into());
+            option(format!("ControlPersist={}", CONTROL_PERSIST.as_secs()));
+            option(format!("ControlPath={}", ssh_quoted(&self.control_dir.join("%C").to_string_lossy())));
+        } else {
+            option("ControlMaster=no".into());
+            option("ControlPath=none".into());
+        }
+        if let Some(identity) = &s.identity_file {
+            option("IdentitiesOnly=yes".into());
+            command.arg("-i").arg(identity);
+        }
+        if let Some(config) = &s.config_file {
+            command.arg("-F").arg(config);
+        }
+        if let Some(user) = &s.user {
+            command.arg("-l").arg(user);
+        }
+        if let Some(port) = s.port {
+            command.arg("-p").arg(port.to_string());
+        }
+        command.arg("-T").arg("--").arg(address).arg(remote_command(&s.command, environment));
+        command
+    }
+}
+
+impl Transport for SshTransport {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        let address = match self.address(&dispatch.target) {
+            Ok(address) => address,
+            Err(why) => return Outcome::Refused(format!("ssh: not kicking {:?}: {why}", dispatch.target)),
+        };
+        if let Err(why) = check_environment(&dispatch.environment) {
+            return Outcome::Refused(format!("ssh: not kicking {address}: {why}"));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let command = self.command(&address, &dispatch.environment);
+        match child::run(command, deadline, MAX_OUTPUT) {
+            Err(e) => Outcome::Failed(format!("cannot run {}: {e}", self.program.to_string_lossy())),
+            Ok(finished) => match finished.status {
+                None => Outcome::Failed(format!(
+                    "ssh to {address}: no answer within {}s (kick.reply_timeout); ssh was killed{}",
+                    self.timeout.as_secs(),
+                    Some(answer::clean(&String::from_utf8_lossy(&finished.stderr.bytes), answer::REASON_BYTES))
+                        .filter(|e| !e.is_empty())
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                )),
+                Some(status) => answer::read(&address, status.code(), &finished.stdout, &finished.stderr),
+            },
+        }
+    }
+
+    fn max_parallel(&self) -> usize {
+        self.settings.max_parallel
+    }
+}
+
+/// A host name or address `ssh` may be given as its destination: a DNS name or
+/// certname (letters, digits, `-`, `_`, `.`; not starting with `-` or `.`), an IPv4
+/// or an IPv6 address. Anything else (an option, a `user@`, spaces, shell
+/// characters) is refused with the reason.
+pub fn check_host(host: &str) -> Result<(), String> {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if host.is_empty() || host.len() > MAX_HOST {
+        return Err(format!("not a host name (1 to {MAX_HOST} characters)"));
+    }
+    if host.starts_with(['-', '.']) || !host.chars().all(allowed) {
+        return Err(
+            "not a host name (letters, digits, '-', '_' and '.', not starting with '-' or '.'), nor an IP address"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// An environment the kick may pass: word characters, at most [`MAX_ENVIRONMENT`]
+/// (the `puppet` agent DDL's rule); empty means none.
+pub fn check_environment(environment: &str) -> Result<(), String> {
+    if environment.len() <= MAX_ENVIRONMENT && environment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        Ok(())
+    } else {
+        Err(format!(
+            "the environment {:?} is not a Puppet environment name (letters, digits and '_', at most {MAX_ENVIRONMENT})",
+            answer::clean(environment, 100)
+        ))
+    }
+}
+
+/// The one string ssh sends for the remote shell: `command` and the environment
+/// (`--environment E` when there is one), each word quoted for a POSIX shell.
+pub fn remote_command(command: &[String], environment: &str) -> String {
+    let mut words: Vec<&str> = command.iter().map(String::as_str).collect();
+    if !environment.is_empty() {
+        words.extend(["--environment", environment]);
+    }
+    words.iter().map(|w| shell_quoted(w)).collect::<Vec<_>>().join(" ")
+}
+
+/// `word` as one word for a POSIX shell: as is when it holds only safe characters,
+/// else in single quotes.
+fn shell_quoted(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// A path in an ssh `-o` option value: in double quotes when it has spaces.
+fn ssh_quoted(path: &str) -> String {
+    if path.contains([' ', '\t']) {
+        format!("\"{path}\"")
+    } else {
+        path.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests;
