@@ -327,7 +327,7 @@ mod tests {
         assert!(c.send_environment && c.connect_timeout == Duration::from_secs(3));
 
         for (yaml, expected) in [
-            ("kick:\n  transport: ssh-ish\n", "'kick.transport' must be 'mcollective' or 'choria'"),
+            ("kick:\n  transport: ssh-ish\n", "'kick.transport' must be 'mcollective', 'choria' or 'ssh'"),
             ("choria:\n  ttl: 29\n", "'choria.ttl' must be at least 30 seconds"),
             ("choria:\n  brokers: [a:70000]\n", "'choria.brokers' must be a list of host:port brokers"),
             ("choria:\n  brokers: []\n", "'choria.brokers' must be a non-empty list"),

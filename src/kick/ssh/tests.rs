@@ -175,7 +175,7 @@ fn the_ssh_keys_are_read_and_known_hosts_is_a_configuration_error_naming_the_key
     assert!(e.starts_with("/etc/puppet/puppet_kicker.yaml: 'ssh.known_hosts' cannot read /nonexistent/kh: "), "{e}");
     // Unset is fine while another transport is in use.
     assert_eq!(parse("ssh:\n  user: x\n").unwrap().kick.transport, crate::kick::TransportKind::Mcollective);
-    assert!(parse("kick:\n  transport: rsh\n").unwrap_err().contains("'mcollective' or 'ssh'"));
+    assert!(parse("kick:\n  transport: rsh\n").unwrap_err().contains("'mcollective', 'choria' or 'ssh'"));
 
     let dir = crate::snapshot::tests::tempdir("ssh-keys");
     std::fs::write(dir.join("known_hosts"), "").unwrap();
