@@ -295,9 +295,9 @@ module PuppetKicker
   # What the function calls of one compile share, made by its first call
   # (PuppetKicker.compile), which configured the core for it: the compiler it is for
   # (by object_id, unique for the life of the process, so that a finished compile is
-  # not kept alive), the backend (and, once log and note are done, the one that holds answers: #holder), the compile's
-  # environment, and whether the core's log was taken and the node's environment
-  # noted in it.
+  # not kept alive), the backend (and, once log and note are done, the one that holds
+  # answers: #holder), the compile's environment, and whether the core's log was taken
+  # and the node's environment noted in it.
   class Compile
     # The backend to ask for the answers it holds (#kept) once this compile's log
     # was taken and its node noted, when it holds answers (the ffi backend); else nil.

@@ -28,6 +28,7 @@ require 'fileutils'
 require 'json'
 require 'open3'
 require 'tmpdir'
+require_relative '../../lib/puppet_kicker/ruby_abi'
 require_relative 'support'
 
 ROOT = BenchSupport::ROOT
@@ -79,8 +80,23 @@ def install(dir, target, side)
        chdir: dir, out: $stderr)
   FileUtils.mkdir_p(File.join(side, 'native'))
   FileUtils.cp_r(File.join(ROOT, 'lib'), side)
-  FileUtils.cp(File.join(target, 'release', BUILT), File.join(side, 'native', 'puppet_kicker.so'))
+  library = File.join(side, 'native', 'puppet_kicker.so')
+  FileUtils.cp(File.join(target, 'release', BUILT), library)
+  stamp(library)
   side
+end
+
+# A revision from before the extension recorded the Ruby it was built for
+# (ext/puppet_kicker/build.rs) has no record, and this checkout's facade does not load
+# such a library. It was just built here, for this Ruby (rb-sys builds for the `ruby`
+# that runs this script), so the record it lacks is this Ruby's: appended to the file,
+# where the facade looks for it (the loader ignores bytes past the ELF's sections).
+def stamp(library)
+  return unless PuppetKicker::RubyABI.record(library).nil?
+
+  fields = PuppetKicker::RubyABI.running.map { |name, value| "#{name}=#{value}" }.join(' ')
+  File.open(library, 'ab') { |f| f.write("#{PuppetKicker::RubyABI::MARK}#{fields}\0") }
+  warn "==> #{library}: no Ruby ABI record (an older revision); appended this Ruby's (#{fields})"
 end
 
 rev_commit = capture!('git', 'rev-parse', '--verify', "#{REV}^{commit}")

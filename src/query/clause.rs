@@ -4,6 +4,7 @@
 //! dotted paths and `!~`: `fact OP value`, spaces allowed around `OP`.
 
 use super::compare::{Comparison, Operand};
+use super::cost::{regex_cost, QUERY_BUDGET};
 use crate::error::{Error, Result};
 use crate::facts::{FactPath, Node};
 use crate::store::{Kind, View};
@@ -45,6 +46,8 @@ pub struct Clause {
     text: String,
     path: FactPath,
     test: Test,
+    /// What compiling it cost, in the units of `query::cost`.
+    cost: u64,
 }
 
 impl Clause {
@@ -74,6 +77,16 @@ impl Clause {
         }
         let slashed = value.len() >= 2 && value.starts_with('/') && value.ends_with('/');
         let regex_source = if slashed { &value[1..value.len() - 1] } else { value };
+        let regex_cost = if slashed || op_text.contains('~') { regex_cost(regex_source).unwrap_or(0) } else { 0 };
+        if regex_cost > QUERY_BUDGET {
+            return Err(error(
+                value_start + 1,
+                format!(
+                    "regex /{regex_source}/ would take too long to compile (cost {regex_cost}, at most {QUERY_BUDGET}): \
+                     fewer character classes, or no (?i) with classes that span much of Unicode"
+                ),
+            ));
+        }
         let regex = |negated: bool| -> Result<Test> {
             let regex = RegexBuilder::new(regex_source)
                 .size_limit(REGEX_SIZE_LIMIT)
@@ -103,7 +116,14 @@ impl Clause {
                 return Err(error(op_start + 1, format!("unknown operator '{other}'; expected one of {OPERATORS}")))
             }
         };
-        Ok(Clause { text: text.to_string(), path: FactPath::new(path), test })
+        let cost = if matches!(test, Test::Regex { .. }) { regex_cost } else { 0 };
+        Ok(Clause { text: text.to_string(), path: FactPath::new(path), test, cost })
+    }
+
+    /// What compiling the clause's regex cost, in the units of [`super::cost`]; 0 for
+    /// a comparison.
+    pub fn cost(&self) -> u64 {
+        self.cost
     }
 
     pub fn text(&self) -> &str {

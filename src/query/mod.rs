@@ -3,13 +3,14 @@
 
 mod clause;
 mod compare;
+mod cost;
 mod role;
 
 pub use clause::{Clause, Op, Step};
 pub use compare::{Comparison, Operand};
 pub use role::RoleSelector;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::facts::Node;
 use lru::LruCache;
 use std::num::NonZeroUsize;
@@ -28,8 +29,29 @@ impl Query {
 
     /// Compiles clauses without a cache (tests, one-off tools).
     pub fn parse<S: AsRef<str>>(texts: &[S]) -> Result<Query> {
-        let clauses = texts.iter().map(|t| Clause::parse(t.as_ref()).map(Arc::new)).collect::<Result<_>>()?;
-        Ok(Query { clauses })
+        Query::within_budget(texts.iter().map(|t| Clause::parse(t.as_ref()).map(Arc::new)))
+    }
+
+    /// Collects compiled clauses, refusing the query once their regexes together cost
+    /// more than [`cost::QUERY_BUDGET`]: each clause within it is not enough when a
+    /// kick report may carry a hundred.
+    fn within_budget(clauses: impl Iterator<Item = Result<Arc<Clause>>>) -> Result<Query> {
+        let mut total = 0;
+        let mut kept = Vec::new();
+        for clause in clauses {
+            let clause = clause?;
+            total += clause.cost();
+            if total > cost::QUERY_BUDGET {
+                return Err(Error::Query(format!(
+                    "clause '{}': the query's regexes would take too long to compile together (cost {total} by \
+                     this clause, at most {}); use fewer regex clauses or fewer character classes",
+                    clause.text(),
+                    cost::QUERY_BUDGET
+                )));
+            }
+            kept.push(clause);
+        }
+        Ok(Query { clauses: kept })
     }
 
     pub fn clauses(&self) -> &[Arc<Clause>] {
@@ -59,8 +81,7 @@ impl ClauseCache {
     }
 
     pub fn compile<S: AsRef<str>>(&self, texts: &[S]) -> Result<Query> {
-        let clauses = texts.iter().map(|t| self.clause(t.as_ref())).collect::<Result<_>>()?;
-        Ok(Query { clauses })
+        Query::within_budget(texts.iter().map(|t| self.clause(t.as_ref())))
     }
 
     fn clause(&self, text: &str) -> Result<Arc<Clause>> {

@@ -177,3 +177,48 @@ fn certname_is_queried_like_a_fact_unless_a_fact_has_that_name() {
     assert!(matches("certname=/^web/", &with_fact), "a real fact named certname wins");
     assert!(!matches("certname=/^n\\./", &with_fact));
 }
+
+/// A fuzz campaign's input: 4 clauses whose case-insensitive nested negated classes
+/// took 130 ms to compile in a release build. It is refused now, naming the clause.
+#[test]
+fn costly_case_insensitive_classes_are_refused_by_name() {
+    let bytes = include_bytes!("../../fuzz/corpus-seeds/query_clauses/slow-case-fold");
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    let clauses: Vec<&str> = text.split('\n').skip(1).take(32).collect();
+    let error = Query::parse(&clauses).unwrap_err().to_string();
+    assert!(error.contains("would take too long to compile"), "{error}");
+    assert!(error.contains("clause 'hose_day"), "{error}");
+
+    let nested = format!("name =~ (?i){}", "[^a[^b]]".repeat(8));
+    let error = Query::parse(&[nested.as_str()]).unwrap_err().to_string();
+    assert!(error.contains(&format!("clause '{nested}'")) && error.contains("cost"), "{error}");
+}
+
+#[test]
+fn everyday_regexes_are_within_the_budget() {
+    for clause in [
+        "hostname =~ (?i)^web[0-9]+$",
+        "fqdn =~ /(?i)^(web|app)\\d+\\.example\\.com$/",
+        "role =~ ^(haproxy|nginx)$",
+        "os.name =~ (?i)debian|ubuntu",
+        "hostname !~ (?i)[^a-z0-9-]",
+        "kernelrelease =~ \\p{L}\\w+",
+    ] {
+        Query::parse(&[clause]).unwrap_or_else(|e| panic!("{clause}: {e}"));
+    }
+    // Many cheap clauses together stay within it too.
+    let clauses: Vec<String> = (0..32).map(|i| format!("hostname =~ (?i)^web{i}\\w+$")).collect();
+    Query::parse(&clauses).unwrap();
+}
+
+/// The budget is for the query: clauses that each pass can still add up to too much.
+#[test]
+fn the_budget_is_for_the_whole_query() {
+    let clause = format!("name =~ (?i){}", "[[^a]]".repeat(3));
+    let clauses = vec![clause.clone(); 4];
+    assert!(Query::parse(&clauses[..1]).is_ok());
+    let error = Query::parse(&clauses).unwrap_err().to_string();
+    assert!(error.contains("together"), "{error}");
+    let cache = ClauseCache::new(8);
+    assert_eq!(cache.compile(&clauses).unwrap_err().to_string(), error, "cached or not, the same answer");
+}
