@@ -4,8 +4,9 @@ require_relative '../../puppet_kicker'
 
 Puppet::Reports.register_report(:kick) do
   desc <<-DESC
-    Makes the servers a run kicked run Puppet, through mcollective `runonce` in the
-    collective named after the environment. A kick is a `kick` resource that was
+    Makes the servers a run kicked run Puppet, through `kick.transport`: mcollective's
+    or Choria's `puppet#runonce` in the collective named after the environment, or
+    the system's `ssh`. A kick is a `kick` resource that was
     refreshed, or (as in the original puppet-kicker) a changed `notify` titled
     `kick -> ROLE`. Coalesced, retried, loop-safe and persisted; see the README.
     Enable with `reports = log, kick` in puppet.conf.

@@ -8,7 +8,7 @@ Puppet::Type.newtype(:kick) do
 
     A `kick` does nothing by itself. When refreshed (`notify => Kick[...]`, `~>`),
     the `kick` report processor makes the servers it selects run Puppet, through
-    mcollective. Unlike `notify { 'kick -> haproxy': }`, which changes on every run,
+    mcollective, Choria or SSH (`kick.transport`). Unlike `notify { 'kick -> haproxy': }`, which changes on every run,
     dependents run only when something changed. Nothing is kicked under `--noop`.
 
     @example Refresh the load balancers when this node's service config changes
