@@ -14,7 +14,8 @@
 //! clauses are always accepted or always refused, cached or not.
 //!
 //! One unit is about a microsecond of compiling on the machine of `docs/performance.md`
-//! (release build); each charge is above what was measured there for its worst case:
+//! (release build); each charge is above what was measured there for its worst case
+//! (`cargo bench --bench regex_cost` measures these cases and prints their charges):
 //! | what | charge | measured |
 //! |------|--------|----------|
 //! | any regex | 16 | 7 µs for `(?i)^web12$` |
@@ -29,7 +30,9 @@
 //!
 //! The compiled program itself is bounded by `size_limit` (src/query/clause.rs).
 
-use regex_syntax::ast::{self, Ast, ClassBracketed, ClassSet, ClassSetItem, Flag, Flags, RepetitionKind, RepetitionRange};
+use regex_syntax::ast::{
+    self, Ast, ClassBracketed, ClassSet, ClassSetItem, Flag, Flags, RepetitionKind, RepetitionRange,
+};
 
 /// Units the clauses of one query may cost together (about 20 ms of translation).
 pub const QUERY_BUDGET: u64 = 20_000;
