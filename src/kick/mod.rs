@@ -12,7 +12,7 @@ mod graph;
 mod planner;
 mod policy;
 mod service;
-mod ssh;
+pub mod ssh;
 mod transport;
 mod wire;
 

@@ -8,7 +8,10 @@
 mod answer;
 mod child;
 
+/// For the `ssh_answer` fuzz target: how what came back from the target is read.
+pub use answer::{read as read_answer, REASON_BYTES};
 use answer::{RUNONCE_SCRIPT, SCRIPT_NAME};
+pub use child::Captured;
 
 use super::planner::{Dispatch, Outcome};
 use super::transport::Transport;
