@@ -33,6 +33,11 @@ pub const MAX_TEXT: usize = 64 << 20;
 /// aliases share a few small objects, while a few hundred bytes of nested aliases
 /// would otherwise expand to the full value budget (a million values, half a second).
 pub const MAX_ALIASED_VALUES: usize = 100_000;
+/// Most bytes of a key made from a collection (`? [a, b]`, said as its JSON). Each
+/// level of such keys nested in one another escapes the level below, so their text
+/// doubles per level: without a bound, sixty bytes of `? ? ? ...` would ask for
+/// gigabytes. Fact keys are names.
+pub const MAX_COLLECTION_KEY: usize = 64 << 10;
 
 /// Why a document was refused: not YAML, or over one of the limits. Each says on
 /// which line; the caller names the file.
@@ -52,6 +57,9 @@ pub enum YamlError {
     TooManyValues { limit: usize, line: usize },
     /// More than `limit` ([`MAX_TEXT`]) bytes of text, counting what aliases repeat.
     TooMuchText { limit: usize, line: usize },
+    /// A key made from a collection longer than `limit` ([`MAX_COLLECTION_KEY`])
+    /// bytes as text.
+    CollectionKeyTooLong { limit: usize, line: usize },
     /// An alias refers to the collection that contains it.
     RecursiveAlias { line: usize },
     /// A collection ends that never started (the parser should never say so).
@@ -68,6 +76,7 @@ impl YamlError {
             | YamlError::TooManyAliasedValues { line, .. }
             | YamlError::TooManyValues { line, .. }
             | YamlError::TooMuchText { line, .. }
+            | YamlError::CollectionKeyTooLong { line, .. }
             | YamlError::RecursiveAlias { line }
             | YamlError::UnmatchedEnd { line } => *line,
         }
@@ -91,6 +100,9 @@ impl fmt::Display for YamlError {
             }
             YamlError::TooMuchText { limit, .. } => {
                 write!(f, "more than {} MiB of text (counting what aliases repeat)", limit >> 20)?
+            }
+            YamlError::CollectionKeyTooLong { limit, .. } => {
+                write!(f, "a key made from a collection is longer than {} KiB as text", limit >> 10)?
             }
             YamlError::RecursiveAlias { .. } => f.write_str("an alias refers to the collection that contains it")?,
             YamlError::UnmatchedEnd { .. } => f.write_str("a collection ends that never started")?,
@@ -171,8 +183,9 @@ trait Sink {
     fn scalar(&mut self, yaml: Yaml) -> Self::Value;
     /// A plain key: its text ([`key_string`]).
     fn scalar_key(&mut self, yaml: &Yaml) -> Self::Key;
-    /// An aliased or collection key ([`value_key_string`]).
-    fn value_key(&mut self, value: Self::Value) -> Self::Key;
+    /// An aliased or collection key ([`value_key_string`]); `None` when its text
+    /// is longer than [`MAX_COLLECTION_KEY`].
+    fn value_key(&mut self, value: Self::Value) -> Option<Self::Key>;
 }
 
 struct TreeSink;
@@ -222,7 +235,7 @@ impl Sink for TreeSink {
         key_string(yaml)
     }
 
-    fn value_key(&mut self, value: Value) -> String {
+    fn value_key(&mut self, value: Value) -> Option<String> {
         value_key_string(value)
     }
 }
@@ -266,10 +279,10 @@ impl Sink for StoreSink<'_> {
         store_key(self.builder, yaml)
     }
 
-    fn value_key(&mut self, value: ValueId) -> StrId {
+    fn value_key(&mut self, value: ValueId) -> Option<StrId> {
         // Rare (Psych writes no such key): through the tree, to say it as `parse` does.
-        let key = value_key_string(self.builder.store().view(value).to_json());
-        self.builder.string(&key)
+        let key = value_key_string(self.builder.store().view(value).to_json())?;
+        Some(self.builder.string(&key))
     }
 }
 
@@ -420,7 +433,10 @@ impl<S: Sink> Reader<S> {
                 } else {
                     match frame.key.take() {
                         Some(key) => self.sink.insert(&mut frame.open, key, value),
-                        None => frame.key = Some(self.sink.value_key(value)),
+                        None => match self.sink.value_key(value) {
+                            Some(key) => frame.key = Some(key),
+                            None => return Err(YamlError::CollectionKeyTooLong { limit: MAX_COLLECTION_KEY, line }),
+                        },
                     }
                 }
             }
@@ -499,13 +515,15 @@ fn key_string(key: &Yaml) -> String {
     }
 }
 
-/// The key for an aliased or collection key: its text, or its JSON.
-fn value_key_string(key: Value) -> String {
+/// The key for an aliased or collection key: its text, or its JSON; `None` past
+/// [`MAX_COLLECTION_KEY`] bytes. (The keys inside a collection key were bounded
+/// the same way, so its JSON is at most a few times the bound.)
+fn value_key_string(key: Value) -> Option<String> {
     match key {
-        Value::String(s) => s,
-        Value::Null => "~".to_string(),
+        Value::String(s) => Some(s),
+        Value::Null => Some("~".to_string()),
         // At most MAX_DEPTH deep: serde_json's recursion is bounded.
-        other => other.to_string(),
+        other => Some(other.to_string()).filter(|text| text.len() <= MAX_COLLECTION_KEY),
     }
 }
 
@@ -513,6 +531,20 @@ fn value_key_string(key: Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A fuzz campaign's input: 49 bytes of nested complex keys took 1 s, as each
+    /// level's key escaped the level below (2 MB of key at 20 levels).
+    #[test]
+    fn nested_collection_keys_are_bounded() {
+        let text = "? ".repeat(40);
+        let error = parse(&text).unwrap_err();
+        assert!(matches!(error, YamlError::CollectionKeyTooLong { limit: MAX_COLLECTION_KEY, .. }), "{error}");
+        assert!(error.to_string().starts_with("a key made from a collection is longer than 64 KiB"), "{error}");
+        let mut builder = crate::store::Builder::new();
+        assert_eq!(decode(&text, &mut builder).unwrap_err(), error);
+        // A short collection key still reads, as its JSON.
+        assert_eq!(parse("? [a, b]\n: 1\n").unwrap(), json!({"[\"a\",\"b\"]": 1}));
+    }
 
     #[test]
     fn ruby_tagged_fact_cache_parses_to_its_mapping() {
