@@ -30,7 +30,12 @@ pub enum Op {
 #[derive(Clone, Debug)]
 enum Test {
     Compare(Op, Operand),
-    Regex { regex: Regex, negated: bool },
+    /// `cost`: what compiling `regex` was priced at ([`regex_cost`]).
+    Regex {
+        regex: Regex,
+        negated: bool,
+        cost: u64,
+    },
 }
 
 /// How a clause's comparison went on one value: a scalar, or one element of a list.
@@ -46,8 +51,6 @@ pub struct Clause {
     text: String,
     path: FactPath,
     test: Test,
-    /// What compiling it cost, in the units of `query::cost`.
-    cost: u64,
 }
 
 impl Clause {
@@ -92,7 +95,7 @@ impl Clause {
                 .size_limit(REGEX_SIZE_LIMIT)
                 .build()
                 .map_err(|e| error(value_start + 1, format!("invalid regex /{regex_source}/: {}", regex_error(&e))))?;
-            Ok(Test::Regex { regex, negated })
+            Ok(Test::Regex { regex, negated, cost: regex_cost })
         };
         let compare = |op: Op| -> Result<Test> {
             if slashed && !matches!(op, Op::Eq | Op::Ne) {
@@ -116,14 +119,16 @@ impl Clause {
                 return Err(error(op_start + 1, format!("unknown operator '{other}'; expected one of {OPERATORS}")))
             }
         };
-        let cost = if matches!(test, Test::Regex { .. }) { regex_cost } else { 0 };
-        Ok(Clause { text: text.to_string(), path: FactPath::new(path), test, cost })
+        Ok(Clause { text: text.to_string(), path: FactPath::new(path), test })
     }
 
     /// What compiling the clause's regex cost, in the units of [`super::cost`]; 0 for
     /// a comparison.
     pub fn cost(&self) -> u64 {
-        self.cost
+        match self.test {
+            Test::Regex { cost, .. } => cost,
+            Test::Compare(..) => 0,
+        }
     }
 
     pub fn text(&self) -> &str {

@@ -16,6 +16,7 @@
 //! One unit is about a microsecond of compiling on the machine of `docs/performance.md`
 //! (release build); each charge is above what was measured there for its worst case
 //! (`cargo bench --bench regex_cost` measures these cases and prints their charges):
+//!
 //! | what | charge | measured |
 //! |------|--------|----------|
 //! | any regex | 16 | 7 µs for `(?i)^web12$` |
