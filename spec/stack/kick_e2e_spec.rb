@@ -1,10 +1,6 @@
 # frozen_string_literal: true
 
-require 'fileutils'
-require 'json'
-require 'open3'
-require 'yaml'
-require_relative 'node_runs'
+require_relative 'kick_world'
 
 # Kicks end to end, for real: the mcollective test stack of script/mco-stack, whose
 # test `puppet` agent's `runonce` runs spec/fixtures/kick_e2e/run-puppet, a real
@@ -16,111 +12,35 @@ require_relative 'node_runs'
 # and sets PK_KICK_E2E_STACK_DIR (spec/stack/ is not in the default rspec run).
 # the constants' namespace
 module KickE2E
+  include KickWorld # its constants, for the examples below
+
   RSpec.describe 'kicks end to end: mcollective runonce of real puppet apply runs', order: :defined do
-    include NodeRuns
+    include KickWorld
 
     stack = ENV.fetch('PK_KICK_E2E_STACK_DIR') { raise 'PK_KICK_E2E_STACK_DIR is not set: run script/test-kick-e2e' }
-
-    NODE1 = 'node1.example.com'
-    NODE2 = 'node2.example.com'
-    LB1 = 'lb1.example.com'
-    WEB1 = 'web1.staging.example.com'
-    SERVERS = [NODE1, NODE2, LB1, WEB1].freeze
-    # Longest wait for any one thing: a run, a kick, the system settling.
-    WAIT = Integer(ENV.fetch('PK_KICK_E2E_WAIT', '90'))
-    # After settling: this long without any new run or kick means nothing more comes.
-    # Longer than coalesce + retry_max + a run's start, so a straggling kick would show.
-    QUIET = Integer(ENV.fetch('PK_KICK_E2E_QUIET', '8'))
-    HAPROXY_LINE = ->(host, ip) { "server #{host} #{ip}:8080 check inter 2000" }
 
     before(:all) do
       @stack = stack
       @e2e = File.join(stack, 'kick_e2e')
       @client_cfg = File.join(stack, 'client.cfg')
-      FileUtils.rm_rf(@e2e)
-      FileUtils.mkdir_p(%w[manifests slow out cache modules/kicker].map { |d| File.join(@e2e, d) })
-      # The module, copied: a `rake compile` elsewhere in the checkout must not replace
-      # the library under a running `puppet apply`.
-      %w[lib native templates metadata.json].each { |f| FileUtils.cp_r(File.join(ROOT, f), File.join(@e2e, 'modules', 'kicker')) }
-      @times = []
+      prepare_world
     end
 
     after(:all) do
       warn "kick e2e timings: #{@times.join('; ')}" if @times && !@times.empty?
     end
 
-    # On failure: what every server ran and logged, and the kick status.
     after do |example|
       next unless example.exception && @stack
 
-      warn "\n===== kick e2e failure: #{example.description}"
-      SERVERS.each do |id|
-        warn "----- #{id} runs.log:\n#{read(node_file(id, 'runs.log'))}"
-        warn "----- #{id} puppet.log (this scenario):\n#{log_since(id)}"
-      end
-      warn "----- kick-status.json:\n#{read(status_file)}" if @scenario
+      dump_failure(example)
       warn "----- mco-stack status:\n#{sh('script/mco-stack', 'status', allow_fail: true)}"
     end
 
-    def read(path)
-      File.exist?(path) ? File.read(path) : "(no #{path})"
+    # The facts come from the stack's mcollectived, and so do the kicks.
+    def kicker_settings(_name)
+      { 'source' => 'mcollective', 'mcollective' => { 'client_config' => @client_cfg, 'discovery_timeout' => 1 } }
     end
-
-    def longest_wait
-      WAIT
-    end
-
-    def sh(*cmd, allow_fail: false)
-      out, status = Open3.capture2e(*cmd, chdir: ROOT)
-      raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless allow_fail || status.success?
-
-      out
-    end
-
-    # ---------------------------------------------------------------- the scenario's world
-
-    # A scenario: its own kick state and snapshot (cache.dir), its manifests, and
-    # counts and logs from here on.
-    def scenario(name, node_pp:, haproxy_pp:)
-      settle!
-      @scenario = name
-      @t0 = Time.now.to_f
-      File.write(File.join(@e2e, 'puppet_kicker.yaml'), {
-        'source' => 'mcollective',
-        'mcollective' => { 'client_config' => @client_cfg, 'discovery_timeout' => 1 },
-        'cache' => { 'dir' => File.join(@e2e, 'cache', name), 'ttl' => 0 },
-        'kick' => { 'coalesce' => 1, 'retry_base' => 2, 'retry_max' => 4, 'exit_wait' => 60 },
-      }.to_yaml)
-      File.write(File.join(@e2e, 'manifests', 'node.pp'), node_pp)
-      File.write(File.join(@e2e, 'manifests', 'haproxy.pp'), HAPROXY_PP + haproxy_pp)
-      @runs_before = SERVERS.to_h { |id| [id, all_runs(id).size] }
-      @log_before = SERVERS.to_h { |id| [id, File.exist?(node_file(id, 'puppet.log')) ? File.size(node_file(id, 'puppet.log')) : 0] }
-    end
-
-    # Every role `haproxy` server renders its haproxy.cfg from the servers of role `node`.
-    HAPROXY_PP = <<~'PUPPET'
-      $out = $facts['kick_e2e_out']
-      $nodes = servers_with_role('node')
-      $listen = 'web'
-      file { $out: ensure => directory }
-      file { "${out}/haproxy.cfg": ensure => file, content => template('kicker/haproxy.cfg.erb') }
-    PUPPET
-
-    def status_file
-      File.join(@e2e, 'cache', @scenario, 'kick-status.json')
-    end
-
-    def kick_status
-      JSON.parse(File.read(status_file))
-    rescue Errno::ENOENT
-      {}
-    end
-
-    def haproxy_servers
-      File.read(File.join(@e2e, 'out', LB1, 'haproxy.cfg')).lines.grep(/^\s+server /).map(&:strip)
-    end
-
-    # ---------------------------------------------------------------- acting and waiting
 
     # `mco rpc puppet runonce` of one server, as an operator would (no force: the run's
     # options have no --no-splay, unlike the kicker's runonce with force=true).
@@ -130,43 +50,11 @@ module KickE2E
       expect(replies.map { |r| [r['sender'], r['statuscode']] }).to eq([[id, 0]]), "runonce #{id}: #{out}"
     end
 
-    # Nothing runs and no kick is pending or running.
-    def idle?
-      status = @scenario ? kick_status : {}
-      SERVERS.none? { |id| running?(id) } && Array(status['pending']).empty? && Array(status['running']).empty?
-    end
-
-    # Waits until idle, then QUIET seconds more, and checks that nothing started meanwhile.
-    def settle!
-      wait_for('every run to end and no kick to be pending') { idle? }
-      counts = SERVERS.map { |id| all_runs(id).size }
-      sleep QUIET
-      expect(SERVERS.map { |id| all_runs(id).size }).to eq(counts), 'a run started after the system had settled'
-      expect(idle?).to be(true)
-    end
-
-    def timing(text)
-      @times << "#{@scenario}: #{text}"
-    end
-
-    def ago(t)
-      format('%.1f s', t - @t0)
-    end
-
     # ---------------------------------------------------------------- scenarios
 
     it 'a new node runs Puppet, kicks the load balancer, whose run lists it in haproxy.cfg' do
       # The node's config change refreshes a `kick`: it kicks only when something changed.
-      scenario('seed', haproxy_pp: '', node_pp: <<~'PUPPET')
-        $out = $facts['kick_e2e_out']
-        file { $out: ensure => directory }
-        file { "${out}/backend.conf":
-          ensure  => file,
-          content => "backend ${facts['fqdn']} ${facts['ipaddress']}:8080\n",
-          notify  => Kick['load balancers'],
-        }
-        kick { 'load balancers': role => 'haproxy' }
-      PUPPET
+      scenario('seed', haproxy_pp: '', node_pp: NODE_PP)
       # Before: node1 does not exist yet; the load balancer lists node2 only.
       sh('script/mco-stack', 'down', NODE1)
       runonce(LB1)
