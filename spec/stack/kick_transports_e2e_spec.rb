@@ -229,17 +229,15 @@ module KickTransportsE2E
       end
 
       it 'a reply whose hash is not its message is refused' do
-        expect(forged('choria-hash', 'hash')).to eq(
-          "failed: choria: reply for lb1.example.com via broker 127.0.0.1:#{@nats_port} refused: " \
-          "Choria secure reply's hash is not the SHA-256 of its message"
-        )
+        result = forged('choria-hash', 'hash')
+        expect(result).to match(/\Afailed: choria: reply for lb1\.example\.com via broker \S*#{@nats_port} refused: /)
+        expect(result).to end_with("Choria secure reply's hash is not the SHA-256 of its message")
       end
 
       it 'a reply from a server that is not the target is refused' do
-        expect(forged('choria-sender', 'sender')).to start_with(
-          "failed: choria: reply for lb1.example.com via broker 127.0.0.1:#{@nats_port} refused: Choria reply's"
-        )
-        expect(outcomes.first[1]).to include('impostor.example.com')
+        result = forged('choria-sender', 'sender')
+        expect(result).to match(/\Afailed: choria: reply for lb1\.example\.com via broker \S*#{@nats_port} refused: Choria reply's/)
+        expect(result).to include('"impostor.example.com" is not the target')
       end
     end
   end
