@@ -239,6 +239,11 @@ fn is_entry(text: &str) -> bool {
     text == "-" || text.starts_with("- ")
 }
 
+/// YAML's bound on an implicit key: its `:` at most this many characters after the
+/// key's first. Past it the full parser refuses the document ("simple key expect
+/// ':'", as libyaml and so Psych do), so a longer key is declined here.
+const MAX_SIMPLE_KEY: usize = 1024;
+
 /// `key: rest` (rest possibly empty), the key plain or quoted.
 fn split_key(text: &str) -> Option<(Scalar<'_>, &str)> {
     let (key, after) = if text.starts_with(['\'', '"']) {
@@ -251,6 +256,10 @@ fn split_key(text: &str) -> Option<(Scalar<'_>, &str)> {
         let key = text[..end].trim_end_matches(' ');
         (plain_scalar(key)?, &text[end..])
     };
+    let colon = text.len() - after.len();
+    if colon > MAX_SIMPLE_KEY && text[..colon].chars().count() > MAX_SIMPLE_KEY {
+        return None;
+    }
     let rest = after.strip_prefix(':')?;
     if !(rest.is_empty() || rest.starts_with(' ')) {
         return None;
@@ -447,6 +456,28 @@ mod tests {
             "a: 1\n  b: 2\n",
         ] {
             assert!(!taken(text), "{text:?} was taken");
+        }
+    }
+
+    /// Found by the yaml_facts_and_config fuzz target: a key of 1,100 characters was
+    /// taken, where the full parser (like libyaml) refuses an implicit key whose `:`
+    /// is more than 1,024 characters after its start.
+    #[test]
+    fn implicit_keys_are_held_to_yamls_1024_characters() {
+        for (key, ok) in [
+            ("k".repeat(1024), true),
+            ("k".repeat(1025), false),
+            (format!("{}   ", "k".repeat(1021)), true),
+            (format!("{}    ", "k".repeat(1021)), false),
+            (format!("'{}'", "k".repeat(1022)), true),
+            (format!("'{}'", "k".repeat(1023)), false),
+            ("é".repeat(1024), true),
+            ("é".repeat(1025), false),
+        ] {
+            for text in [format!("{key}: 1\n"), format!("a:\n  {key}: 1\n"), format!("- {key}: 1\n")] {
+                assert_eq!(taken(&text), ok, "a key of {} characters", key.chars().count());
+                assert_eq!(parse(&text).is_ok(), ok, "the full parser, a key of {} characters", key.chars().count());
+            }
         }
     }
 
