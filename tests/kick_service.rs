@@ -542,3 +542,50 @@ fn the_dispatcher_sends_up_to_the_transports_max_parallel_at_once() {
     let status = service.status();
     assert_eq!(status["counters"]["sent"], 9, "{status}");
 }
+
+/// Answers after a pause, up to 32 at once.
+struct Pausing;
+
+impl Transport for Pausing {
+    fn runonce(&self, _: &Dispatch) -> Outcome {
+        std::thread::sleep(Duration::from_millis(20));
+        Outcome::Started
+    }
+
+    fn max_parallel(&self) -> usize {
+        32
+    }
+}
+
+#[test]
+fn kicks_sent_at_once_share_their_state_writes_and_each_is_saved() {
+    let dir = cache_dir("group-commit");
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    let service = KickService::start(config, &dir, Ok(Box::new(Pausing)), Box::new(|| {})).unwrap();
+    let report = ReportKicks {
+        host: "node1".into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        reporter_pid: None,
+        kicks: vec![KickSpec {
+            resource: "Notify[kick -> web]".into(),
+            selector: Selector::Roles(vec!["web".into()]),
+            environment: None,
+        }],
+    };
+    let targets: Vec<Target> =
+        (0..256).map(|i| Target { certname: format!("web{i:03}"), role: Some("web".into()) }).collect();
+    service.report(&report, |_, _| targets.clone(), |_| Some("node".into()));
+    let generation_before = service.status()["generation"].as_u64().unwrap();
+    assert_eq!(service.flush(Duration::from_secs(60)), 0);
+    // Each kick is claimed and its outcome saved: 512 changes. One transaction each
+    // would be 512 writes of the state file; saved together, far fewer.
+    let writes = service.status()["generation"].as_u64().unwrap() - generation_before;
+    assert!(writes < 256, "{writes} writes of the state for 256 kicks");
+    // What is on disk has every kick's outcome: another process reads them all.
+    let saved = puppet_kicker::kick::load_state(&dir).unwrap();
+    let started = saved.targets.values().filter(|t| t.running.is_some()).count();
+    assert_eq!(started, 256);
+    let _ = std::fs::remove_dir_all(dir);
+}

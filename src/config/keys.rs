@@ -137,7 +137,8 @@ keys! {
     /// (older masters). Read on up to two threads (never more than the cores). A file that does not
     /// parse is skipped with a warning naming it, as is one over
     /// 16 MiB or nested deeper than 64 levels; a YAML file is also skipped past 10,000 aliases, aliases
-    /// repeating 100,000 values, or 1,000,000 values or 64 MiB of text counting what aliases repeat.
+    /// repeating 100,000 values, or 1,000,000 values or 64 MiB of text counting what aliases repeat, or
+    /// with a key made from a collection over 64 KiB or an implicit key over YAML's 1,024 characters.
     Plain "puppet_cache.dirs" = Described("`[$server_datadir/facts, $vardir/yaml/facts]`"),
         set |c, v, base| c.sources.puppet_cache.dirs = directories(v, base)?,
         show |c| &c.sources.puppet_cache.dirs;
@@ -350,6 +351,10 @@ keys! {
     Plain "choria.send_environment" = Value("false"),
         set |c, v, _| c.kick.choria.send_environment = flag(v)?,
         show |c| &c.kick.choria.send_environment;
+    /// Choria kicks awaiting their replies at once (1 to 256), over the one connection.
+    Plain "choria.max_parallel" = Value("32"),
+        set |c, v, _| c.kick.choria.max_parallel = at_most(usize_count(v)?, 256)?,
+        show |c| &c.kick.choria.max_parallel;
 
     /// The file of host keys SSH kicks check the targets against (`UserKnownHostsFile`, with
     /// `StrictHostKeyChecking=yes`: an unknown or changed host key fails the kick). Required with

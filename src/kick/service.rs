@@ -16,6 +16,7 @@ use std::fmt;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -139,6 +140,19 @@ struct Inner {
     /// (this process) holds its agent's lock, so a kick of it cannot start before this
     /// process exits: `flush` does not wait for one.
     reporters: Mutex<BTreeSet<String>>,
+    /// Claims and outcomes of the senders, waiting to be saved (see `commit`).
+    commits: Mutex<Vec<(Change, SyncSender<bool>)>>,
+    /// Held by the sender whose transaction saves the waiting changes.
+    committer: Mutex<()>,
+}
+
+/// What a sender saves in the kick state around a `runonce`.
+enum Change {
+    /// Claims a due kick for this process before it is sent; answered whether it
+    /// is this process's to send.
+    Claim(super::Dispatch),
+    /// A kick's outcome (of the target named).
+    Outcome(String, super::Outcome),
 }
 
 impl KickService {
@@ -179,6 +193,8 @@ impl KickService {
                 left_out: 0,
             }),
             reporters: Mutex::new(BTreeSet::new()),
+            commits: Mutex::new(Vec::new()),
+            committer: Mutex::new(()),
         });
         let (wake, wakeups) = crossbeam_channel::unbounded();
         let worker = inner.clone();
@@ -424,6 +440,60 @@ impl Inner {
         result
     }
 
+    /// Saves `change` in the kick state and returns its answer once it is on disk.
+    ///
+    /// A group commit: each transaction reads and writes the whole state file with
+    /// an fsync, and the senders (up to the transport's `max_parallel`) would
+    /// otherwise queue for it one by one: a thousand kicks, two thousand writes.
+    /// Instead a sender queues its change and takes the committer's lock; whoever
+    /// holds it saves every change queued so far in one transaction. A change is
+    /// answered only after its transaction, so a claim is saved before its kick is
+    /// sent and an outcome before the planner shows it, as with a transaction each.
+    fn commit(&self, change: Change) -> bool {
+        let (done, answer) = std::sync::mpsc::sync_channel(1);
+        lock(&self.commits).push((change, done));
+        loop {
+            match answer.try_recv() {
+                Ok(answer) => return answer,
+                // Its transaction panicked (the dispatcher logs that): not claimed,
+                // or the outcome unsaved, as when this process dies mid-kick.
+                Err(TryRecvError::Disconnected) => return false,
+                Err(TryRecvError::Empty) => {}
+            }
+            let _committer = lock(&self.committer);
+            if let Ok(answer) = answer.try_recv() {
+                return answer;
+            }
+            let batch = std::mem::take(&mut *lock(&self.commits));
+            if batch.is_empty() {
+                continue;
+            }
+            let answers = self.transact(|planner| {
+                let now = now_ms();
+                let mut changed = false;
+                let answers: Vec<_> = batch
+                    .into_iter()
+                    .map(|(change, done)| match change {
+                        Change::Claim(dispatch) => {
+                            let mine = planner.claim(&dispatch, now);
+                            changed |= mine;
+                            (done, mine)
+                        }
+                        Change::Outcome(target, outcome) => {
+                            planner.on_outcome(&target, outcome, now).iter().for_each(|e| self.log(log_line(e)));
+                            changed = true;
+                            (done, true)
+                        }
+                    })
+                    .collect();
+                (answers, changed)
+            });
+            for (done, answer) in answers {
+                let _ = done.send(answer);
+            }
+        }
+    }
+
     /// The masterless helper of this cache dir, if one runs (`helper.json`).
     fn helper(&self) -> serde_json::Value {
         self.status_path.parent().map_or(serde_json::Value::Null, crate::helper_presence::describe)
@@ -586,10 +656,7 @@ fn dispatch_due(inner: &Inner) {
     let send = |dispatch: super::Dispatch| {
         // Renewed (and saved) just before sending, so another process waits a whole
         // in-flight timeout from here, whatever came before in this batch.
-        if !inner.transact(|planner| {
-            let mine = planner.claim(&dispatch, now_ms());
-            (mine, mine)
-        }) {
+        if !inner.commit(Change::Claim(dispatch.clone())) {
             return;
         }
         let outcome = match &inner.transport {
@@ -597,10 +664,7 @@ fn dispatch_due(inner: &Inner) {
                 .unwrap_or_else(|_| super::Outcome::Failed("internal error: the transport panicked".into())),
             None => super::Outcome::Failed(inner.transport_error.clone().unwrap_or_else(|| "no transport".into())),
         };
-        inner.transact(|planner| {
-            planner.on_outcome(&dispatch.target, outcome, now_ms()).iter().for_each(|e| inner.log(log_line(e)));
-            ((), true)
-        });
+        inner.commit(Change::Outcome(dispatch.target, outcome));
     };
     // Up to the transport's `max_parallel` at once, each worker taking the next in order.
     let workers = inner.transport.as_ref().map_or(1, |t| t.max_parallel()).clamp(1, dispatches.len().max(1));

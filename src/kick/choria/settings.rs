@@ -57,6 +57,8 @@ pub struct ChoriaSettings {
     pub connect_timeout: Duration,
     /// `choria.send_environment`: send the kick's environment as `runonce`'s input.
     pub send_environment: bool,
+    /// `choria.max_parallel`: kicks awaiting their replies at once.
+    pub max_parallel: usize,
 }
 
 impl ChoriaSettings {
@@ -73,6 +75,7 @@ impl ChoriaSettings {
             ttl: MIN_TTL,
             connect_timeout: Duration::ZERO,
             send_environment: false,
+            max_parallel: 1,
         }
     }
 
@@ -307,10 +310,11 @@ mod tests {
         let c = &k.choria;
         assert_eq!((c.collective.as_str(), c.ttl, c.connect_timeout), ("mcollective", 60, Duration::from_secs(10)));
         assert!(c.brokers.is_empty() && c.collectives.is_empty() && !c.send_environment);
+        assert_eq!(c.max_parallel, 32);
         assert_eq!((&c.certname, &c.ssl_ca, &c.ssl_cert, &c.ssl_key), (&None, &None, &None, &None));
 
         let k = parse(
-            "kick:\n  transport: choria\nchoria:\n  brokers: [nats1:4222, nats2]\n  certname: kicker.mcollective\n  ssl_ca: ca.pem\n  ssl_cert: /pki/c.pem\n  ssl_key: k.pem\n  collective: main\n  collectives: [production, staging]\n  ttl: 2m\n  connect_timeout: 3\n  send_environment: true\n",
+            "kick:\n  transport: choria\nchoria:\n  brokers: [nats1:4222, nats2]\n  certname: kicker.mcollective\n  ssl_ca: ca.pem\n  ssl_cert: /pki/c.pem\n  ssl_key: k.pem\n  collective: main\n  collectives: [production, staging]\n  ttl: 2m\n  connect_timeout: 3\n  send_environment: true\n  max_parallel: 4\n",
             &puppet,
         )
         .unwrap();
@@ -324,11 +328,12 @@ mod tests {
         assert_eq!(c.ssl_ca.as_deref(), Some(Path::new("/etc/puppet/ca.pem")));
         assert_eq!(c.ssl_cert.as_deref(), Some(Path::new("/pki/c.pem")));
         assert_eq!((c.collective.as_str(), c.collectives.len(), c.ttl), ("main", 2, 120));
-        assert!(c.send_environment && c.connect_timeout == Duration::from_secs(3));
+        assert!(c.send_environment && c.connect_timeout == Duration::from_secs(3) && c.max_parallel == 4);
 
         for (yaml, expected) in [
             ("kick:\n  transport: ssh-ish\n", "'kick.transport' must be 'mcollective', 'choria' or 'ssh'"),
             ("choria:\n  ttl: 29\n", "'choria.ttl' must be at least 30 seconds"),
+            ("choria:\n  max_parallel: 1000\n", "'choria.max_parallel' must be at most 256"),
             ("choria:\n  brokers: [a:70000]\n", "'choria.brokers' must be a list of host:port brokers"),
             ("choria:\n  brokers: []\n", "'choria.brokers' must be a non-empty list"),
             ("choria:\n  brokr: [a]\n", "unknown key 'choria.brokr'"),

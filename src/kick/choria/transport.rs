@@ -133,10 +133,16 @@ impl Drop for ChoriaTransport {
 impl Transport for ChoriaTransport {
     fn runonce(&self, dispatch: &Dispatch) -> Outcome {
         let (sent, outcome) = std::sync::mpsc::sync_channel(1);
+        // Signed here, on the dispatcher's sending thread: the runtime's one thread
+        // then only moves bytes, and up to `max_parallel` requests sign at once.
+        let request = match self.shared.request(dispatch) {
+            Ok(request) => request,
+            Err(failed) => return failed,
+        };
         let shared = self.shared.clone();
-        let owned = dispatch.clone();
+        let target = dispatch.target.clone();
         self.runtime.spawn(async move {
-            let _ = sent.send(shared.runonce(&owned).await);
+            let _ = sent.send(shared.runonce(&request, &target).await);
         });
         let settings = &self.shared.resolved.settings;
         let brokers = u32::try_from(settings.brokers.len()).unwrap_or(u32::MAX);
@@ -146,10 +152,15 @@ impl Transport for ChoriaTransport {
             Outcome::Failed(format!("choria: no outcome for {} from the transport's thread", dispatch.target))
         })
     }
+
+    fn max_parallel(&self) -> usize {
+        self.shared.resolved.settings.max_parallel
+    }
 }
 
 impl Shared {
-    async fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+    /// The signed `runonce` request of a kick.
+    fn request(&self, dispatch: &Dispatch) -> Result<DirectedRequest, Outcome> {
         let settings = &self.resolved.settings;
         let collective = if settings.collectives.contains(&dispatch.environment) {
             dispatch.environment.as_str()
@@ -160,7 +171,7 @@ impl Shared {
             environment: settings.send_environment.then(|| dispatch.environment.clone()),
             ..self.inputs.clone()
         };
-        let request = match RequestId::random().and_then(|id| {
+        RequestId::random().and_then(|id| {
             let to = super::Destination { collective, target: &dispatch.target };
             runonce_request(
                 &self.resolved.credentials,
@@ -171,15 +182,17 @@ impl Shared {
                 settings.ttl,
                 unix_now(),
             )
-        }) {
-            Ok(request) => request,
-            Err(e) => return Outcome::Failed(format!("choria: no request for {}: {e}", dispatch.target)),
-        };
+        })
+        .map_err(|e| Outcome::Failed(format!("choria: no request for {}: {e}", dispatch.target)))
+    }
+
+    /// Sends `request` to `target` and reads its reply.
+    async fn runonce(&self, request: &DirectedRequest, target: &str) -> Outcome {
         let connection = match self.connection().await {
             Ok(connection) => connection,
-            Err(why) => return Outcome::Failed(format!("choria: kick of {} not sent: {why}", dispatch.target)),
+            Err(why) => return Outcome::Failed(format!("choria: kick of {target} not sent: {why}")),
         };
-        let outcome = self.exchange(&connection, &request, &dispatch.target).await;
+        let outcome = self.exchange(&connection, request, target).await;
         if let Err(lost) = &outcome {
             // Made again at the next kick.
             if lost.connection_lost {
