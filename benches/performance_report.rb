@@ -212,7 +212,7 @@ jar_error = if !available?('jruby') then 'JRuby is not installed (script/bootstr
             elsif !system('rake', 'jar', chdir: ROOT, out: $stderr) then '`rake jar` failed: no Java reader to load'
             end
 system('cargo', 'bench', '--locked', '--no-run', '--bench', 'query', '--bench', 'inventory', '--bench', 'puppetdb',
-       chdir: ROOT, out: $stderr, exception: true)
+       '--bench', 'transports', chdir: ROOT, out: $stderr, exception: true)
 system('cargo', 'build', '--quiet', '--release', '--locked', '--features', 'synthetic', '--bin', 'pk-synthetic-facts',
        chdir: ROOT, out: $stderr, exception: true)
 build_seconds = monotonic - build_started
@@ -232,6 +232,9 @@ puppetserver_skip = if !File.executable?(PUPPETSERVER_RUN) then 'benches/puppets
 pdb_skip = if !long then 'not asked for (`--long`)'
            elsif !available?('flock') then 'flock (util-linux) is not installed'
            end
+transports_skip = if !available?('nats-server') then 'nats-server is not installed (`script/bootstrap test` installs it)'
+                  elsif !File.executable?('/usr/sbin/sshd') then 'openssh-server is not installed (`script/bootstrap test` installs it)'
+                  end
 cargo_bench = ->(name) { ['cargo', 'bench', '--quiet', '--locked', '--bench', name] }
 parts = [
   Part.new(:functions_mri, 'The functions against pure Ruby: MRI', ['ruby', 'benches/ruby/functions.rb', SERVERS.to_s]),
@@ -253,6 +256,7 @@ parts = [
   Part.new(:puppetdb, 'Refreshing from PuppetDB (an in-process fake)', cargo_bench['puppetdb']),
   Part.new(:puppetdb_real, 'Against a real PuppetDB', ['bench/puppetdb'], lock: true, skipped: pdb_skip),
   Part.new(:kick_report, 'The kick report processor', ['ruby', 'benches/ruby/kick_report.rb']),
+  Part.new(:transports, 'Kicks through each transport', cargo_bench['transports'], skipped: transports_skip),
 ]
 scratch = Dir.mktmpdir('pk-bench-report')
 at_exit { FileUtils.rm_rf(scratch) }
@@ -289,6 +293,7 @@ query = part[:query].results
 mco = part[:inventory].results
 pdb = part[:puppetdb].results
 kick = part[:kick_report].results
+transports = part[:transports].results
 
 summary = []
 [['first', "The functions' first call of an index generation ÷ pure Ruby's scan", '≥ 1x'],
@@ -353,6 +358,18 @@ end
 if has?(kick, 'kick_quiet', 'kick_one', 'store')
   summary << ['The kick report processor per report: nothing to kick; one kick (dry run); Puppet\'s `store`',
               "#{human(kick['kick_quiet'])}; #{human(kick['kick_one'])}; #{human(kick['store'])}", '',]
+end
+
+if has?(transports, 'choria_bulk', 'ssh_bulk', 'ssh_shared_bulk', 'mcollective_bulk')
+  summary << ['Kicks until each is acknowledged: 1,000 through Choria; the same through mcollective',
+              "#{ns(transports['choria_bulk'])}; #{ns(transports['mcollective_bulk'])}",
+              goal('Choria ≤ 1 s', transports['choria_bulk'] <= ms(1_000)),]
+  summary << ['200 kicks through SSH until each is acknowledged: a connection each; over shared connections',
+              "#{ns(transports['ssh_bulk'])}; #{ns(transports['ssh_shared_bulk'])}",
+              goal('≤ 10 s', [transports['ssh_bulk'], transports['ssh_shared_bulk']].max <= ms(10_000)),]
+  ones = %w[choria ssh mcollective].map { |k| transports["#{k}_one_report"] }
+  summary << ['What a one-kick report adds to the report processor (`kick_report`): Choria; SSH; mcollective',
+              ones.map { |v| ns(v) }.join('; '), goal('≤ 1 ms', ones.max <= ms(1)),]
 end
 
 def table(header, rows)
@@ -440,6 +457,17 @@ sections = {
     fleet stored with `replace_facts`, then `cargo bench --bench puppetdb` against it and
     `benches/ruby/puppetdb_query.rb` (`puppetdb_query` and `servers_with_role` in one compile).
   TEXT
+  transports: <<~TEXT,
+    `cargo bench --bench transports`: a report's kick through `Service::kick_report` (the call the
+    report processor makes) and the dispatcher, on 127.0.0.1, with each transport's far side:
+    Debian's nats-server (TLS) and the tests' Choria responder (which verifies each request's
+    certificate and signature: no Choria server is packaged for these machines); an `sshd` of the
+    bench's own running the real runonce script, with a stand-in `puppet` that records the run;
+    and, for mcollective, an in-bench STOMP broker that answers as the daemons would (PSK checked,
+    signed replies): not a real RabbitMQ, so that figure carries no broker's work where Choria's
+    does. Every target's address is 127.0.0.1, so "shared connections" is one connection: what
+    kicks cost once connections are up. Each bulk sample starts a new master (a new connection).
+  TEXT
   kick_report: <<~TEXT,
     `ruby benches/ruby/kick_report.rb`: the `kick` report processor on a real in-process report
     of 200 resources, next to Puppet's own `store` processor on the same report.
@@ -523,7 +551,7 @@ unless scaling.empty?
   TEXT
 end
 
-%i[inventory puppetdb puppetdb_real kick_report].each do |key|
+%i[inventory puppetdb puppetdb_real kick_report transports].each do |key|
   p = part[key]
   add.call(p.title, section(p, sections.fetch(key)))
 end

@@ -172,6 +172,8 @@ fn ms(d: Duration) -> String {
 /// One transport's figures: the bulk kicks, then the per-report cost.
 struct Figures {
     transport: &'static str,
+    /// The results file's key prefix.
+    key: &'static str,
     targets: usize,
     bulk: Vec<Duration>,
     report_bulk: Vec<Duration>,
@@ -184,6 +186,7 @@ struct Figures {
 /// solo)` starts a master (see [`Master::start`]).
 fn run(
     transport: &'static str,
+    key: &'static str,
     targets: usize,
     goal: &'static str,
     master: &dyn Fn(&str, usize, bool) -> Master,
@@ -199,7 +202,7 @@ fn run(
     let m = master(&format!("{transport}-one"), REPORTS, true);
     let one: Vec<Duration> = (0..REPORTS).map(|i| m.report(&format!("solo-{i:04}"))).collect();
     m.wait_started(REPORTS, Instant::now(), Duration::from_secs(120));
-    Figures { transport, targets, bulk, report_bulk, one, goal }
+    Figures { transport, key, targets, bulk, report_bulk, one, goal }
 }
 
 fn choria() -> Figures {
@@ -212,7 +215,7 @@ fn choria() -> Figures {
         let tls = (fixture("kicker.mcollective.pem"), fixture("kicker.mcollective.key"), fixture("ca.pem"));
         Master::start(name, servers, solo, yaml, Some(tls))
     };
-    let figures = run("Choria", CHORIA_TARGETS, "≤ 1 s", &master);
+    let figures = run("Choria", "choria", CHORIA_TARGETS, "≤ 1 s", &master);
     let refused = responder.refused();
     assert!(refused.is_empty(), "the responder refused requests: {:?}", &refused[..refused.len().min(5)]);
     assert_eq!(responder.seen().len(), SAMPLES * CHORIA_TARGETS + REPORTS, "every kick reached the responder once");
@@ -230,8 +233,11 @@ fn ssh(control_master: bool) -> Figures {
         });
         Master::start(name, servers, solo, json!({"kick": kick_keys("ssh"), "ssh": ssh}), None)
     };
-    let label = if control_master { "SSH, shared connections" } else { "SSH, a connection per kick" };
-    let figures = run(label, SSH_TARGETS, "≤ 10 s", &master);
+    let (label, key) = match control_master {
+        true => ("SSH, shared connections", "ssh_shared"),
+        false => ("SSH, a connection per kick", "ssh"),
+    };
+    let figures = run(label, key, SSH_TARGETS, "≤ 10 s", &master);
     assert_eq!(sshd.runs().len(), SAMPLES * SSH_TARGETS + REPORTS, "every kick started one run on the far side");
     figures
 }
@@ -255,7 +261,7 @@ fn mcollective() -> Figures {
         let yaml = json!({"kick": kick_keys("mcollective"), "mcollective": {"client_config": client_cfg}});
         Master::start(name, servers, solo, yaml, None)
     };
-    let figures = run("mcollective", CHORIA_TARGETS, "(comparison)", &master);
+    let figures = run("mcollective", "mcollective", CHORIA_TARGETS, "(comparison)", &master);
     assert_eq!(broker.answered(), SAMPLES * CHORIA_TARGETS + REPORTS, "every kick was answered once");
     figures
 }
@@ -294,7 +300,7 @@ fn main() {
             ms(median(f.report_bulk.clone())),
             ms(median(f.one.clone()))
         );
-        let key = f.transport.to_lowercase().replace([',', ' '], "_").replace("__", "_");
+        let key = f.key;
         report::record(&format!("{key}_bulk"), median(f.bulk.clone()).as_nanos() as f64);
         report::record(&format!("{key}_one_report"), median(f.one.clone()).as_nanos() as f64);
     }
