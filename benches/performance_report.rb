@@ -355,20 +355,18 @@ if has?(pdb, 'puppetdb_full', 'puppetdb_incremental')
   summary << ['Refresh from PuppetDB (a fake, over TLS): everything; 10 changed',
               "#{ns(pdb['puppetdb_full'])}; #{ns(pdb['puppetdb_incremental'])}", '',]
 end
-if has?(kick, 'kick_quiet', 'kick_one', 'store')
-  summary << ['The kick report processor per report: nothing to kick; one kick (dry run); Puppet\'s `store`',
-              "#{human(kick['kick_quiet'])}; #{human(kick['kick_one'])}; #{human(kick['store'])}", '',]
-end
-
 if has?(transports, 'choria_bulk', 'ssh_bulk', 'mcollective_bulk')
-  summary << ['Kicks until each is acknowledged: 1,000 through Choria; the same through mcollective',
-              "#{ns(transports['choria_bulk'])}; #{ns(transports['mcollective_bulk'])}",
-              goal('Choria ≤ 1 s', transports['choria_bulk'] <= ms(1_000)),]
-  summary << ['200 kicks through SSH until each is acknowledged (a connection each)', ns(transports['ssh_bulk']),
-              goal('≤ 10 s', transports['ssh_bulk'] <= ms(10_000)),]
+  summary << ['Kicks until each is acknowledged: 1,000 through Choria; 200 through SSH; 1,000 through mcollective',
+              "#{ns(transports['choria_bulk'])}; #{ns(transports['ssh_bulk'])}; #{ns(transports['mcollective_bulk'])}",
+              goal('≤ 1 s; ≤ 10 s; (comparison)',
+                   transports['choria_bulk'] <= ms(1_000) && transports['ssh_bulk'] <= ms(10_000)),]
+end
+if has?(kick, 'kick_quiet', 'kick_one', 'store')
   ones = %w[choria ssh mcollective].map { |k| transports["#{k}_one_report"] }
-  summary << ['What a one-kick report adds to the report processor (`kick_report`): Choria; SSH; mcollective',
-              ones.map { |v| ns(v) }.join('; '), goal('≤ 1 ms', ones.max <= ms(1)),]
+  with_transports = ones.all? ? "; with a transport, Choria, SSH, mcollective: #{ones.map { |v| ns(v) }.join(', ')}" : ''
+  summary << ['The kick report processor per report: nothing to kick; one kick (dry run); Puppet\'s `store`',
+              "#{human(kick['kick_quiet'])}; #{human(kick['kick_one'])}; #{human(kick['store'])}#{with_transports}",
+              ones.all? ? goal('with a transport ≤ 1 ms', ones.max <= ms(1)) : '',]
 end
 
 def table(header, rows)
