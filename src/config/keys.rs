@@ -388,8 +388,9 @@ keys! {
         set |c, v, _| c.kick.ssh.command = argv(v)?,
         show |c| c.kick.ssh.shown_command();
     /// Share one connection per target between kicks (`ControlMaster=auto`, `ControlPersist=60`,
-    /// sockets in `<cache.dir>/ssh`). Off: `ControlMaster=no`, `ControlPath=none`.
-    Plain "ssh.control_master" = Value("false"),
+    /// sockets in `<cache.dir>/ssh`, whose path must leave room for them: docs/ssh.md). Off:
+    /// `ControlMaster=no`, `ControlPath=none`, a new connection for every kick.
+    Plain "ssh.control_master" = Value("true"),
         set |c, v, _| c.kick.ssh.control_master = flag(v)?,
         show |c| &c.kick.ssh.control_master;
     /// SSH kicks sent at once (1 to 256).

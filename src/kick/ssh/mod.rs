@@ -25,6 +25,13 @@ use std::time::{Duration, Instant};
 pub const MAX_OUTPUT: usize = 64 << 10;
 /// How long an idle shared connection (`ssh.control_master`) stays open.
 pub const CONTROL_PERSIST: Duration = Duration::from_secs(60);
+/// The longest socket path ssh can make: `sun_path` holds 108 bytes with its NUL.
+const MAX_SOCKET_PATH: usize = 107;
+/// What ssh appends to a control path while it sets up a master (`.` and 16 random
+/// characters), before renaming the socket into place.
+const SOCKET_TEMP_SUFFIX: usize = 17;
+/// Hex digits of a control socket's name (80 bits of a SHA-256).
+const SOCKET_NAME: usize = 20;
 /// The Choria/mcollective `puppet` agent's rule for an environment (its DDL's
 /// `puppet_variable` validation and `maxlength`).
 pub const MAX_ENVIRONMENT: usize = 50;
@@ -69,7 +76,7 @@ impl SshSettings {
             config_file: None,
             connect_timeout: Duration::ZERO,
             command: SshSettings::default_command(),
-            control_master: false,
+            control_master: true,
             max_parallel: 1,
             address_fact: String::new(),
         }
@@ -153,6 +160,7 @@ impl SshTransport {
     ) -> Result<SshTransport, SshConfigError> {
         settings.check()?;
         if settings.control_master {
+            check_control_dir(control_dir)?;
             use std::os::unix::fs::DirBuilderExt;
             if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(control_dir) {
                 return Err(SshConfigError {
@@ -184,6 +192,19 @@ impl SshTransport {
         Ok(address)
     }
 
+    /// The socket of the shared connection to `address` (`ssh.control_master`): named
+    /// after the destination as the kick gives it, with the user and port, so that
+    /// each target has a connection of its own even where ssh's configuration sends
+    /// several names to one `HostName`.
+    pub fn control_path(&self, address: &str) -> PathBuf {
+        let s = &self.settings;
+        let port = s.port.map(|p| p.to_string()).unwrap_or_default();
+        let key = [address, &port, s.user.as_deref().unwrap_or_default()].join("\0");
+        let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+        let name: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        self.control_dir.join(&name[..SOCKET_NAME])
+    }
+
     /// The `ssh` command for a kick of `address` in `environment` (checked).
     pub fn command(&self, address: &str, environment: &str) -> Command {
         let s = &self.settings;
@@ -194,21 +215,21 @@ impl SshTransport {
         option("BatchMode=yes".into());
         option("StrictHostKeyChecking=yes".into());
         if let Some(known_hosts) = &s.known_hosts {
-            option(format!("UserKnownHostsFile={}", ssh_quoted(&known_hosts.to_string_lossy())));
+            option(format!("UserKnownHostsFile={}", ssh_path(known_hosts)));
         }
         option(format!("ConnectTimeout={}", s.connect_timeout.as_secs().max(1)));
         option("LogLevel=ERROR".into());
         if s.control_master {
             option("ControlMaster=auto".into());
             option(format!("ControlPersist={}", CONTROL_PERSIST.as_secs()));
-            option(format!("ControlPath={}", ssh_quoted(&self.control_dir.join("%C").to_string_lossy())));
+            option(format!("ControlPath={}", ssh_path(&self.control_path(address))));
         } else {
             option("ControlMaster=no".into());
             option("ControlPath=none".into());
         }
         if let Some(identity) = &s.identity_file {
             option("IdentitiesOnly=yes".into());
-            command.arg("-i").arg(identity);
+            command.arg("-i").arg(ssh_path(identity));
         }
         if let Some(config) = &s.config_file {
             command.arg("-F").arg(config);
@@ -311,13 +332,35 @@ fn shell_quoted(word: &str) -> String {
     }
 }
 
-/// A path in an ssh `-o` option value: in double quotes when it has spaces.
-fn ssh_quoted(path: &str) -> String {
+/// A path as ssh reads it in an option (`-o`, `-i`): `%` doubled (ssh expands `%`
+/// tokens in these), and in double quotes when it has spaces.
+fn ssh_path(path: &Path) -> String {
+    let path = path.to_string_lossy().replace('%', "%%");
     if path.contains([' ', '\t']) {
         format!("\"{path}\"")
     } else {
-        path.to_string()
+        path
     }
+}
+
+/// Whether ssh can make its sockets in `dir`: the longest path it makes there (a
+/// socket's name and the suffix of its temporary name) must fit in a Unix socket
+/// address. The error names the keys to change.
+fn check_control_dir(dir: &Path) -> Result<(), SshConfigError> {
+    let longest = dir.as_os_str().len() + 1 + SOCKET_NAME + SOCKET_TEMP_SUFFIX;
+    if longest <= MAX_SOCKET_PATH {
+        return Ok(());
+    }
+    Err(SshConfigError {
+        key: "ssh.control_master",
+        reason: format!(
+            "cannot keep its sockets in {}: ssh would make paths of {longest} bytes there, and a Unix socket's \
+             path is at most {MAX_SOCKET_PATH}; set cache.dir to a path at least {} bytes shorter, or \
+             turn ssh.control_master off",
+            dir.display(),
+            longest - MAX_SOCKET_PATH
+        ),
+    })
 }
 
 #[cfg(test)]

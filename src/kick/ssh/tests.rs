@@ -70,11 +70,72 @@ fn the_ssh_command_never_prompts_never_accepts_an_unknown_host_and_ends_options(
     let shared = transport(SshSettings { control_master: true, ..settings() });
     let args = argv(&shared.command("lb1.example.com", ""));
     let joined = args.join(" ");
+    let socket = shared.control_path("lb1.example.com");
     assert!(
-        joined.contains("-o ControlMaster=auto -o ControlPersist=60 -o ControlPath=/var/cache/pk/ssh/%C"),
+        joined.contains(&format!("-o ControlMaster=auto -o ControlPersist=60 -o ControlPath={}", socket.display())),
         "{joined}"
     );
     assert!(args.last().unwrap().ends_with("' puppet-kicker-runonce"), "no environment, no --environment: {joined}");
+}
+
+#[test]
+fn each_destination_user_and_port_has_a_socket_of_its_own_with_a_short_name() {
+    let t = transport(SshSettings { control_master: true, ..settings() });
+    let lb1 = t.control_path("lb1.example.com");
+    assert_eq!(lb1.parent(), Some(Path::new("/var/cache/pk/ssh")));
+    let name = lb1.file_name().unwrap().to_str().unwrap();
+    assert!(name.len() == SOCKET_NAME && name.chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+    assert_eq!(t.control_path("lb1.example.com"), lb1, "the same destination, the same socket");
+    assert_ne!(t.control_path("lb2.example.com"), lb1);
+    let other_port = transport(SshSettings { control_master: true, port: Some(22), ..settings() });
+    assert_ne!(other_port.control_path("lb1.example.com"), lb1);
+    let other_user = transport(SshSettings { control_master: true, user: None, ..settings() });
+    assert_ne!(other_user.control_path("lb1.example.com"), lb1);
+}
+
+#[test]
+fn paths_reach_ssh_with_their_percent_signs_and_spaces_intact() {
+    let t = SshTransport {
+        control_dir: "/srv/100% kick/ssh".into(),
+        ..transport(SshSettings {
+            control_master: true,
+            known_hosts: Some("/etc/kick %h/known hosts".into()),
+            identity_file: Some("/etc/kick/%u_key".into()),
+            ..settings()
+        })
+    };
+    let args = argv(&t.command("lb1.example.com", ""));
+    assert!(args.contains(&"UserKnownHostsFile=\"/etc/kick %%h/known hosts\"".to_string()), "{args:?}");
+    assert!(args.contains(&"/etc/kick/%%u_key".to_string()), "{args:?}");
+    let socket = t.control_path("lb1.example.com");
+    let name = socket.file_name().unwrap().to_str().unwrap();
+    assert!(args.contains(&format!("ControlPath=\"/srv/100%% kick/ssh/{name}\"")), "{args:?}");
+}
+
+#[test]
+fn a_cache_dir_too_long_for_the_sockets_is_refused_naming_what_to_change() {
+    let fits = format!("/{}", "d".repeat(MAX_SOCKET_PATH - SOCKET_TEMP_SUFFIX - SOCKET_NAME - 2));
+    assert_eq!(check_control_dir(Path::new(&fits)), Ok(()));
+    // The default cache dirs of Debian's and the AIO puppetserver fit.
+    for dir in ["/var/lib/puppetserver/puppet_kicker/ssh", "/opt/puppetlabs/server/data/puppetserver/puppet_kicker/ssh"] {
+        assert_eq!(check_control_dir(Path::new(dir)), Ok(()), "{dir}");
+    }
+    let long = format!("{fits}xyz");
+    let e = check_control_dir(Path::new(&long)).unwrap_err();
+    assert_eq!(e.key, "ssh.control_master");
+    assert!(e.reason.contains(&format!("cannot keep its sockets in {long}: ssh would make paths of 110 bytes")), "{e}");
+    assert!(e.reason.contains("set cache.dir to a path at least 3 bytes shorter, or turn ssh.control_master off"), "{e}");
+    let dir = crate::snapshot::tests::tempdir("ssh-long-control-dir");
+    std::fs::write(dir.join("known_hosts"), "").unwrap();
+    let long = dir.join("d".repeat(100));
+    let refused = SshTransport::new(
+        SshSettings { known_hosts: Some(dir.join("known_hosts")), control_master: true, ..settings() },
+        Duration::from_secs(5),
+        &long,
+        Box::new(|_| None),
+    );
+    assert_eq!(refused.err().map(|e| e.key), Some("ssh.control_master"));
+    assert!(!long.exists(), "nothing is created for sockets that cannot be made");
 }
 
 #[test]
@@ -180,7 +241,7 @@ fn the_ssh_keys_are_read_and_known_hosts_is_a_configuration_error_naming_the_key
     let dir = crate::snapshot::tests::tempdir("ssh-keys");
     std::fs::write(dir.join("known_hosts"), "").unwrap();
     let yaml = format!(
-        "kick:\n  transport: ssh\nssh:\n  known_hosts: {0}/known_hosts\n  identity_file: id_kick\n  user: kicker\n  port: 2222\n  connect_timeout: 3s\n  command: [sudo, -n, /usr/local/sbin/kick]\n  control_master: true\n  max_parallel: 8\n  address_fact: networking.fqdn\n",
+        "kick:\n  transport: ssh\nssh:\n  known_hosts: {0}/known_hosts\n  identity_file: id_kick\n  user: kicker\n  port: 2222\n  connect_timeout: 3s\n  command: [sudo, -n, /usr/local/sbin/kick]\n  control_master: false\n  max_parallel: 8\n  address_fact: networking.fqdn\n",
         dir.display()
     );
     let ssh = parse(&yaml).unwrap().kick.ssh;
@@ -189,7 +250,7 @@ fn the_ssh_keys_are_read_and_known_hosts_is_a_configuration_error_naming_the_key
     assert_eq!((ssh.user.as_deref(), ssh.port), (Some("kicker"), Some(2222)));
     assert_eq!(ssh.connect_timeout, Duration::from_secs(3));
     assert_eq!(ssh.command, ["sudo", "-n", "/usr/local/sbin/kick"]);
-    assert_eq!((ssh.control_master, ssh.max_parallel, ssh.address_fact.as_str()), (true, 8, "networking.fqdn"));
+    assert_eq!((ssh.control_master, ssh.max_parallel, ssh.address_fact.as_str()), (false, 8, "networking.fqdn"));
 
     assert!(parse("ssh:\n  command: []\n").unwrap_err().contains("a list of strings"));
     assert!(parse("ssh:\n  command: sudo puppet\n").unwrap_err().contains("a list of strings"));
@@ -206,7 +267,7 @@ fn the_defaults_are_the_documented_ones() {
     assert_eq!(s.connect_timeout, Duration::from_secs(5));
     assert_eq!(s.command, SshSettings::default_command());
     assert_eq!(s.shown_command(), ["sudo", "-n", "/bin/sh", "-c", "<the runonce script>", "puppet-kicker-runonce"]);
-    assert_eq!((s.control_master, s.max_parallel, s.address_fact.as_str()), (false, 16, "fqdn"));
+    assert_eq!((s.control_master, s.max_parallel, s.address_fact.as_str()), (true, 16, "fqdn"));
 }
 
 /// docs/ssh.md shows the script the default command runs, as it is.
