@@ -21,9 +21,22 @@ pub fn write(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
     write_with(path, |file| parts.iter().try_for_each(|part| file.write_all(part)))
 }
 
+/// [`write`] without the syncs, for a file rebuilt from others at each change (a
+/// status view): a reader still sees the old content or the new, never half, but a
+/// machine that loses power may lose the last writes.
+pub fn write_unsynced(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+    replace(path, |file| parts.iter().try_for_each(|part| file.write_all(part)), false)
+}
+
 /// [`write`], the content written by `content` to the temporary file as it comes
 /// (a large file need not be in memory whole); when it fails, the old file stays.
 pub fn write_with(path: &Path, content: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+    replace(path, content, true)
+}
+
+/// The temporary file written by `content`, synced when `sync`, renamed over
+/// `path`; then, when `sync`, the directory synced.
+fn replace(path: &Path, content: impl FnOnce(&mut dyn Write) -> io::Result<()>, sync: bool) -> io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let dir_meta = crate::cache_dir::ensure(dir).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
@@ -33,12 +46,17 @@ pub fn write_with(path: &Path, content: impl FnOnce(&mut dyn Write) -> io::Resul
         if crate::cache_dir::effective_uid() == 0 && dir_meta.uid() != 0 {
             std::os::unix::fs::fchown(&file, Some(dir_meta.uid()), Some(dir_meta.gid()))?;
         }
-        file.sync_all()?;
+        if sync {
+            file.sync_all()?;
+        }
         fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
         return result;
+    }
+    if !sync {
+        return Ok(());
     }
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
         io::Error::new(e.kind(), format!("written, but syncing its directory {} failed: {e}", dir.display()))

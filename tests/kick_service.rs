@@ -230,15 +230,32 @@ fn a_complete_role_graph_is_reported_in_bounded_time_and_size() {
         all_lines.extend(lines);
     }
     assert!(all_lines.iter().any(|l| l.starts_with("kick cycle between roles: role00 -> role01 -> role00")));
-    let status_bytes = std::fs::read(dir.join(STATUS_FILE)).unwrap();
-    assert!(status_bytes.len() < 1 << 20, "status file is {} bytes", status_bytes.len());
-    let status: serde_json::Value = serde_json::from_slice(&status_bytes).unwrap();
+    let (status, status_len) = status_file(&service, &dir);
+    assert!(status_len < 1 << 20, "status file is {status_len} bytes");
     let cycles = status["role_cycles"].as_array().unwrap();
     assert_eq!(cycles.len(), puppet_kicker::kick::MAX_ROLE_CYCLES_LISTED);
     assert!(status["role_cycles_left_out"].as_u64().unwrap() > 0);
     assert!(cycles.iter().all(|c| c.as_array().unwrap().len() <= KickConfig::default().max_hops + 2));
     // Every role kicks every role, its own included: a server kicks itself too.
     assert_eq!(status["role_edges"].as_array().unwrap().len(), ROLES * ROLES);
+}
+
+/// `kick-status.json` (and its size) once it shows at least the generation of the
+/// state the service holds now: the dispatcher writes it, off the report's thread,
+/// within moments of a change.
+fn status_file(service: &KickService, dir: &std::path::Path) -> (serde_json::Value, usize) {
+    let generation = service.status()["generation"].as_u64().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let bytes = std::fs::read(dir.join(STATUS_FILE)).unwrap_or_default();
+        if let Ok(status) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            if status["generation"].as_u64().is_some_and(|g| g >= generation) {
+                return (status, bytes.len());
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "{STATUS_FILE} did not reach generation {generation} in 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -299,6 +316,7 @@ fn pending_targets(service: &KickService) -> Vec<String> {
 #[test]
 fn another_process_write_is_seen_even_with_the_same_length_and_mtime() {
     // A coarse-mtime file system: another process's write keeps length and mtime.
+    // It writes as every writer of the state does: a new file renamed into place.
     let dir = cache_dir("generation");
     let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
     let first = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
@@ -312,8 +330,10 @@ fn another_process_write_is_seen_even_with_the_same_length_and_mtime() {
     theirs.generation += 1;
     let written = rmp_serde::to_vec_named(&theirs).unwrap();
     assert_eq!(written.len(), bytes.len());
-    std::fs::write(&path, &written).unwrap();
-    std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+    let tmp = dir.join("theirs.tmp");
+    std::fs::write(&tmp, &written).unwrap();
+    std::fs::File::options().write(true).open(&tmp).unwrap().set_modified(mtime).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
 
     quiet_report(&first, "db1");
     assert_eq!(pending_targets(&first), ["lb2"], "the other process's state was read");

@@ -3,7 +3,9 @@
 //!
 //! Everything the planner knows is written to `kicks.msgpack` after each change, so
 //! a restarted master neither loses nor repeats kicks; `kick-status.json` shows the
-//! operator what is pending, what happened lately, and the role cycles seen.
+//! operator what is pending, what happened lately, and the role cycles seen. The
+//! status is a view of the state, rebuilt from it: it is written off the report's
+//! thread, at most every [`STATUS_INTERVAL`] while kicks go out, and not synced.
 
 use super::planner::{Event, Planner, PlannerState, Resolved, Target};
 use super::transport::Transport;
@@ -17,8 +19,9 @@ use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, TryRecvError};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 pub use crate::log::{Level, LogLine};
 pub use crate::time::now_ms;
@@ -43,6 +46,9 @@ const SAVE_RETRY: Duration = Duration::from_secs(5);
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
 /// How often the dispatcher looks whether a process holding a server's kicks exited.
 pub const HOLD_POLL: Duration = Duration::from_secs(1);
+/// `kick-status.json` is rewritten at most this often while kicks are being sent,
+/// and at the latest this long after the state changed.
+pub const STATUS_INTERVAL: Duration = Duration::from_millis(200);
 
 /// What the kick service could not do: start, or read `kicks.msgpack`. Each names
 /// the file when there is one.
@@ -144,6 +150,22 @@ struct Inner {
     commits: Mutex<Vec<(Change, SyncSender<bool>)>>,
     /// Held by the sender whose transaction saves the waiting changes.
     committer: Mutex<()>,
+    /// The state changed since `kick-status.json` was last written.
+    status_dirty: AtomicBool,
+    /// When `kick-status.json` was last written; held while it is written.
+    status_written: Mutex<Option<Instant>>,
+}
+
+/// When [`Inner::write_status`] writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StatusWrite {
+    /// The state changed since the last write.
+    IfChanged,
+    /// The state changed and the last write is [`STATUS_INTERVAL`] old (or another
+    /// thread is writing it now: that one is left to it).
+    IfDue,
+    /// In any case.
+    Always,
 }
 
 /// What a sender saves in the kick state around a `runonce`.
@@ -195,6 +217,8 @@ impl KickService {
             reporters: Mutex::new(BTreeSet::new()),
             commits: Mutex::new(Vec::new()),
             committer: Mutex::new(()),
+            status_dirty: AtomicBool::new(true),
+            status_written: Mutex::new(None),
         });
         let (wake, wakeups) = crossbeam_channel::unbounded();
         let worker = inner.clone();
@@ -224,8 +248,9 @@ impl KickService {
             let changed = !events.is_empty() || !report.kicks.is_empty();
             (events, changed)
         });
-        if events.iter().any(|e| matches!(e, Event::Queued { .. } | Event::FollowUp { .. } | Event::RunFinished { .. }))
-        {
+        // The dispatcher sends what was queued, and writes the status file: neither
+        // on the report's thread.
+        if self.inner.status_dirty.load(Ordering::Acquire) {
             let _ = self.wake.send(());
         }
         let mut lines = most_severe_first(events.iter().map(log_line).collect(), MAX_LOG_LINES_PER_REPORT);
@@ -259,6 +284,8 @@ impl KickService {
             ((events, attempts), true)
         });
         events.iter().for_each(|e| self.inner.log(log_line(e)));
+        // An operator's process may exit at once: its status is written now.
+        self.inner.write_status(StatusWrite::IfChanged);
         if events.iter().any(|e| matches!(e, Event::Queued { .. } | Event::Coalesced { .. })) {
             let _ = self.wake.send(());
         }
@@ -322,6 +349,8 @@ impl KickService {
                 (busy, planner.undelivered())
             };
             if !busy || now_ms() >= deadline {
+                // A `puppet apply` exits next: the status shows where it left off.
+                self.inner.write_status(StatusWrite::IfChanged);
                 return undelivered;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -349,11 +378,13 @@ impl KickService {
     /// looked, and rewrites `kick-status.json` (its `helper` entry included).
     pub fn sync(&self) {
         self.inner.transact(|_| ((), false));
-        let planner = lock(&self.inner.planner);
-        let status =
-            serde_json::to_vec_pretty(&status_json(&planner, now_ms(), self.inner.helper())).unwrap_or_default();
-        drop(planner);
-        let _ = crate::atomic_file::write(&self.inner.status_path, &[&status, b"\n"]);
+        self.inner.write_status(StatusWrite::Always);
+    }
+
+    /// Writes `kick-status.json` now if the state changed since it was last written
+    /// (the dispatcher does so within [`STATUS_INTERVAL`]): for a process about to exit.
+    pub fn write_status(&self) {
+        self.inner.write_status(StatusWrite::IfChanged);
     }
 
     /// What each undelivered kick waits for, one line each, soonest first.
@@ -390,10 +421,12 @@ impl Inner {
     /// (most reports change nothing, and a write is an fsync) or an earlier change
     /// is still unsaved.
     ///
-    /// Another process's write is noticed by the generation inside the file (and,
-    /// for files of earlier versions, by length and mtime). A change that could not
-    /// be saved is kept: what another process wrote meanwhile is merged into it
-    /// rather than replacing it, and the save is tried again.
+    /// Another process's write is noticed by the file's stamp: each write is a new
+    /// file renamed into place, so a file other than the one this process last wrote
+    /// or read has another inode. Only then is it read and taken in (a state this
+    /// process just wrote is not read back). A change that could not be saved is
+    /// kept: what another process wrote meanwhile is merged into it rather than
+    /// replacing it, and the save is tried again.
     fn transact<R>(&self, change: impl FnOnce(&mut Planner) -> (R, bool)) -> R {
         let lock_file = self.state_path.with_extension("lock");
         let file_lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_file);
@@ -410,19 +443,15 @@ impl Inner {
         let mut planner = lock(&self.planner);
         let unsaved = lock(&self.unsaved).is_some();
         let on_disk = FileStamp::of(&self.state_path);
-        if on_disk.is_some() {
-            match std::fs::read(&self.state_path) {
+        if on_disk.is_some() && on_disk != *lock(&self.seen) {
+            match crate::bounded_read::read(&self.state_path, MAX_STATE_FILE_SIZE) {
                 Ok(bytes) => {
-                    let generation = rmp_serde::from_slice::<Generation>(&bytes).map(|g| g.generation).ok();
-                    let moved = generation != Some(planner.state().generation) || on_disk != *lock(&self.seen);
-                    if moved {
-                        match decode_state(&self.state_path, &bytes) {
-                            Ok(theirs) if unsaved => planner.merge_unsaved(theirs),
-                            Ok(theirs) => planner.replace_state(theirs),
-                            Err(e) => self.log(LogLine { level: Level::Warning, message: e.to_string() }),
-                        }
-                        *lock(&self.seen) = on_disk;
+                    match decode_state(&self.state_path, &bytes) {
+                        Ok(theirs) if unsaved => planner.merge_unsaved(theirs),
+                        Ok(theirs) => planner.replace_state(theirs),
+                        Err(e) => self.log(LogLine { level: Level::Warning, message: e.to_string() }),
                     }
+                    *lock(&self.seen) = on_disk;
                 }
                 Err(e) => self.log(LogLine {
                     level: Level::Warning,
@@ -432,7 +461,7 @@ impl Inner {
         }
         let (result, changed) = change(&mut planner);
         if changed || unsaved {
-            self.persist(&mut planner, now_ms());
+            self.persist(&mut planner);
             *lock(&self.seen) = FileStamp::of(&self.state_path);
         }
         drop(planner);
@@ -491,6 +520,7 @@ impl Inner {
             for (done, answer) in answers {
                 let _ = done.send(answer);
             }
+            self.write_status(StatusWrite::IfDue);
         }
     }
 
@@ -508,10 +538,10 @@ impl Inner {
         }
     }
 
-    /// Saves the state as the next generation, and the status file. A failure is
-    /// logged once, and remembered so the next transaction (at the latest after
-    /// `SAVE_RETRY`) tries again.
-    fn persist(&self, planner: &mut Planner, now: Millis) {
+    /// Saves the state as the next generation (the status file follows: see
+    /// [`Self::write_status`]). A failure is logged once, and remembered so the next
+    /// transaction (at the latest after `SAVE_RETRY`) tries again.
+    fn persist(&self, planner: &mut Planner) {
         let previous = planner.state().generation;
         planner.saved_as(planner.next_generation());
         let saved = match rmp_serde::to_vec_named(planner.state()) {
@@ -551,8 +581,32 @@ impl Inner {
             }
         }
         drop(unsaved);
-        let status = serde_json::to_vec_pretty(&status_json(planner, now, self.helper())).unwrap_or_default();
-        let _ = crate::atomic_file::write(&self.status_path, &[&status, b"\n"]);
+        self.status_dirty.store(true, Ordering::Release);
+    }
+
+    /// Rewrites `kick-status.json` from the planner, `when` says (see [`StatusWrite`]).
+    /// Not synced: it is a view, rebuilt from the state at the next change.
+    fn write_status(&self, when: StatusWrite) {
+        if when != StatusWrite::Always && !self.status_dirty.load(Ordering::Acquire) {
+            return;
+        }
+        let mut written = match when {
+            StatusWrite::IfDue => match self.status_written.try_lock() {
+                Ok(written) if written.is_some_and(|at| at.elapsed() < STATUS_INTERVAL) => return,
+                Ok(written) => written,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            },
+            _ => lock(&self.status_written),
+        };
+        // Cleared before the status is built: a change made meanwhile sets it again.
+        self.status_dirty.store(false, Ordering::Release);
+        let status = {
+            let planner = lock(&self.planner);
+            serde_json::to_vec_pretty(&status_json(&planner, now_ms(), self.helper())).unwrap_or_default()
+        };
+        let _ = crate::atomic_file::write_unsynced(&self.status_path, &[&status, b"\n"]);
+        *written = Some(Instant::now());
     }
 }
 
@@ -609,13 +663,6 @@ struct Unsaved {
     attempts: u64,
 }
 
-/// Just the generation of a state file; the rest is skipped unread.
-#[derive(Deserialize)]
-struct Generation {
-    #[serde(default)]
-    generation: u64,
-}
-
 fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
     loop {
         let now = now_ms();
@@ -628,12 +675,16 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
         if lock(&inner.planner).holds().next().is_some() {
             wait = wait.min(HOLD_POLL);
         }
+        if inner.status_dirty.load(Ordering::Acquire) {
+            wait = wait.min(STATUS_INTERVAL);
+        }
         match wakeups.recv_timeout(wait) {
             Ok(()) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
         while wakeups.try_recv().is_ok() {}
         let _ = catch_unwind(AssertUnwindSafe(|| dispatch_due(inner)));
+        let _ = catch_unwind(AssertUnwindSafe(|| inner.write_status(StatusWrite::IfChanged)));
     }
 }
 
@@ -688,17 +739,21 @@ fn dispatch_due(inner: &Inner) {
     std::iter::from_fn(next).for_each(send);
 }
 
-/// Size and modification time of a file: enough to notice another writer.
+/// Which file is at a path (device and inode), its size and modification time:
+/// enough to notice another writer, since each write renames a new file into place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FileStamp {
+    dev: u64,
+    ino: u64,
     len: u64,
     modified: SystemTime,
 }
 
 impl FileStamp {
     fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).ok()?;
-        Some(FileStamp { len: meta.len(), modified: meta.modified().ok()? })
+        Some(FileStamp { dev: meta.dev(), ino: meta.ino(), len: meta.len(), modified: meta.modified().ok()? })
     }
 }
 

@@ -109,8 +109,13 @@ impl Service {
     }
 
     /// Where each of `targets`' kicks stands (outcomes from `since` on).
+    /// `kick-status.json` is brought up to date too: the operator's process (`puppet
+    /// kicker kick`) exits once it has seen its outcomes.
     pub fn kick_progress(&self, targets: &[String], since: crate::kick::Millis) -> Result<Vec<Progress>> {
-        Ok(self.kick_service()?.progress(targets, since))
+        let service = self.kick_service()?;
+        let progress = service.progress(targets, since);
+        service.write_status();
+        Ok(progress)
     }
 
     /// The kick state as saved in the cache dir, read without starting the kick
