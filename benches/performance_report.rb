@@ -355,11 +355,14 @@ if has?(pdb, 'puppetdb_full', 'puppetdb_incremental')
   summary << ['Refresh from PuppetDB (a fake, over TLS): everything; 10 changed',
               "#{ns(pdb['puppetdb_full'])}; #{ns(pdb['puppetdb_incremental'])}", '',]
 end
-if has?(transports, 'choria_bulk', 'ssh_bulk', 'mcollective_bulk')
-  summary << ['Kicks until each is acknowledged: 1,000 through Choria; 200 through SSH; 1,000 through mcollective',
-              "#{ns(transports['choria_bulk'])}; #{ns(transports['ssh_bulk'])}; #{ns(transports['mcollective_bulk'])}",
+if has?(transports, 'choria_bulk', 'ssh_bulk', 'ssh_again', 'mcollective_bulk')
+  summary << ['Kicks until each is acknowledged: 1,000 through Choria; 200 through SSH, new connections, ' \
+              'then again over them; 1,000 through mcollective',
+              "#{ns(transports['choria_bulk'])}; #{ns(transports['ssh_bulk'])}, #{ns(transports['ssh_again'])}; " \
+              "#{ns(transports['mcollective_bulk'])}",
               goal('≤ 1 s; ≤ 10 s; (comparison)',
-                   transports['choria_bulk'] <= ms(1_000) && transports['ssh_bulk'] <= ms(10_000)),]
+                   transports['choria_bulk'] <= ms(1_000) &&
+                   [transports['ssh_bulk'], transports['ssh_again']].max <= ms(10_000)),]
 end
 if has?(kick, 'kick_quiet', 'kick_one', 'store')
   ones = %w[choria ssh mcollective].map { |k| transports["#{k}_one_report"] }
@@ -462,8 +465,10 @@ sections = {
     bench's own running the real runonce script, with a stand-in `puppet` that records the run;
     and, for mcollective, an in-bench STOMP broker that answers as the daemons would (PSK checked,
     signed replies): not a real RabbitMQ, so that figure carries no broker's work where Choria's
-    does. Each bulk sample starts a new master (a new connection). SSH's shared connections
-    (`ssh.control_master: true`) are not timed: each such kick waits for its deadline (docs/ssh.md).
+    does. Each bulk sample starts a new master (a new connection). SSH runs with connection reuse
+    (the default): 200 servers, each at an address of its own, first through new connections, then
+    kicked again over the connections left open; the 200 servers' sshd shares the machine's cores
+    with the master, where on a fleet each target does its own side of the key exchange.
   TEXT
   kick_report: <<~TEXT,
     `ruby benches/ruby/kick_report.rb`: the `kick` report processor on a real in-process report

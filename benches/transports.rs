@@ -9,11 +9,14 @@
 //!     certificate and signature and answers as a Choria server would, for every
 //!     identity. No Choria server is packaged for these machines.
 //! (2) **SSH**: a report whose kick resolves to 200 servers, until each is
-//!     acknowledged, with the default concurrency (`ssh.max_parallel` 16) and a
-//!     connection per kick (`ssh.control_master: false`, the default). The far side
-//!     is an `sshd` of the bench's own (`tests/support/sshd.rs`) running the real
-//!     runonce script with a stand-in `puppet` that records the run. Shared
-//!     connections (`ssh.control_master: true`) are not timed yet: see `main`.
+//!     acknowledged, with the default concurrency (`ssh.max_parallel` 16) and
+//!     connection reuse (`ssh.control_master`, the default): first each through a
+//!     new connection, then, from a second role on the same 200 addresses, each
+//!     over the connection the first kick left open. Every server has an address
+//!     of its own (`target-0000.example.com` and on, sent to 127.0.0.1 by the
+//!     bench's ssh config), hence a connection of its own. The far side is an
+//!     `sshd` of the bench's own (`tests/support/sshd.rs`) running the real runonce
+//!     script with a stand-in `puppet` that records the run.
 //! (3) **mcollective**, for comparison: the same 1,000 as (1), `puppet#runonce`
 //!     directed to each through the mcollective client, against an in-bench STOMP
 //!     broker that answers as 1,000 daemons would (each request decoded and its PSK
@@ -47,26 +50,55 @@ const SSH_TARGETS: usize = 200;
 const SAMPLES: usize = 3;
 const REPORTS: usize = 200;
 
-/// A scratch master: a fact cache of `servers` servers (`target-0000.example.com`
-/// and on, address 127.0.0.1; role `haproxy`, or with `solo` each a role of its own,
-/// `solo-0000` and on), `puppet_kicker.yaml` from `yaml`, `files` beside it, and
-/// Puppet's own TLS files from `tls` (the Choria transport uses them).
+/// The servers a scratch master knows, besides the reporting node1.
+#[derive(Clone, Copy)]
+enum Fleet {
+    /// `target-0000.example.com` and on, role `haproxy`.
+    Role(usize),
+    /// The same, each a role of its own (`solo-0000` and on).
+    Solo(usize),
+    /// `Role`, and as many more, `again-0000.example.com` and on, role
+    /// `haproxy-again`, each with the fqdn of the `target-` of its number.
+    Twice(usize),
+}
+
+impl Fleet {
+    /// `(certname, role, fqdn)` of each server.
+    fn servers(self) -> Vec<(String, String, String)> {
+        let (n, solo, twice) = match self {
+            Fleet::Role(n) => (n, false, false),
+            Fleet::Solo(n) => (n, true, false),
+            Fleet::Twice(n) => (n, false, true),
+        };
+        let mut servers = Vec::new();
+        for i in 0..n {
+            let role = if solo { format!("solo-{i:04}") } else { "haproxy".to_string() };
+            servers.push((target(i), role, target(i)));
+            if twice {
+                servers.push((format!("again-{i:04}.example.com"), "haproxy-again".to_string(), target(i)));
+            }
+        }
+        servers
+    }
+}
+
+/// A scratch master: a fact cache of `fleet` (address 127.0.0.1 in `ipaddress`),
+/// `puppet_kicker.yaml` from `yaml`, and Puppet's own TLS files from `tls` (the
+/// Choria transport uses them).
 struct Master {
     root: PathBuf,
     service: Service,
 }
 
 impl Master {
-    fn start(name: &str, servers: usize, solo: bool, yaml: Value, tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Master {
+    fn start(name: &str, fleet: Fleet, yaml: Value, tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Master {
         let root = std::env::temp_dir().join(format!("pk-bench-transports-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let facts = root.join("var/server_data/facts");
         std::fs::create_dir_all(&facts).unwrap();
         std::fs::create_dir_all(root.join("etc")).unwrap();
-        for i in 0..servers {
-            let certname = target(i);
-            let role = if solo { format!("solo-{i:04}") } else { "haproxy".to_string() };
-            let values = json!({"fqdn": certname, "ipaddress": "127.0.0.1", "role": role, "environment": "production"});
+        for (certname, role, fqdn) in fleet.servers() {
+            let values = json!({"fqdn": fqdn, "ipaddress": "127.0.0.1", "role": role, "environment": "production"});
             let file = json!({"name": certname, "values": values, "timestamp": "2026-11-28T12:00:00.000000000+00:00"});
             std::fs::write(facts.join(format!("{certname}.json")), file.to_string()).unwrap();
         }
@@ -181,6 +213,8 @@ struct Figures {
     key: &'static str,
     targets: usize,
     bulk: Vec<Duration>,
+    /// The same number again, over the connections the bulk kicks left open (SSH).
+    again: Vec<Duration>,
     report_bulk: Vec<Duration>,
     /// Writes of the kick state during each bulk sample.
     writes: Vec<u64>,
@@ -189,30 +223,41 @@ struct Figures {
 }
 
 /// (1) to (4) for one transport: `SAMPLES` fresh masters each kicking every target
-/// once, then one master sending `REPORTS` one-kick reports. `master(name, servers,
-/// solo)` starts a master (see [`Master::start`]).
+/// once (and, with `again`, the second role on the same addresses), then one
+/// master sending `REPORTS` one-kick reports. `master(name, fleet)` starts a master
+/// (see [`Master::start`]); `between()` runs after each sample.
 fn run(
     transport: &'static str,
     key: &'static str,
     targets: usize,
+    again: bool,
     goal: &'static str,
-    master: &dyn Fn(&str, usize, bool) -> Master,
+    master: &dyn Fn(&str, Fleet) -> Master,
+    between: &dyn Fn(),
 ) -> Figures {
-    let mut bulk = Vec::new();
-    let mut report_bulk = Vec::new();
-    let mut writes = Vec::new();
+    let (mut bulk, mut again_bulk, mut report_bulk, mut writes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for sample in 0..SAMPLES {
-        let m = master(&format!("{transport}-bulk-{sample}"), targets, false);
+        let fleet = if again { Fleet::Twice(targets) } else { Fleet::Role(targets) };
+        let m = master(&format!("{key}-bulk-{sample}"), fleet);
         let before = m.writes();
         let since = Instant::now();
         report_bulk.push(m.report("haproxy"));
         bulk.push(m.wait_started(targets, since, Duration::from_secs(120)));
         writes.push(m.writes() - before);
+        if again {
+            let since = Instant::now();
+            m.report("haproxy-again");
+            again_bulk.push(m.wait_started(2 * targets, since, Duration::from_secs(120)));
+        }
+        drop(m);
+        between();
     }
-    let m = master(&format!("{transport}-one"), REPORTS, true);
+    let m = master(&format!("{key}-one"), Fleet::Solo(REPORTS));
     let one: Vec<Duration> = (0..REPORTS).map(|i| m.report(&format!("solo-{i:04}"))).collect();
     m.wait_started(REPORTS, Instant::now(), Duration::from_secs(120));
-    Figures { transport, key, targets, bulk, report_bulk, writes, one, goal }
+    drop(m);
+    between();
+    Figures { transport, key, targets, bulk, again: again_bulk, report_bulk, writes, one, goal }
 }
 
 fn choria() -> Figures {
@@ -220,35 +265,37 @@ fn choria() -> Figures {
     let nats = NatsServer::start("bench", None);
     let responder = Responder::start(&nats.broker());
     let broker = nats.broker();
-    let master = move |name: &str, servers: usize, solo: bool| {
+    let master = move |name: &str, fleet: Fleet| {
         let yaml = json!({"kick": kick_keys("choria"), "choria": {"brokers": [broker], "connect_timeout": 30}});
         let tls = (fixture("kicker.mcollective.pem"), fixture("kicker.mcollective.key"), fixture("ca.pem"));
-        Master::start(name, servers, solo, yaml, Some(tls))
+        Master::start(name, fleet, yaml, Some(tls))
     };
-    let figures = run("Choria", "choria", CHORIA_TARGETS, "≤ 1 s", &master);
+    let figures = run("Choria", "choria", CHORIA_TARGETS, false, "≤ 1 s", &master, &|| {});
     let refused = responder.refused();
     assert!(refused.is_empty(), "the responder refused requests: {:?}", &refused[..refused.len().min(5)]);
     assert_eq!(responder.seen().len(), SAMPLES * CHORIA_TARGETS + REPORTS, "every kick reached the responder once");
     figures
 }
 
-/// A connection per kick (`ssh.control_master: false`, the default). Shared
-/// connections are not timed yet: with `ControlPersist` the backgrounded master keeps
-/// ssh's stderr open, so a kick's reader waits for it until the kick's deadline
-/// (docs/ssh.md, "Connection reuse").
+/// Connection reuse on (the default): each server's first kick opens its
+/// connection, the second role's kicks reuse them. The sessions are ended after
+/// each sample, so that no sample's connections serve the next.
 fn ssh() -> Figures {
     let sshd = sshd::Sshd::start("bench");
     let settings = sshd.settings();
-    let master = move |name: &str, servers: usize, solo: bool| {
+    // Every target's name leads to this sshd, each name a connection of its own.
+    let config_file = sshd.dir.join("ssh_config-bench");
+    std::fs::write(&config_file, "Host *.example.com\n  HostName 127.0.0.1\n").unwrap();
+    let master = move |name: &str, fleet: Fleet| {
         let ssh = json!({
             "user": settings.user, "port": settings.port, "identity_file": settings.identity_file,
-            "known_hosts": settings.known_hosts, "config_file": settings.config_file, "connect_timeout": 10,
-            "command": SshSettings::script_command(), "address_fact": "ipaddress",
+            "known_hosts": settings.known_hosts, "config_file": config_file, "connect_timeout": 10,
+            "command": SshSettings::script_command(), "address_fact": "fqdn",
         });
-        Master::start(name, servers, solo, json!({"kick": kick_keys("ssh"), "ssh": ssh}), None)
+        Master::start(name, fleet, json!({"kick": kick_keys("ssh"), "ssh": ssh}), None)
     };
-    let figures = run("SSH, a connection per kick", "ssh", SSH_TARGETS, "≤ 10 s", &master);
-    assert_eq!(sshd.runs().len(), SAMPLES * SSH_TARGETS + REPORTS, "every kick started one run on the far side");
+    let figures = run("SSH", "ssh", SSH_TARGETS, true, "≤ 10 s", &master, &|| sshd.end_sessions());
+    assert_eq!(sshd.runs().len(), SAMPLES * 2 * SSH_TARGETS + REPORTS, "every kick started one run on the far side");
     figures
 }
 
@@ -268,11 +315,11 @@ fn mcollective() -> Figures {
     )
     .unwrap();
     let config_file = client_cfg.clone();
-    let master = move |name: &str, servers: usize, solo: bool| {
+    let master = move |name: &str, fleet: Fleet| {
         let yaml = json!({"kick": kick_keys("mcollective"), "mcollective": {"client_config": config_file}});
-        Master::start(name, servers, solo, yaml, None)
+        Master::start(name, fleet, yaml, None)
     };
-    let figures = run("mcollective", "mcollective", CHORIA_TARGETS, "(comparison)", &master);
+    let figures = run("mcollective", "mcollective", CHORIA_TARGETS, false, "(comparison)", &master, &|| {});
     let _ = std::fs::remove_file(&client_cfg);
     assert_eq!(broker.answered(), SAMPLES * CHORIA_TARGETS + REPORTS, "every kick was answered once");
     figures
@@ -300,13 +347,13 @@ fn main() {
     println!("| Transport | Targets | Until each is acknowledged (median; all samples) | Goal | Writes of the kick state (median) | `kick_report` of that report | `kick_report` of a one-kick report (median) |");
     println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
     for f in &all {
-        let samples: Vec<String> = f.bulk.iter().map(|d| ms(*d)).collect();
+        let samples = |d: &[Duration]| d.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(", ");
+        let name = if f.again.is_empty() { f.transport.to_string() } else { format!("{}, each a new connection", f.transport) };
         println!(
-            "| {} | {} | {} ({}) | {} | {} | {} | {} |",
-            f.transport,
+            "| {name} | {} | {} ({}) | {} | {} | {} | {} |",
             f.targets,
             ms(median(f.bulk.clone())),
-            samples.join(", "),
+            samples(&f.bulk),
             f.goal,
             { let mut w = f.writes.clone(); w.sort(); w[w.len() / 2] },
             ms(median(f.report_bulk.clone())),
@@ -315,5 +362,16 @@ fn main() {
         let key = f.key;
         report::record(&format!("{key}_bulk"), median(f.bulk.clone()).as_nanos() as f64);
         report::record(&format!("{key}_one_report"), median(f.one.clone()).as_nanos() as f64);
+        if !f.again.is_empty() {
+            println!(
+                "| {}, the same servers again over the open connections | {} | {} ({}) | {} | | | |",
+                f.transport,
+                f.targets,
+                ms(median(f.again.clone())),
+                samples(&f.again),
+                f.goal
+            );
+            report::record(&format!("{key}_again"), median(f.again.clone()).as_nanos() as f64);
+        }
     }
 }

@@ -54,9 +54,12 @@ impl Sshd {
         }
         let user_key = std::fs::read_to_string(dir.join("user_key.pub")).unwrap();
         // The session's PATH finds the fake puppet first (PermitUserEnvironment PATH).
+        // SHLVL=1 keeps the login shell (bash, for root) from reading ~/.bashrc, as it
+        // does for a command sent over ssh: this machine's user's rc files (a pyenv
+        // init takes ~100 ms) are not the target's, and would be timed with each kick.
         std::fs::write(
             dir.join("authorized_keys"),
-            format!("environment=\"PATH={}:/usr/bin:/bin\" {user_key}", dir.join("bin").display()),
+            format!("environment=\"PATH={}:/usr/bin:/bin\",environment=\"SHLVL=1\" {user_key}", dir.join("bin").display()),
         )
         .unwrap();
         let state = dir.join("state");
@@ -78,7 +81,7 @@ impl Sshd {
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
              AuthorizedKeysFile {d}/authorized_keys\nUsePAM no\nStrictModes no\nPasswordAuthentication no\n\
              KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\n\
-             PermitUserEnvironment PATH\nMaxStartups 100\nMaxSessions 100\nAllowUsers {user}\n",
+             PermitUserEnvironment PATH,SHLVL\nMaxStartups 100\nMaxSessions 100\nAllowUsers {user}\n",
             d = dir.display(),
             user = user_name()
         );
@@ -155,8 +158,25 @@ impl Sshd {
     }
 }
 
+impl Sshd {
+    /// Ends every session this sshd serves (its child processes), and with them the
+    /// shared connections (`ControlPersist`) kicks left open to it.
+    pub fn end_sessions(&self) {
+        let listener = self.child.id().to_string();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: comm may hold spaces, so read after its ')'.
+            let ppid = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1));
+            if ppid == Some(listener.as_str()) {
+                let _ = Command::new("kill").arg(entry.file_name()).status();
+            }
+        }
+    }
+}
+
 impl Drop for Sshd {
     fn drop(&mut self) {
+        self.end_sessions();
         let _ = self.child.kill();
         let _ = self.child.wait();
         if !std::thread::panicking() {
