@@ -315,8 +315,8 @@ fn pending_targets(service: &KickService) -> Vec<String> {
 
 #[test]
 fn another_process_write_is_seen_even_with_the_same_length_and_mtime() {
-    // A coarse-mtime file system: another process's write keeps length and mtime.
-    // It writes as every writer of the state does: a new file renamed into place.
+    // A coarse-mtime file system: another process's write keeps length and mtime,
+    // and (written in place here, or a reused inode) the inode: the generation tells.
     let dir = cache_dir("generation");
     let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
     let first = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
@@ -330,10 +330,8 @@ fn another_process_write_is_seen_even_with_the_same_length_and_mtime() {
     theirs.generation += 1;
     let written = rmp_serde::to_vec_named(&theirs).unwrap();
     assert_eq!(written.len(), bytes.len());
-    let tmp = dir.join("theirs.tmp");
-    std::fs::write(&tmp, &written).unwrap();
-    std::fs::File::options().write(true).open(&tmp).unwrap().set_modified(mtime).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
+    std::fs::write(&path, &written).unwrap();
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
 
     quiet_report(&first, "db1");
     assert_eq!(pending_targets(&first), ["lb2"], "the other process's state was read");

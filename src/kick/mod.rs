@@ -20,7 +20,7 @@ pub use chain::Chain;
 pub use config::{KickSettings, ReplyTimeoutTooLong, TransportKind};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
-    Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target,
+    Claim, Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target,
 };
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{

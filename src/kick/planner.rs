@@ -41,6 +41,17 @@ pub struct Dispatch {
     pub attempt: u32,
 }
 
+/// What [`Planner::claim`] found of a dispatch about to be sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Still this dispatch's, handed out recently enough: nothing changed.
+    Held,
+    /// Still this dispatch's; its in-flight time now counts from the send (a change to save).
+    Renewed,
+    /// No longer this dispatch's: not to be sent.
+    Lost,
+}
+
 /// How a `runonce` went.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -615,18 +626,26 @@ impl Planner {
         vec![event]
     }
 
-    /// Renews a dispatch just before it is sent, so the in-flight timeout counts from
-    /// the send, not from when a batch was handed out (a batch is sent one by one,
-    /// each waiting up to `reply_timeout`). False when the kick is no longer this
-    /// dispatch's: another process took it over or it was answered meanwhile.
-    pub fn claim(&mut self, dispatch: &Dispatch, now: Millis) -> bool {
+    /// Renews a dispatch just before it is sent, so that at least three quarters of
+    /// the in-flight timeout are left from the send, not from when a batch was handed
+    /// out (a batch is sent `max_parallel` at a time, each waiting up to
+    /// `reply_timeout`, at most half that timeout). A dispatch handed out less than a
+    /// quarter of it ago is left as it is, and nothing needs saving: in a batch sent
+    /// at once, most are. [`Claim::Lost`] when the kick is no longer this dispatch's:
+    /// another process took it over or it was answered meanwhile.
+    pub fn claim(&mut self, dispatch: &Dispatch, now: Millis) -> Claim {
+        let renew_after = self.config.in_flight_timeout_ms / 4;
         let pending = self.state.targets.get_mut(&dispatch.target).and_then(|t| t.pending.as_mut());
         match pending {
             Some(p) if p.in_flight && p.attempts == dispatch.attempt => {
-                p.dispatched_at = now;
-                true
+                if now.saturating_sub(p.dispatched_at) < renew_after {
+                    Claim::Held
+                } else {
+                    p.dispatched_at = now;
+                    Claim::Renewed
+                }
             }
-            _ => false,
+            _ => Claim::Lost,
         }
     }
 

@@ -7,7 +7,7 @@
 //! status is a view of the state, rebuilt from it: it is written off the report's
 //! thread, at most every [`STATUS_INTERVAL`] while kicks go out, and not synced.
 
-use super::planner::{Event, Planner, PlannerState, Resolved, Target};
+use super::planner::{Claim, Event, Planner, PlannerState, Resolved, Target};
 use super::transport::Transport;
 use super::{KickConfig, Millis, ReportKicks, Selector};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -421,12 +421,13 @@ impl Inner {
     /// (most reports change nothing, and a write is an fsync) or an earlier change
     /// is still unsaved.
     ///
-    /// Another process's write is noticed by the file's stamp: each write is a new
-    /// file renamed into place, so a file other than the one this process last wrote
-    /// or read has another inode. Only then is it read and taken in (a state this
-    /// process just wrote is not read back). A change that could not be saved is
-    /// kept: what another process wrote meanwhile is merged into it rather than
-    /// replacing it, and the save is tried again.
+    /// Another process's write is noticed by the file's stamp (inode, length, mtime:
+    /// each write renames a new file into place) or by the generation at its start,
+    /// which every save bumps (a reused inode, an equal length and a coarse mtime
+    /// can make a stamp look the same). Only then is the whole file read and taken
+    /// in: a state this process just wrote is not read back. A change that could not
+    /// be saved is kept: what another process wrote meanwhile is merged into it
+    /// rather than replacing it, and the save is tried again.
     fn transact<R>(&self, change: impl FnOnce(&mut Planner) -> (R, bool)) -> R {
         let lock_file = self.state_path.with_extension("lock");
         let file_lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_file);
@@ -443,7 +444,10 @@ impl Inner {
         let mut planner = lock(&self.planner);
         let unsaved = lock(&self.unsaved).is_some();
         let on_disk = FileStamp::of(&self.state_path);
-        if on_disk.is_some() && on_disk != *lock(&self.seen) {
+        let unchanged = on_disk.is_some()
+            && on_disk == *lock(&self.seen)
+            && leading_generation(&self.state_path) == Some(planner.state().generation);
+        if on_disk.is_some() && !unchanged {
             match crate::bounded_read::read(&self.state_path, MAX_STATE_FILE_SIZE) {
                 Ok(bytes) => {
                     match decode_state(&self.state_path, &bytes) {
@@ -503,11 +507,14 @@ impl Inner {
                 let answers: Vec<_> = batch
                     .into_iter()
                     .map(|(change, done)| match change {
-                        Change::Claim(dispatch) => {
-                            let mine = planner.claim(&dispatch, now);
-                            changed |= mine;
-                            (done, mine)
-                        }
+                        Change::Claim(dispatch) => match planner.claim(&dispatch, now) {
+                            Claim::Held => (done, true),
+                            Claim::Renewed => {
+                                changed = true;
+                                (done, true)
+                            }
+                            Claim::Lost => (done, false),
+                        },
                         Change::Outcome(target, outcome) => {
                             planner.on_outcome(&target, outcome, now).iter().for_each(|e| self.log(log_line(e)));
                             changed = true;
@@ -587,9 +594,8 @@ impl Inner {
     /// Rewrites `kick-status.json` from the planner, `when` says (see [`StatusWrite`]).
     /// Not synced: it is a view, rebuilt from the state at the next change.
     fn write_status(&self, when: StatusWrite) {
-        if when != StatusWrite::Always && !self.status_dirty.load(Ordering::Acquire) {
-            return;
-        }
+        // Taken before `status_dirty` is looked at: a write in progress (it cleared
+        // the flag) has then ended, and the file is there.
         let mut written = match when {
             StatusWrite::IfDue => match self.status_written.try_lock() {
                 Ok(written) if written.is_some_and(|at| at.elapsed() < STATUS_INTERVAL) => return,
@@ -597,8 +603,11 @@ impl Inner {
                 Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => return,
             },
-            _ => lock(&self.status_written),
+            StatusWrite::IfChanged | StatusWrite::Always => lock(&self.status_written),
         };
+        if when != StatusWrite::Always && !self.status_dirty.load(Ordering::Acquire) {
+            return;
+        }
         // Cleared before the status is built: a change made meanwhile sets it again.
         self.status_dirty.store(false, Ordering::Release);
         let status = {
@@ -755,6 +764,30 @@ impl FileStamp {
         let meta = std::fs::metadata(path).ok()?;
         Some(FileStamp { dev: meta.dev(), ino: meta.ino(), len: meta.len(), modified: meta.modified().ok()? })
     }
+}
+
+/// The generation a state file starts with, read from its first bytes: the state
+/// is saved as a map whose first entry is `generation` (see [`PlannerState`]).
+/// `None` when the file does not start so (a file of an earlier version).
+fn leading_generation(path: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut head = [0u8; 32];
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut len = 0;
+    while len < head.len() {
+        match file.read(&mut head[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let mut rest = &head[..len];
+    rmp::decode::read_map_len(&mut rest).ok().filter(|n| *n > 0)?;
+    let mut key = [0u8; 16];
+    let key = rmp::decode::read_str(&mut rest, &mut key).ok()?;
+    (key == "generation").then_some(())?;
+    rmp::decode::read_int(&mut rest).ok()
 }
 
 /// The kick state saved in `cache_dir`, read without starting a service (no

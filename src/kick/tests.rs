@@ -499,14 +499,18 @@ fn a_claim_renews_the_in_flight_time_and_fails_once_another_took_over() {
     sim.report("node1", &["haproxy"]);
     sim.advance(10 * SECOND);
     let (dispatches, _) = sim.planner.due(sim.now);
+    let generation = sim.planner.state().clone();
+    sim.advance(14 * SECOND);
+    assert_eq!(sim.planner.claim(&dispatches[0], sim.now), Claim::Held, "under a quarter of the timeout: as it was");
+    assert_eq!(sim.planner.state(), &generation, "nothing to save");
+    sim.advance(36 * SECOND);
+    assert_eq!(sim.planner.claim(&dispatches[0], sim.now), Claim::Renewed);
     sim.advance(50 * SECOND);
-    assert!(sim.planner.claim(&dispatches[0], sim.now));
-    sim.advance(50 * SECOND);
-    assert!(sim.planner.due(sim.now).0.is_empty(), "the timeout counts from the claim");
+    assert!(sim.planner.due(sim.now).0.is_empty(), "the timeout counts from the renewal");
     sim.advance(10 * SECOND);
     let (again, _) = sim.planner.due(sim.now);
     assert_eq!(again.len(), 1, "then it is stale and sent again");
-    assert!(!sim.planner.claim(&dispatches[0], sim.now), "the first dispatch is no longer the kick's");
+    assert_eq!(sim.planner.claim(&dispatches[0], sim.now), Claim::Lost, "the first dispatch is no longer the kick's");
 }
 
 #[test]
