@@ -176,9 +176,10 @@ impl Responder {
                     match check_request(&message.payload, collective, &identity) {
                         Ok((seen, reply_to)) => {
                             kept.seen.lock().unwrap().push(seen.clone());
+                            // Not flushed one by one: the client writes out what it
+                            // buffered at once, as a fleet's servers answer in parallel.
                             if let Some(reply) = reply_for(&seen) {
                                 client.publish(reply_to, reply.into()).await.unwrap();
-                                client.flush().await.unwrap();
                             }
                         }
                         Err(why) => kept.refused.lock().unwrap().push(format!("{identity}: {why}")),
@@ -231,8 +232,9 @@ pub fn check_request(payload: &[u8], collective: &str, identity: &str) -> Result
     // The pubcert: issued by our CA, named as the caller, on the default allow-list.
     let (_, pem) = x509_parser::pem::parse_x509_pem(pubcert.as_bytes()).map_err(|e| format!("pubcert: {e}"))?;
     let cert = pem.parse_x509().map_err(|e| format!("pubcert: {e}"))?;
-    let ca_pem = std::fs::read(fixture("ca.pem")).unwrap();
-    let (_, ca_pem) = x509_parser::pem::parse_x509_pem(&ca_pem).unwrap();
+    static CA_PEM: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let ca_pem = CA_PEM.get_or_init(|| std::fs::read(fixture("ca.pem")).unwrap());
+    let (_, ca_pem) = x509_parser::pem::parse_x509_pem(ca_pem).unwrap();
     let ca = ca_pem.parse_x509().unwrap();
     cert.verify_signature(Some(ca.public_key())).map_err(|e| format!("pubcert not from the CA: {e}"))?;
     let cn = cert.subject().iter_common_name().next().and_then(|c| c.as_str().ok()).unwrap_or("").to_string();
