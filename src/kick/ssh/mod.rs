@@ -150,8 +150,10 @@ pub struct SshTransport {
 impl SshTransport {
     /// A transport with `settings` (checked: [`SshSettings::check`]); each kick is
     /// killed after `timeout`; shared connections' sockets go in `control_dir`
-    /// (created, mode 0700, when `ssh.control_master` is on); `address_of` gives a
-    /// certname's address (the `ssh.address_fact`), else the certname is used.
+    /// (created, mode 0700, when `ssh.control_master` is on), or, when its path is
+    /// too long for them, in a private directory of this user's in the system's
+    /// temporary directory ([`short_control_dir`]); `address_of` gives a certname's
+    /// address (the `ssh.address_fact`), else the certname is used.
     pub fn new(
         settings: SshSettings,
         timeout: Duration,
@@ -159,10 +161,23 @@ impl SshTransport {
         address_of: AddressOf,
     ) -> Result<SshTransport, SshConfigError> {
         settings.check()?;
+        let mut control_dir = control_dir.to_path_buf();
         if settings.control_master {
-            check_control_dir(control_dir)?;
+            if let Err(long) = check_control_dir(&control_dir) {
+                let uid = crate::cache_dir::effective_uid();
+                control_dir = short_control_dir(&std::env::temp_dir(), uid).map_err(|e| SshConfigError {
+                    key: "ssh.control_master",
+                    reason: format!(
+                        "cannot keep ssh's sockets in {} ({long}), nor in {}: set cache.dir to a path at least \
+                         {} bytes shorter, or turn ssh.control_master off",
+                        control_dir.display(),
+                        e.reason,
+                        control_dir.as_os_str().len() + 1 + SOCKET_NAME + SOCKET_TEMP_SUFFIX - MAX_SOCKET_PATH
+                    ),
+                })?;
+            }
             use std::os::unix::fs::DirBuilderExt;
-            if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(control_dir) {
+            if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&control_dir) {
                 return Err(SshConfigError {
                     key: "ssh.control_master",
                     reason: format!("needs {} for its sockets: {e}", control_dir.display()),
@@ -172,7 +187,7 @@ impl SshTransport {
         Ok(SshTransport {
             settings,
             timeout,
-            control_dir: control_dir.to_path_buf(),
+            control_dir,
             address_of,
             program: "ssh".into(),
         })
@@ -343,24 +358,42 @@ fn ssh_path(path: &Path) -> String {
     }
 }
 
+/// Where the sockets go when `<cache.dir>/ssh` is too long for them:
+/// `<tmp>/puppet-kicker-ssh-<uid>`, made mode 0700, or, when it exists, used only
+/// if it is a directory (not a link) of this user's that no one else can enter.
+pub fn short_control_dir(tmp: &Path, uid: u32) -> Result<PathBuf, SshConfigError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let dir = tmp.join(format!("puppet-kicker-ssh-{uid}"));
+    let refused = |why: String| SshConfigError { key: "ssh.control_master", reason: format!("{} {why}", dir.display()) };
+    check_control_dir(&dir).map_err(|long| refused(format!("is too long ({long})")))?;
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(refused(format!("cannot be made: {e}"))),
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| refused(format!("cannot be inspected: {e}")))?;
+    if !meta.is_dir() {
+        return Err(refused("is not a directory".into()));
+    }
+    if meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(refused(format!(
+            "is not this user's private directory (owner uid {}, mode {:04o}; want uid {uid}, mode 0700)",
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(dir)
+}
+
 /// Whether ssh can make its sockets in `dir`: the longest path it makes there (a
 /// socket's name and the suffix of its temporary name) must fit in a Unix socket
-/// address. The error names the keys to change.
-fn check_control_dir(dir: &Path) -> Result<(), SshConfigError> {
+/// address. The error says by how much it does not.
+fn check_control_dir(dir: &Path) -> Result<(), String> {
     let longest = dir.as_os_str().len() + 1 + SOCKET_NAME + SOCKET_TEMP_SUFFIX;
     if longest <= MAX_SOCKET_PATH {
         return Ok(());
     }
-    Err(SshConfigError {
-        key: "ssh.control_master",
-        reason: format!(
-            "cannot keep its sockets in {}: ssh would make paths of {longest} bytes there, and a Unix socket's \
-             path is at most {MAX_SOCKET_PATH}; set cache.dir to a path at least {} bytes shorter, or \
-             turn ssh.control_master off",
-            dir.display(),
-            longest - MAX_SOCKET_PATH
-        ),
-    })
+    Err(format!("ssh would make paths of {longest} bytes there, and a Unix socket's path is at most {MAX_SOCKET_PATH}"))
 }
 
 #[cfg(test)]

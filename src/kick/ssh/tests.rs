@@ -113,7 +113,7 @@ fn paths_reach_ssh_with_their_percent_signs_and_spaces_intact() {
 }
 
 #[test]
-fn a_cache_dir_too_long_for_the_sockets_is_refused_naming_what_to_change() {
+fn a_cache_dir_too_long_for_the_sockets_has_them_in_a_short_private_dir() {
     let fits = format!("/{}", "d".repeat(MAX_SOCKET_PATH - SOCKET_TEMP_SUFFIX - SOCKET_NAME - 2));
     assert_eq!(check_control_dir(Path::new(&fits)), Ok(()));
     // The default cache dirs of Debian's and the AIO puppetserver fit.
@@ -122,20 +122,41 @@ fn a_cache_dir_too_long_for_the_sockets_is_refused_naming_what_to_change() {
     }
     let long = format!("{fits}xyz");
     let e = check_control_dir(Path::new(&long)).unwrap_err();
-    assert_eq!(e.key, "ssh.control_master");
-    assert!(e.reason.contains(&format!("cannot keep its sockets in {long}: ssh would make paths of 110 bytes")), "{e}");
-    assert!(e.reason.contains("set cache.dir to a path at least 3 bytes shorter, or turn ssh.control_master off"), "{e}");
+    assert_eq!(e, "ssh would make paths of 110 bytes there, and a Unix socket's path is at most 107");
     let dir = crate::snapshot::tests::tempdir("ssh-long-control-dir");
     std::fs::write(dir.join("known_hosts"), "").unwrap();
     let long = dir.join("d".repeat(100));
-    let refused = SshTransport::new(
+    let made = SshTransport::new(
         SshSettings { known_hosts: Some(dir.join("known_hosts")), control_master: true, ..settings() },
         Duration::from_secs(5),
         &long,
         Box::new(|_| None),
-    );
-    assert_eq!(refused.err().map(|e| e.key), Some("ssh.control_master"));
-    assert!(!long.exists(), "nothing is created for sockets that cannot be made");
+    )
+    .unwrap();
+    let uid = crate::cache_dir::effective_uid();
+    assert_eq!(made.control_dir, std::env::temp_dir().join(format!("puppet-kicker-ssh-{uid}")), "the short one instead");
+    assert!(!long.exists(), "nothing is created where sockets cannot be made");
+}
+
+#[test]
+fn the_short_socket_dir_is_made_private_and_refused_when_someone_else_could_enter_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = crate::snapshot::tests::tempdir("ssh-short-control-dir");
+    let uid = crate::cache_dir::effective_uid();
+    let dir = short_control_dir(&tmp, uid).unwrap();
+    assert_eq!(dir, tmp.join(format!("puppet-kicker-ssh-{uid}")));
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(short_control_dir(&tmp, uid).unwrap(), dir, "found again as it is");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = short_control_dir(&tmp, uid).unwrap_err();
+    assert!(e.reason.contains("is not this user's private directory") && e.reason.contains("mode 0755"), "{e}");
+    let someone_else = short_control_dir(&tmp, uid + 1).unwrap_err();
+    assert!(someone_else.reason.contains("is not this user's private directory"), "{someone_else}");
+    std::fs::remove_dir(&dir).unwrap();
+    std::os::unix::fs::symlink(&tmp, &dir).unwrap();
+    assert!(short_control_dir(&tmp, uid).unwrap_err().reason.contains("is not a directory"));
+    let long = tmp.join("t".repeat(100));
+    assert_eq!(short_control_dir(&long, uid).unwrap_err().key, "ssh.control_master", "too long itself: refused");
 }
 
 #[test]
