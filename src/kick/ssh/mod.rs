@@ -163,16 +163,16 @@ impl SshTransport {
         settings.check()?;
         let mut control_dir = control_dir.to_path_buf();
         if settings.control_master {
-            if let Err(long) = check_control_dir(&control_dir) {
+            if let Err(excess) = check_control_dir(&control_dir) {
                 let uid = crate::cache_dir::effective_uid();
                 control_dir = short_control_dir(&std::env::temp_dir(), uid).map_err(|e| SshConfigError {
                     key: "ssh.control_master",
                     reason: format!(
-                        "cannot keep ssh's sockets in {} ({long}), nor in {}: set cache.dir to a path at least \
-                         {} bytes shorter, or turn ssh.control_master off",
+                        "cannot keep ssh's sockets in {} ({}), nor in {}: set cache.dir to a path at least \
+                         {excess} bytes shorter, or turn ssh.control_master off",
                         control_dir.display(),
+                        too_long(excess),
                         e.reason,
-                        control_dir.as_os_str().len() + 1 + SOCKET_NAME + SOCKET_TEMP_SUFFIX - MAX_SOCKET_PATH
                     ),
                 })?;
             }
@@ -365,7 +365,7 @@ pub fn short_control_dir(tmp: &Path, uid: u32) -> Result<PathBuf, SshConfigError
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let dir = tmp.join(format!("puppet-kicker-ssh-{uid}"));
     let refused = |why: String| SshConfigError { key: "ssh.control_master", reason: format!("{} {why}", dir.display()) };
-    check_control_dir(&dir).map_err(|long| refused(format!("is too long ({long})")))?;
+    check_control_dir(&dir).map_err(|excess| refused(format!("is too long ({})", too_long(excess))))?;
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -387,13 +387,21 @@ pub fn short_control_dir(tmp: &Path, uid: u32) -> Result<PathBuf, SshConfigError
 
 /// Whether ssh can make its sockets in `dir`: the longest path it makes there (a
 /// socket's name and the suffix of its temporary name) must fit in a Unix socket
-/// address. The error says by how much it does not.
-fn check_control_dir(dir: &Path) -> Result<(), String> {
+/// address. The error is how many bytes it is over.
+fn check_control_dir(dir: &Path) -> Result<(), usize> {
     let longest = dir.as_os_str().len() + 1 + SOCKET_NAME + SOCKET_TEMP_SUFFIX;
-    if longest <= MAX_SOCKET_PATH {
-        return Ok(());
+    match longest.checked_sub(MAX_SOCKET_PATH) {
+        None | Some(0) => Ok(()),
+        Some(excess) => Err(excess),
     }
-    Err(format!("ssh would make paths of {longest} bytes there, and a Unix socket's path is at most {MAX_SOCKET_PATH}"))
+}
+
+/// What [`check_control_dir`]'s error means, for a message.
+fn too_long(excess: usize) -> String {
+    format!(
+        "ssh would make paths of {} bytes there, and a Unix socket's path is at most {MAX_SOCKET_PATH}",
+        MAX_SOCKET_PATH + excess
+    )
 }
 
 #[cfg(test)]
