@@ -129,6 +129,61 @@ fn a_silent_server_fails_within_the_reply_timeout() {
 }
 
 #[test]
+fn kicks_sent_at_once_share_requests_and_each_gets_its_own_servers_outcome() {
+    let nats = NatsServer::start("batched", None);
+    let responder = Responder::start(&nats.broker());
+    let choria = transport(&config(&nats.broker(), json!({})));
+    // 24 sending threads at once, as the dispatcher's are: started, busy, silent and
+    // forged servers mixed, so that requests shared by several of them carry them all.
+    let targets: Vec<String> = (0..24)
+        .map(|i| match i % 8 {
+            0 | 4 => format!("busy.rack{i}.example.com"),
+            3 => format!("silent.rack{i}.example.com"),
+            6 => format!("badhash.rack{i}.example.com"),
+            _ => format!("web{i}.example.com"),
+        })
+        .collect();
+    let start = std::sync::Barrier::new(targets.len());
+    let outcomes: Vec<(String, Outcome)> = std::thread::scope(|s| {
+        let threads: Vec<_> = targets
+            .iter()
+            .map(|target| {
+                let (choria, start) = (&choria, &start);
+                s.spawn(move || {
+                    start.wait();
+                    (target.clone(), kick(choria, target))
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (target, outcome) in &outcomes {
+        match (behaviour(target), outcome) {
+            ("busy", Outcome::Busy(why)) => assert!(why.contains("currently applying a catalog"), "{why}"),
+            ("silent", Outcome::Failed(why)) => {
+                // Not blamed on another server's forged reply in the same request.
+                assert!(why.contains(&format!("no reply from {target} within 2 s")), "{target}: {why}")
+            }
+            ("badhash", Outcome::Failed(why)) => {
+                assert!(why.contains(&format!("reply for {target} via broker")) && why.contains("hash"), "{why}")
+            }
+            (_, Outcome::StartedAt(at)) => assert_eq!(*at, 1_700_000_000_000, "{target}"),
+            (_, other) => panic!("{target}: {other:?}"),
+        }
+    }
+    // Each server got its kick once; the requests were fewer than the kicks.
+    let seen = responder.seen();
+    let mut identities: Vec<&str> = seen.iter().map(|s| s.identity.as_str()).collect();
+    identities.sort_unstable();
+    let mut expected: Vec<&str> = targets.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(identities, expected);
+    let requests: std::collections::BTreeSet<&str> = seen.iter().map(|s| s.requestid.as_str()).collect();
+    assert!(requests.len() < targets.len(), "{} requests for {} kicks", requests.len(), targets.len());
+    assert!(responder.refused().is_empty(), "{:?}", responder.refused());
+}
+
+#[test]
 fn forged_replies_are_refused_with_the_reason() {
     let nats = NatsServer::start("forged", None);
     let responder = Responder::start(&nats.broker());

@@ -5,17 +5,21 @@
 //! as a server makes it, so that the layers behind the hash are reached.
 //!
 //! Whatever the bytes: no panic, a typed error or a reply (never past the size
-//! limit); a reply's outcome keeps a bounded message, and status 0 is a started run.
+//! limit) from one of the request's two targets; a reply's outcome keeps a bounded
+//! message, and status 0 is a started run. `claimed_sender` reads the same bytes
+//! without a panic, and for an accepted reply names its sender.
 #![no_main]
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
-use puppet_kicker::kick::choria::{decode_reply, Expected, RequestId, MAX_REPLY_BYTES};
+use puppet_kicker::kick::choria::{claimed_sender, decode_reply, Expected, RequestId, MAX_REPLY_BYTES};
 use puppet_kicker::kick::Outcome;
 use ring::digest::{digest, SHA256};
 
 const TARGET: &str = "web1.example.com";
+/// Another target of the same request: a reply from either is accepted.
+const OTHER: &str = "db1.example.com";
 const ID: &str = "0123456789abcdef0123456789abcdef";
 
 fn transport(secure: &str) -> Vec<u8> {
@@ -48,9 +52,14 @@ fuzz_target!(|input: &[u8]| {
         }
     };
     let id = RequestId::parse(ID).expect("a valid id");
-    match decode_reply(&bytes, &Expected { request_id: &id, target: TARGET }) {
+    match decode_reply(&bytes, &Expected { request_id: &id, targets: &[OTHER, TARGET] }) {
         Ok(reply) => {
             assert!(bytes.len() <= MAX_REPLY_BYTES);
+            assert!([OTHER, TARGET].contains(&reply.sender.as_str()), "{}", reply.sender);
+            // A header an accepted reply carries names its sender.
+            if let Some(claimed) = claimed_sender(&bytes) {
+                assert_eq!(claimed, reply.sender);
+            }
             let outcome = reply.outcome();
             let message = match &outcome {
                 Outcome::Busy(m) | Outcome::Disabled(m) | Outcome::Failed(m) | Outcome::Refused(m) => m.as_str(),
@@ -64,6 +73,7 @@ fuzz_target!(|input: &[u8]| {
         }
         Err(e) => {
             let _ = e.to_string();
+            let _ = claimed_sender(&bytes);
         }
     }
 });

@@ -241,7 +241,7 @@ module KickTransportsE2E
       it 'a reply from a server that is not the target is refused' do
         result = forged('choria-sender', 'sender')
         expect(result).to match(/\Afailed: choria: reply for lb1\.example\.com via broker \S*#{@nats_port} refused: Choria reply's/)
-        expect(result).to include('"impostor.example.com" is not the target')
+        expect(result).to include('"impostor.example.com" is not a target of the request')
       end
     end
   end

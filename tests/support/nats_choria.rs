@@ -336,4 +336,3 @@ pub fn reply_for(seen: &Seen) -> Option<Vec<u8>> {
     });
     Some(transport.to_string().into_bytes())
 }
-

@@ -62,6 +62,10 @@ pub enum RequestError {
     BadRequestId(String),
     /// The client key could not sign the request.
     Signing(CredentialError),
+    /// A request names no target, or more than one request may.
+    TargetCount { count: usize, limit: usize },
+    /// A request names this target twice: it would run twice.
+    TargetTwice(String),
 }
 
 impl fmt::Display for RequestError {
@@ -77,6 +81,10 @@ impl fmt::Display for RequestError {
             RequestError::NoRandomness => write!(f, "no randomness from the operating system for a Choria request id"),
             RequestError::BadRequestId(id) => write!(f, "Choria request id {id:?} is not 32 lowercase hex digits"),
             RequestError::Signing(e) => write!(f, "{e}"),
+            RequestError::TargetCount { count, limit } => {
+                write!(f, "a Choria request names {count} targets; it must name 1 to {limit}")
+            }
+            RequestError::TargetTwice(target) => write!(f, "a Choria request names target {target:?} twice"),
         }
     }
 }
@@ -102,8 +110,8 @@ pub enum ReplyError {
     HashMismatch,
     /// The reply answers another request.
     RequestId { found: String },
-    /// The reply claims a sender that is not the target (`field`: the envelope's
-    /// `senderid` or the transport's `mc_sender`).
+    /// The reply claims a sender that is not a target of the request (`field`: the
+    /// envelope's `senderid` or the transport's `mc_sender`), or the two differ.
     Sender { field: &'static str, found: String },
     /// The reply is from another agent than `puppet`.
     Agent { found: String },
@@ -126,7 +134,7 @@ impl fmt::Display for ReplyError {
                 write!(f, "Choria reply answers request {:?}, not ours", clip(found))
             }
             ReplyError::Sender { field, found } => {
-                write!(f, "Choria reply's {field} {:?} is not the target", clip(found))
+                write!(f, "Choria reply's {field} {:?} is not a target of the request", clip(found))
             }
             ReplyError::Agent { found } => write!(f, "Choria reply is from agent {:?}, not puppet", clip(found)),
         }

@@ -79,10 +79,10 @@ mod transport;
 
 pub use credentials::Credentials;
 pub use error::{CredentialError, ReplyError, RequestError};
-pub use reply::{decode_reply, Expected, RunOnceReply, MAX_REPLY_BYTES};
+pub use reply::{claimed_sender, decode_reply, Expected, RunOnceReply, MAX_REPLY_BYTES};
 pub use request::{
     directed_subject, reply_subject, runonce_request, Caller, Destination, DirectedRequest, RequestId, RunOnce, AGENT,
-    MIN_TTL,
+    MAX_TARGETS, MIN_TTL,
 };
 pub use settings::{parse_brokers, runonce_inputs, Broker, ChoriaSettings, SetupError, DEFAULT_NATS_PORT};
 pub use transport::ChoriaTransport;

@@ -18,17 +18,19 @@ pub const MAX_REPLY_BYTES: usize = 64 * 1024;
 /// At most this many characters of the agent's message are kept in an outcome.
 const MAX_MESSAGE_CHARS: usize = 200;
 
-/// What the reply must answer: our request, from its target.
+/// What the reply must answer: our request, from one of its targets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Expected<'a> {
     pub request_id: &'a RequestId,
-    /// The target's Choria identity (its certname).
-    pub target: &'a str,
+    /// The targets' Choria identities (their certnames).
+    pub targets: &'a [&'a str],
 }
 
 /// A checked `runonce` reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunOnceReply {
+    /// The target that sent it (the envelope's `senderid`).
+    pub sender: String,
     /// The reply envelope's `time`: Unix seconds on the server's clock.
     pub time: i64,
     /// mcollective RPC's: 0 OK, 1 aborted, 2 unknown action, 3 missing data,
@@ -72,7 +74,8 @@ impl RunOnceReply {
 
 /// Reads a reply published on our reply subject: the transport, the secure reply
 /// (its `hash` must be the SHA-256 of its `message`), the reply (its `requestid`
-/// ours, its `senderid` the target, its agent `puppet`), and the RPC reply in it.
+/// ours, its `senderid` one of the targets and the transport's `mc_sender` where
+/// given, its agent `puppet`), and the RPC reply in it.
 ///
 /// The RPC reply is taken as JSON text, as go-choria writes it, or as base64 of it
 /// (as the request's is): a JSON object starts with `{`, which base64 never does,
@@ -83,9 +86,10 @@ pub fn decode_reply(bytes: &[u8], expected: &Expected<'_>) -> Result<RunOnceRepl
     }
     let transport: TransportIn = parse("transport", bytes)?;
     protocol("transport", &transport.protocol, TRANSPORT_V1)?;
-    if let Some(sender) = transport.headers.and_then(|h| h.mc_sender) {
-        if sender != expected.target {
-            return Err(ReplyError::Sender { field: "mc_sender", found: clip(&sender) });
+    let mc_sender = transport.headers.and_then(|h| h.mc_sender);
+    if let Some(sender) = &mc_sender {
+        if !expected.targets.contains(&sender.as_str()) {
+            return Err(ReplyError::Sender { field: "mc_sender", found: clip(sender) });
         }
     }
     let secure_json = base64_text("data", &transport.data)?;
@@ -102,7 +106,8 @@ pub fn decode_reply(bytes: &[u8], expected: &Expected<'_>) -> Result<RunOnceRepl
     if envelope.requestid != expected.request_id.as_str() {
         return Err(ReplyError::RequestId { found: clip(&envelope.requestid) });
     }
-    if envelope.senderid != expected.target {
+    let named = mc_sender.as_ref().is_none_or(|sender| *sender == envelope.senderid);
+    if !named || !expected.targets.contains(&envelope.senderid.as_str()) {
         return Err(ReplyError::Sender { field: "senderid", found: clip(&envelope.senderid) });
     }
     if envelope.agent != AGENT {
@@ -122,12 +127,25 @@ pub fn decode_reply(bytes: &[u8], expected: &Expected<'_>) -> Result<RunOnceRepl
         v.as_i64().or_else(|| v.as_f64().filter(|f| f.is_finite()).map(|f| f as i64))
     });
     Ok(RunOnceReply {
+        sender: envelope.senderid,
         time: envelope.time,
         statuscode: rpc.statuscode,
         statusmsg: rpc.statusmsg,
         summary,
         initiated_at,
     })
+}
+
+/// Who a reply says it is from: its transport's `mc_sender` header, read without
+/// checking anything else. Not to be trusted (anyone on the reply subject can write
+/// it): it only says which target a refused reply claimed to answer for, so that
+/// the refusal is reported against that target rather than every one still waiting.
+pub fn claimed_sender(bytes: &[u8]) -> Option<String> {
+    if bytes.len() > MAX_REPLY_BYTES {
+        return None;
+    }
+    let transport: TransportIn = serde_json::from_slice(bytes).ok()?;
+    transport.headers?.mc_sender
 }
 
 fn parse<'de, T: Deserialize<'de>>(layer: &'static str, bytes: &'de [u8]) -> Result<T, ReplyError> {

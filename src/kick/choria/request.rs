@@ -1,5 +1,11 @@
-//! A `puppet#runonce` request directed to one server, as the bytes to publish and
-//! the subjects to publish it to and hear its reply on.
+//! A `puppet#runonce` request directed to one or more servers, as the bytes to
+//! publish and the subjects to publish them to and hear the replies on.
+//!
+//! Several servers share one request as go-choria's direct mode shares it: one
+//! signed message, its identity filter naming every target, published unchanged to
+//! each target's own subject; every target replies on the one reply subject, and
+//! the replies are told apart by their sender. One RSA signature then serves a
+//! batch of kicks, where signing was most of a kick's cost.
 
 use super::credentials::Credentials;
 use super::error::RequestError;
@@ -19,6 +25,9 @@ pub const MIN_TTL: u32 = 30;
 const MAX_NAME: usize = 255;
 /// The `puppet` DDL's `maxlength` of `environment`.
 const MAX_ENVIRONMENT: usize = 50;
+/// The most targets one request names: its identity filter (about 30 bytes each,
+/// sent to every target) stays a few kilobytes.
+pub const MAX_TARGETS: usize = 64;
 
 /// `runonce`'s inputs (the `puppet` agent's DDL, `puppet.json`); each is sent only
 /// when set, as `mco puppet runonce` sends only the options given.
@@ -87,11 +96,12 @@ impl fmt::Display for RequestId {
     }
 }
 
-/// What to publish, where, and where the reply comes.
+/// What to publish, where, and where the replies come.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirectedRequest {
-    /// `<collective>.node.<target>`.
-    pub subject: String,
+    /// `<collective>.node.<target>` of each target, in the destination's order: the
+    /// payload is published unchanged to each.
+    pub subjects: Vec<String>,
     /// `<collective>.reply.<md5(callerid)>.<requestid>`: subscribe before publishing.
     pub reply_to: String,
     pub request_id: RequestId,
@@ -111,15 +121,16 @@ pub fn reply_subject(collective: &str, caller: &Caller, id: &RequestId) -> Resul
     Ok(format!("{collective}.reply.{caller_md5}.{id}"))
 }
 
-/// Where a request goes: one server (its Choria identity, its certname) in one
+/// Where a request goes: servers (their Choria identities, their certnames) in one
 /// collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Destination<'a> {
     pub collective: &'a str,
-    pub target: &'a str,
+    /// One to [`MAX_TARGETS`], none twice.
+    pub targets: &'a [&'a str],
 }
 
-/// `puppet#runonce` to `to`, signed with `credentials`, valid `ttl` seconds from
+/// `puppet#runonce` to each of `to`'s targets, signed with `credentials`, valid `ttl` seconds from
 /// `now` (Unix seconds, this host's clock).
 pub fn runonce_request(
     credentials: &Credentials,
@@ -130,8 +141,14 @@ pub fn runonce_request(
     ttl: u32,
     now: i64,
 ) -> Result<DirectedRequest, RequestError> {
-    let Destination { collective, target } = to;
-    let subject = directed_subject(collective, target)?;
+    let Destination { collective, targets } = to;
+    if targets.is_empty() || targets.len() > MAX_TARGETS {
+        return Err(RequestError::TargetCount { count: targets.len(), limit: MAX_TARGETS });
+    }
+    let subjects = targets.iter().map(|target| directed_subject(collective, target)).collect::<Result<Vec<_>, _>>()?;
+    if let Some(twice) = targets.iter().enumerate().find_map(|(i, t)| targets[..i].contains(t).then_some(*t)) {
+        return Err(RequestError::TargetTwice(super::error::clip(twice)));
+    }
     let reply_to = reply_subject(collective, caller, &id)?;
     name("sender", &caller.sender, true)?;
     name("certname", &caller.certname, true)?;
@@ -167,7 +184,7 @@ pub fn runonce_request(
             agent: AGENT,
             ttl,
             time: now,
-            filter: Filter { fact: [], cf_class: [], agent: [AGENT], identity: [target], compound: [] },
+            filter: Filter { fact: [], cf_class: [], agent: [AGENT], identity: targets, compound: [] },
         },
     };
     let request_json = json(&request);
@@ -184,7 +201,7 @@ pub fn runonce_request(
         headers: Headers { reply_to: &reply_to, mc_sender: &caller.sender },
     };
     let payload = json(&transport).into_bytes();
-    Ok(DirectedRequest { subject, reply_to, request_id: id, payload })
+    Ok(DirectedRequest { subjects, reply_to, request_id: id, payload })
 }
 
 /// A name for a subject or an envelope: not empty, at most [`MAX_NAME`] bytes, no
@@ -259,7 +276,7 @@ struct Filter<'a> {
     fact: [(); 0],
     cf_class: [&'a str; 0],
     agent: [&'a str; 1],
-    identity: [&'a str; 1],
+    identity: &'a [&'a str],
     compound: [(); 0],
 }
 

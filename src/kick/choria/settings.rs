@@ -115,7 +115,7 @@ impl ChoriaSettings {
         let caller = Caller { sender: certname.clone(), certname };
         // Every name, the ttl and the key are checked once now, by building a request.
         let id = RequestId::random().map_err(|e| SetupError::Request(e.to_string()))?;
-        let probe = Destination { collective: &self.collective, target: "probe.invalid" };
+        let probe = Destination { collective: &self.collective, targets: &["probe.invalid"] };
         runonce_request(&credentials, &caller, probe, &RunOnce::default(), id, self.ttl, 0)
             .map_err(|e| SetupError::Request(e.to_string()))?;
         for collective in &self.collectives {

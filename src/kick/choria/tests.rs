@@ -36,7 +36,7 @@ fn inputs() -> RunOnce {
 }
 
 fn to() -> Destination<'static> {
-    Destination { collective: "production", target: TARGET }
+    Destination { collective: "production", targets: &[TARGET] }
 }
 
 fn build(inputs: &RunOnce) -> DirectedRequest {
@@ -108,7 +108,7 @@ fn credentials_never_show_the_key() {
 #[test]
 fn a_runonce_goes_to_the_target_and_its_reply_to_our_private_subject() {
     let request = build(&inputs());
-    assert_eq!(request.subject, "production.node.web1.example.com");
+    assert_eq!(request.subjects, ["production.node.web1.example.com"]);
     // md5sum of `choria=kicker.mcollective`, the caller id: the subject a Choria
     // broker lets this caller subscribe to.
     assert_eq!(request.reply_to, format!("production.reply.97a9a9546c73458e71edba7b43f4c8d1.{ID}"));
@@ -119,6 +119,54 @@ fn a_runonce_goes_to_the_target_and_its_reply_to_our_private_subject() {
     let headers = &transport["headers"];
     assert_eq!(string(headers, "reply-to"), request.reply_to);
     assert_eq!(string(headers, "mc_sender"), "puppet.example.com");
+}
+
+#[test]
+fn one_request_for_several_targets_goes_to_each_with_every_target_in_its_filter() {
+    let targets = ["web1.example.com", "web2.example.com", "db1.example.com"];
+    let to = Destination { collective: "production", targets: &targets };
+    let request = runonce_request(&credentials(), &caller(), to, &inputs(), id(), 60, NOW).unwrap();
+    assert_eq!(
+        request.subjects,
+        ["production.node.web1.example.com", "production.node.web2.example.com", "production.node.db1.example.com"]
+    );
+    assert_eq!(request.reply_to, format!("production.reply.97a9a9546c73458e71edba7b43f4c8d1.{ID}"));
+    let Layers { request: inner, .. } = layers(&request);
+    assert_eq!(inner["envelope"]["filter"]["identity"], json!(targets));
+
+    // Each reply is told by its sender; a sender outside the request is refused.
+    let id = id();
+    let expected = Expected { request_id: &id, targets: &targets };
+    for target in targets {
+        let reply =
+            ServerReply { senderid: target.into(), mc_sender: Some(target.into()), ..ServerReply::ok(started()) };
+        assert_eq!(decode_reply(&reply.bytes(), &expected).unwrap().sender, target);
+    }
+    let outsider = ServerReply { senderid: "web3.example.com".into(), mc_sender: None, ..ServerReply::ok(started()) };
+    assert!(matches!(decode_reply(&outsider.bytes(), &expected), Err(ReplyError::Sender { field: "senderid", .. })));
+    // A header naming one target over an envelope naming another: refused.
+    let mixed = ServerReply {
+        senderid: "web1.example.com".into(),
+        mc_sender: Some("web2.example.com".into()),
+        ..ServerReply::ok(started())
+    };
+    assert!(matches!(decode_reply(&mixed.bytes(), &expected), Err(ReplyError::Sender { field: "senderid", .. })));
+}
+
+#[test]
+fn a_request_names_1_to_64_targets_none_twice() {
+    let build = |targets: &[&str]| {
+        let to = Destination { collective: "production", targets };
+        runonce_request(&credentials(), &caller(), to, &inputs(), id(), 60, NOW)
+    };
+    assert_eq!(build(&[]).unwrap_err(), RequestError::TargetCount { count: 0, limit: MAX_TARGETS });
+    let names: Vec<String> = (0..=MAX_TARGETS).map(|i| format!("web{i}.example.com")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert!(build(&names[..MAX_TARGETS]).is_ok());
+    assert_eq!(build(&names).unwrap_err(), RequestError::TargetCount { count: 65, limit: MAX_TARGETS });
+    let twice = build(&["web1.example.com", "db1.example.com", "web1.example.com"]).unwrap_err();
+    assert_eq!(twice, RequestError::TargetTwice("web1.example.com".into()));
+    assert_eq!(twice.to_string(), "a Choria request names target \"web1.example.com\" twice");
 }
 
 #[test]
@@ -196,8 +244,8 @@ fn the_same_request_is_the_same_bytes() {
 #[test]
 fn names_that_cannot_be_subjects_are_refused_by_name() {
     let bad = |collective: &str, target: &str| {
-        runonce_request(&credentials(), &caller(), Destination { collective, target }, &inputs(), id(), 60, NOW)
-            .unwrap_err()
+        let to = Destination { collective, targets: &[target] };
+        runonce_request(&credentials(), &caller(), to, &inputs(), id(), 60, NOW).unwrap_err()
     };
     for target in ["", "web 1", "web*", "web.>", "web..example", ".web", "web.", "web\n1"] {
         assert_eq!(bad("production", target), RequestError::BadName { what: "target", value: target.into() });
@@ -294,7 +342,7 @@ fn started() -> Value {
 
 fn decode(reply: &ServerReply) -> Result<RunOnceReply, ReplyError> {
     let id = id();
-    decode_reply(&reply.bytes(), &Expected { request_id: &id, target: TARGET })
+    decode_reply(&reply.bytes(), &Expected { request_id: &id, targets: &[TARGET] })
 }
 
 #[test]
@@ -368,7 +416,7 @@ fn a_reply_to_another_request_or_from_another_server_is_refused() {
 #[test]
 fn garbage_and_oversized_replies_are_refused_before_anything_else() {
     let id = id();
-    let expected = Expected { request_id: &id, target: TARGET };
+    let expected = Expected { request_id: &id, targets: &[TARGET] };
     assert!(matches!(decode_reply(b"", &expected), Err(ReplyError::Json { layer: "transport", .. })));
     assert!(matches!(decode_reply(b"\xff\x00{", &expected), Err(ReplyError::Json { layer: "transport", .. })));
     let wrong = br#"{"protocol":"choria:transport:2","data":"","headers":{}}"#;
@@ -390,7 +438,7 @@ fn garbage_and_oversized_replies_are_refused_before_anything_else() {
 #[test]
 fn errors_name_the_input_at_fault() {
     let e = ReplyError::Sender { field: "senderid", found: "evil".into() };
-    assert_eq!(e.to_string(), "Choria reply's senderid \"evil\" is not the target");
+    assert_eq!(e.to_string(), "Choria reply's senderid \"evil\" is not a target of the request");
     let e = RequestError::BadName { what: "target", value: "web 1".into() };
     assert_eq!(e.to_string(), "Choria target \"web 1\" cannot be used in a NATS subject or a Choria envelope");
     assert_eq!(

@@ -1,11 +1,19 @@
-//! The Choria kick transport: `puppet#runonce` over NATS to one server, its reply
-//! read as the planner's outcome.
+//! The Choria kick transport: `puppet#runonce` over NATS to the servers kicked,
+//! their replies read as the planner's outcomes.
 //!
 //! The NATS client is async-nats, on a current-thread tokio runtime of the
 //! transport's own, driven by one Rust thread (`puppet-kicker-choria`) for the
 //! transport's life: the connection answers the broker's pings between kicks, and
-//! [`Transport::runonce`] (called from the dispatcher's thread) hands each kick to
-//! that runtime and waits for its outcome, bounded by the connect and reply timeouts.
+//! [`Transport::runonce`] (called from the dispatcher's sending threads) hands each
+//! kick to that runtime and waits for its outcome, bounded by the connect and reply
+//! timeouts.
+//!
+//! Kicks sent at once share a request (group commit): a sending thread queues its
+//! kick, then takes the signing turn and signs one request for every kick queued by
+//! then (per collective and environment, at most [`MAX_TARGETS`] each), as go-choria
+//! signs one request for all the servers of a directed call. A lone kick is signed
+//! at once, alone; while one request signs, the kicks that arrive wait for the next
+//! one. An RSA signature was most of a kick's cost; this makes it one per batch.
 //!
 //! Connection: TLS always (rustls with `ring`, never the process-wide provider),
 //! the broker verified against `choria.ssl_ca`, our certificate and key sent (Choria
@@ -14,25 +22,28 @@
 //! and made again then (no reconnecting in the background between kicks: the
 //! planner's retries pace it).
 //!
-//! Per kick: subscribe to the reply subject, publish the signed request, wait up
-//! to `kick.reply_timeout` for a reply that [`decode_reply`] accepts (hash, request
-//! id, sender). A reply it refuses is set aside, and the wait goes on: a forged
-//! reply cannot hide the real one. Nothing here panics into the dispatcher, and no
-//! message carries the key's contents: only the files' paths.
+//! Per request: subscribe to its reply subject, publish it to each target's
+//! subject, wait up to `kick.reply_timeout` for a reply from each that
+//! [`decode_reply`] accepts (hash, request id, a sender that is one of the targets),
+//! each handed to its target's kick. A reply it refuses is set aside, and the wait
+//! goes on: a forged reply cannot hide the real one. Nothing here panics into the
+//! dispatcher, and no message carries the key's contents: only the files' paths.
 
-use super::reply::{decode_reply, Expected};
-use super::request::{runonce_request, DirectedRequest, RequestId, RunOnce};
+use super::error::ReplyError;
+use super::reply::{claimed_sender, decode_reply, Expected};
+use super::request::{runonce_request, DirectedRequest, RequestId, RunOnce, MAX_TARGETS};
 use super::settings::{Broker, ChoriaSettings, Resolved, SetupError};
 use crate::kick::{Dispatch, Outcome, Transport};
 use crate::mcollective::tls::{Setting, TlsSettings};
 use crate::puppet_settings::PuppetSettings;
 use futures_util::StreamExt;
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Replies buffered per kick before the client drops more (a flood on our reply
-/// subject cannot fill memory); a kick expects one.
-const REPLIES_BUFFERED: usize = 16;
+/// Replies buffered per request before the client drops more (a flood on our reply
+/// subject cannot fill memory); a request expects one from each target.
+const REPLIES_BUFFERED: usize = 2 * MAX_TARGETS;
 /// Beyond the connect and reply timeouts, how long the dispatcher waits for the
 /// runtime to hand back an outcome before it gives the kick up as failed.
 const HANDOFF_MARGIN: Duration = Duration::from_secs(5);
@@ -52,6 +63,17 @@ struct Shared {
     inputs: RunOnce,
     reply_timeout: Duration,
     connection: tokio::sync::Mutex<Option<Connection>>,
+    /// Kicks waiting to be signed; whoever holds `signing` takes them all.
+    queued: Mutex<Vec<Kick>>,
+    /// The signing turn.
+    signing: Mutex<()>,
+}
+
+/// A kick on its way: where its outcome goes.
+struct Kick {
+    target: String,
+    environment: String,
+    outcome: SyncSender<Outcome>,
 }
 
 #[derive(Clone)]
@@ -109,6 +131,8 @@ impl ChoriaTransport {
             inputs: RunOnce { environment: None, ..inputs },
             reply_timeout,
             connection: tokio::sync::Mutex::new(None),
+            queued: Mutex::new(Vec::new()),
+            signing: Mutex::new(()),
         };
         Ok(ChoriaTransport { shared: Arc::new(shared), runtime: handle, stop: Some(stop), thread: Some(thread) })
     }
@@ -132,22 +156,24 @@ impl Drop for ChoriaTransport {
 
 impl Transport for ChoriaTransport {
     fn runonce(&self, dispatch: &Dispatch) -> Outcome {
-        let (sent, outcome) = std::sync::mpsc::sync_channel(1);
-        // Signed here, on the dispatcher's sending thread: the runtime's one thread
-        // then only moves bytes, and up to `max_parallel` requests sign at once.
-        let request = match self.shared.request(dispatch) {
-            Ok(request) => request,
-            Err(failed) => return failed,
-        };
-        let shared = self.shared.clone();
-        let target = dispatch.target.clone();
-        self.runtime.spawn(async move {
-            let _ = sent.send(shared.runonce(&request, &target).await);
-        });
+        let (sent, outcome) = sync_channel(1);
+        let kick = Kick { target: dispatch.target.clone(), environment: dispatch.environment.clone(), outcome: sent };
+        crate::unpoisoned::lock(&self.shared.queued).push(kick);
+        {
+            // Signed here, on the dispatcher's sending threads, one at a time: the
+            // runtime's one thread only moves bytes. This kick is in the batch taken
+            // now, or was in one that an earlier turn took.
+            let _turn = crate::unpoisoned::lock(&self.shared.signing);
+            let batch = std::mem::take(&mut *crate::unpoisoned::lock(&self.shared.queued));
+            for (request, kicks) in self.shared.requests(batch) {
+                let shared = self.shared.clone();
+                self.runtime.spawn(async move { shared.runonce(&request, kicks).await });
+            }
+        }
         let settings = &self.shared.resolved.settings;
         let brokers = u32::try_from(settings.brokers.len()).unwrap_or(u32::MAX);
         let bound = settings.connect_timeout.saturating_mul(brokers) + self.shared.reply_timeout + HANDOFF_MARGIN;
-        // A task that panicked drops its sender: an error here, never a panic.
+        // A task that panicked drops its senders: an error here, never a panic.
         outcome.recv_timeout(bound).unwrap_or_else(|_| {
             Outcome::Failed(format!("choria: no outcome for {} from the transport's thread", dispatch.target))
         })
@@ -159,47 +185,76 @@ impl Transport for ChoriaTransport {
 }
 
 impl Shared {
-    /// The signed `runonce` request of a kick.
-    fn request(&self, dispatch: &Dispatch) -> Result<DirectedRequest, Outcome> {
+    /// The signed `runonce` requests of queued kicks: one per collective and
+    /// environment sent, of at most [`MAX_TARGETS`] kicks each, in the order queued.
+    /// A kick whose request cannot be made gets its failure here.
+    fn requests(&self, batch: Vec<Kick>) -> Vec<(DirectedRequest, Vec<Kick>)> {
         let settings = &self.resolved.settings;
-        let collective = if settings.collectives.contains(&dispatch.environment) {
-            dispatch.environment.as_str()
-        } else {
-            settings.collective.as_str()
-        };
-        let inputs = RunOnce {
-            environment: settings.send_environment.then(|| dispatch.environment.clone()),
-            ..self.inputs.clone()
-        };
-        RequestId::random().and_then(|id| {
-            let to = super::Destination { collective, target: &dispatch.target };
-            runonce_request(
-                &self.resolved.credentials,
-                &self.resolved.caller,
-                to,
-                &inputs,
-                id,
-                settings.ttl,
-                unix_now(),
-            )
-        })
-        .map_err(|e| Outcome::Failed(format!("choria: no request for {}: {e}", dispatch.target)))
-    }
-
-    /// Sends `request` to `target` and reads its reply.
-    async fn runonce(&self, request: &DirectedRequest, target: &str) -> Outcome {
-        let connection = match self.connection().await {
-            Ok(connection) => connection,
-            Err(why) => return Outcome::Failed(format!("choria: kick of {target} not sent: {why}")),
-        };
-        let outcome = self.exchange(&connection, request, target).await;
-        if let Err(lost) = &outcome {
-            // Made again at the next kick.
-            if lost.connection_lost {
-                *self.connection.lock().await = None;
+        let mut groups: Vec<(String, Option<String>, Vec<Kick>)> = Vec::new();
+        for kick in batch {
+            let collective = if settings.collectives.contains(&kick.environment) {
+                kick.environment.clone()
+            } else {
+                settings.collective.clone()
+            };
+            let environment = settings.send_environment.then(|| kick.environment.clone());
+            // A target already in the group is kicked in a request of its own.
+            let fits = |(c, e, kicks): &&mut (String, Option<String>, Vec<Kick>)| {
+                *c == collective
+                    && *e == environment
+                    && kicks.len() < MAX_TARGETS
+                    && !kicks.iter().any(|k| k.target == kick.target)
+            };
+            match groups.iter_mut().find(|group| fits(group)) {
+                Some(group) => group.2.push(kick),
+                None => groups.push((collective, environment, vec![kick])),
             }
         }
-        outcome.unwrap_or_else(|e| Outcome::Failed(e.reason))
+        let mut requests = Vec::with_capacity(groups.len());
+        for (collective, environment, kicks) in groups {
+            let inputs = RunOnce { environment, ..self.inputs.clone() };
+            let targets: Vec<&str> = kicks.iter().map(|k| k.target.as_str()).collect();
+            let to = super::Destination { collective: &collective, targets: &targets };
+            let request = RequestId::random().and_then(|id| {
+                runonce_request(
+                    &self.resolved.credentials,
+                    &self.resolved.caller,
+                    to,
+                    &inputs,
+                    id,
+                    settings.ttl,
+                    unix_now(),
+                )
+            });
+            match request {
+                Ok(request) => requests.push((request, kicks)),
+                Err(e) => {
+                    for kick in kicks {
+                        let why = format!("choria: no request for {}: {e}", kick.target);
+                        let _ = kick.outcome.send(Outcome::Failed(why));
+                    }
+                }
+            }
+        }
+        requests
+    }
+
+    /// Sends `request` to its targets and hands each kick its outcome.
+    async fn runonce(&self, request: &DirectedRequest, kicks: Vec<Kick>) {
+        let connection = match self.connection().await {
+            Ok(connection) => connection,
+            Err(why) => {
+                for kick in kicks {
+                    let _ =
+                        kick.outcome.send(Outcome::Failed(format!("choria: kick of {} not sent: {why}", kick.target)));
+                }
+                return;
+            }
+        };
+        if self.exchange(&connection, request, kicks).await {
+            // Made again at the next kick.
+            *self.connection.lock().await = None;
+        }
     }
 
     /// The connection, made if there is none or the last one was lost.
@@ -254,80 +309,101 @@ impl Shared {
         Ok(Connection { client, broker: broker.to_string(), server_error })
     }
 
-    /// Subscribes, publishes, and waits for a reply the codec accepts.
-    async fn exchange(
-        &self,
-        connection: &Connection,
-        request: &DirectedRequest,
-        target: &str,
-    ) -> Result<Outcome, Failure> {
+    /// Subscribes, publishes to each target, and waits for a reply the codec
+    /// accepts from each; every kick gets its outcome. True when the connection was
+    /// found lost.
+    async fn exchange(&self, connection: &Connection, request: &DirectedRequest, kicks: Vec<Kick>) -> bool {
         let broker = &connection.broker;
-        let lost = |what: &str, e: &dyn std::fmt::Display| Failure {
-            reason: format!("choria: kick of {target} not sent: {what} on broker {broker} failed: {e}"),
-            connection_lost: true,
+        let fail_all = |kicks: Vec<Kick>, why: &dyn Fn(&str) -> String| {
+            for kick in kicks {
+                let _ = kick.outcome.send(Outcome::Failed(why(&kick.target)));
+            }
         };
         let client = &connection.client;
         let deadline = Instant::now() + self.reply_timeout;
         // The broker must take the request within the reply timeout too: a broker
-        // that stops reading cannot hold the kick longer.
+        // that stops reading cannot hold the kicks longer.
         let sent = tokio::time::timeout(self.reply_timeout, async {
-            let replies = client.subscribe(request.reply_to.clone()).await.map_err(|e| lost("subscribe", &e))?;
-            let payload = request.payload.clone().into();
-            client.publish(request.subject.clone(), payload).await.map_err(|e| lost("publish", &e))?;
-            client.flush().await.map_err(|e| lost("flush", &e))?;
-            Ok(replies)
+            let replies = client.subscribe(request.reply_to.clone()).await.map_err(|e| ("subscribe", e.to_string()))?;
+            let payload = bytes::Bytes::from(request.payload.clone());
+            for subject in &request.subjects {
+                client.publish(subject.clone(), payload.clone()).await.map_err(|e| ("publish", e.to_string()))?;
+            }
+            client.flush().await.map_err(|e| ("flush", e.to_string()))?;
+            Ok::<_, (&str, String)>(replies)
         });
         let mut replies = match sent.await {
-            Ok(replies) => replies?,
+            Ok(Ok(replies)) => replies,
+            Ok(Err((what, e))) => {
+                fail_all(kicks, &|target| {
+                    format!("choria: kick of {target} not sent: {what} on broker {broker} failed: {e}")
+                });
+                return true;
+            }
             Err(_) => {
                 let seconds = self.reply_timeout.as_secs_f64();
-                return Err(Failure {
-                    reason: format!(
-                        "choria: kick of {target} not sent: broker {broker} did not take it within {seconds} s"
-                    ),
-                    connection_lost: true,
+                fail_all(kicks, &|target| {
+                    format!("choria: kick of {target} not sent: broker {broker} did not take it within {seconds} s")
                 });
+                return true;
             }
         };
 
-        let expected = Expected { request_id: &request.request_id, target };
+        let targets: Vec<&str> = kicks.iter().map(|k| k.target.as_str()).collect();
+        let expected = Expected { request_id: &request.request_id, targets: &targets };
+        let mut waiting: Vec<Option<&Kick>> = kicks.iter().map(Some).collect();
+        let mut left_to_answer = kicks.len();
+        // A refused reply is reported against the target it claims to be from, or,
+        // claiming none of them, against every target left without a reply.
+        let mut refused_for: Vec<Option<ReplyError>> = vec![None; kicks.len()];
         let mut refused = None;
-        loop {
+        let mut lost = false;
+        while left_to_answer > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, replies.next()).await {
                 Ok(Some(message)) => match decode_reply(&message.payload, &expected) {
                     Ok(reply) => {
-                        let _ = replies.unsubscribe().await;
-                        return Ok(reply.outcome());
+                        // A second reply from a target already answered is ignored.
+                        if let Some(slot) = waiting.iter_mut().find(|k| k.is_some_and(|k| k.target == reply.sender)) {
+                            if let Some(kick) = slot.take() {
+                                let _ = kick.outcome.send(reply.outcome());
+                                left_to_answer -= 1;
+                            }
+                        }
                     }
-                    Err(e) => refused = Some(e),
+                    Err(e) => {
+                        let claimed = claimed_sender(&message.payload);
+                        match claimed.and_then(|sender| targets.iter().position(|t| *t == sender)) {
+                            Some(at) => refused_for[at] = Some(e),
+                            None => refused = Some(e),
+                        }
+                    }
                 },
                 Ok(None) => {
-                    return Err(Failure {
-                        reason: format!("choria: the connection to broker {broker} closed before {target} replied"),
-                        connection_lost: true,
-                    })
+                    lost = true;
+                    break;
                 }
                 Err(_) => break,
             }
         }
         let _ = replies.unsubscribe().await;
         let seconds = self.reply_timeout.as_secs_f64();
-        let reason = match refused {
-            Some(e) => format!("choria: reply for {target} via broker {broker} refused: {e}"),
-            None => {
-                let said = crate::unpoisoned::lock(&connection.server_error).take();
-                let said = said.map(|e| format!(" (the broker said: {e})")).unwrap_or_default();
-                format!("choria: no reply from {target} within {seconds} s via broker {broker}{said}")
-            }
-        };
-        Err(Failure { reason, connection_lost: false })
+        let said =
+            if left_to_answer > 0 && !lost { crate::unpoisoned::lock(&connection.server_error).take() } else { None };
+        for (kick, refused_for) in waiting.into_iter().zip(refused_for).filter_map(|(k, r)| Some((k?, r))) {
+            let target = &kick.target;
+            let reason = match (refused_for.as_ref().or(refused.as_ref()), lost) {
+                (_, true) => format!("choria: the connection to broker {broker} closed before {target} replied"),
+                (Some(e), false) => format!("choria: reply for {target} via broker {broker} refused: {e}"),
+                (None, false) => {
+                    let said = said.as_ref().map(|e| format!(" (the broker said: {e})")).unwrap_or_default();
+                    format!("choria: no reply from {target} within {seconds} s via broker {broker}{said}")
+                }
+            };
+            let _ = kick.outcome.send(Outcome::Failed(reason));
+        }
+        lost
     }
-}
-
-struct Failure {
-    reason: String,
-    connection_lost: bool,
 }
 
 /// async-nats' error, with its source (the TLS or I/O reason) when it has one.
