@@ -17,6 +17,10 @@
 //!     bench's ssh config), hence a connection of its own. The far side is an
 //!     `sshd` of the bench's own (`tests/support/sshd.rs`) running the real runonce
 //!     script with a stand-in `puppet` that records the run.
+//!     Then, for comparison, the same new connections with the bench's ssh config
+//!     choosing `KexAlgorithms curve25519-sha256`: Debian 12's OpenSSH 9.2 defaults
+//!     to `sntrup761x25519-sha512@openssh.com`, whose key generation is most of a new
+//!     connection's cost on the master.
 //! (3) **mcollective**, for comparison: the same 1,000 as (1), `puppet#runonce`
 //!     directed to each through the mcollective client, against an in-bench STOMP
 //!     broker that answers as 1,000 daemons would (each request decoded and its PSK
@@ -28,7 +32,7 @@
 //!     (so none is coalesced away); medians.
 //!
 //! Markdown on stdout; with `PK_BENCH_RESULTS`, the figures for `script/bench --report`.
-//! `PK_BENCH_ONLY=choria|ssh|mcollective` runs one part.
+//! `PK_BENCH_ONLY=choria|ssh|ssh-kex|mcollective` runs one part.
 
 #[path = "support/report.rs"]
 mod report;
@@ -227,13 +231,16 @@ struct Figures {
 
 /// (1) to (4) for one transport: `SAMPLES` fresh masters each kicking every target
 /// once (and, with `again`, the second role on the same addresses), then one
-/// master sending `REPORTS` one-kick reports. `master(name, fleet)` starts a master
-/// (see [`Master::start`]); `between()` runs after each sample.
+/// master sending `REPORTS` one-kick reports (unless `reports` is false).
+/// `master(name, fleet)` starts a master (see [`Master::start`]); `between()` runs
+/// after each sample.
+#[allow(clippy::too_many_arguments)]
 fn run(
     transport: &'static str,
     key: &'static str,
     targets: usize,
     again: bool,
+    reports: bool,
     goal: &'static str,
     master: &dyn Fn(&str, Fleet) -> Master,
     between: &dyn Fn(),
@@ -255,11 +262,14 @@ fn run(
         drop(m);
         between();
     }
-    let m = master(&format!("{key}-one"), Fleet::Solo(REPORTS));
-    let one: Vec<Duration> = (0..REPORTS).map(|i| m.report(&format!("solo-{i:04}"))).collect();
-    m.wait_started(REPORTS, Instant::now(), Duration::from_secs(120));
-    drop(m);
-    between();
+    let mut one = Vec::new();
+    if reports {
+        let m = master(&format!("{key}-one"), Fleet::Solo(REPORTS));
+        one = (0..REPORTS).map(|i| m.report(&format!("solo-{i:04}"))).collect();
+        m.wait_started(REPORTS, Instant::now(), Duration::from_secs(120));
+        drop(m);
+        between();
+    }
     Figures { transport, key, targets, bulk, again: again_bulk, report_bulk, writes, one, goal }
 }
 
@@ -273,7 +283,7 @@ fn choria() -> Figures {
         let tls = (fixture("kicker.mcollective.pem"), fixture("kicker.mcollective.key"), fixture("ca.pem"));
         Master::start(name, fleet, yaml, Some(tls))
     };
-    let figures = run("Choria", "choria", CHORIA_TARGETS, false, "≤ 1 s", &master, &|| {});
+    let figures = run("Choria", "choria", CHORIA_TARGETS, false, true, "≤ 1 s", &master, &|| {});
     let refused = responder.refused();
     assert!(refused.is_empty(), "the responder refused requests: {:?}", &refused[..refused.len().min(5)]);
     assert_eq!(responder.seen().len(), SAMPLES * CHORIA_TARGETS + REPORTS, "every kick reached the responder once");
@@ -282,13 +292,16 @@ fn choria() -> Figures {
 
 /// Connection reuse on (the default): each server's first kick opens its
 /// connection, the second role's kicks reuse them. The sessions are ended after
-/// each sample, so that no sample's connections serve the next.
-fn ssh() -> Figures {
-    let sshd = sshd::Sshd::start("bench");
+/// each sample, so that no sample's connections serve the next. With `kex`, the
+/// bench's ssh config chooses that key exchange, and only the new connections are
+/// timed (a comparison).
+fn ssh(kex: Option<&'static str>) -> Figures {
+    let sshd = sshd::Sshd::start(if kex.is_some() { "bench-kex" } else { "bench" });
     let settings = sshd.settings();
     // Every target's name leads to this sshd, each name a connection of its own.
     let config_file = sshd.dir.join("ssh_config-bench");
-    std::fs::write(&config_file, "Host *.example.com\n  HostName 127.0.0.1\n").unwrap();
+    let kex_line = kex.map(|k| format!("  KexAlgorithms {k}\n")).unwrap_or_default();
+    std::fs::write(&config_file, format!("Host *.example.com\n  HostName 127.0.0.1\n{kex_line}")).unwrap();
     let master = move |name: &str, fleet: Fleet| {
         let ssh = json!({
             "user": settings.user, "port": settings.port, "identity_file": settings.identity_file,
@@ -297,9 +310,21 @@ fn ssh() -> Figures {
         });
         Master::start(name, fleet, json!({"kick": kick_keys("ssh"), "ssh": ssh}), None)
     };
-    let figures = run("SSH", "ssh", SSH_TARGETS, true, "≤ 10 s", &master, &|| sshd.end_sessions());
-    assert_eq!(sshd.runs().len(), SAMPLES * 2 * SSH_TARGETS + REPORTS, "every kick started one run on the far side");
-    figures
+    match kex {
+        None => {
+            let figures = run("SSH", "ssh", SSH_TARGETS, true, true, "≤ 10 s", &master, &|| sshd.end_sessions());
+            assert_eq!(sshd.runs().len(), SAMPLES * 2 * SSH_TARGETS + REPORTS, "every kick started one run");
+            figures
+        }
+        Some(_) => {
+            let name = "SSH with `KexAlgorithms curve25519-sha256`";
+            let figures = run(name, "ssh_kex", SSH_TARGETS, false, false, "(comparison)", &master, &|| {
+                sshd.end_sessions()
+            });
+            assert_eq!(sshd.runs().len(), SAMPLES * SSH_TARGETS, "every kick started one run");
+            figures
+        }
+    }
 }
 
 fn mcollective() -> Figures {
@@ -322,7 +347,7 @@ fn mcollective() -> Figures {
         let yaml = json!({"kick": kick_keys("mcollective"), "mcollective": {"client_config": config_file}});
         Master::start(name, fleet, yaml, None)
     };
-    let figures = run("mcollective", "mcollective", CHORIA_TARGETS, false, "(comparison)", &master, &|| {});
+    let figures = run("mcollective", "mcollective", CHORIA_TARGETS, false, true, "(comparison)", &master, &|| {});
     let _ = std::fs::remove_file(&client_cfg);
     assert_eq!(broker.answered(), SAMPLES * CHORIA_TARGETS + REPORTS, "every kick was answered once");
     figures
@@ -337,7 +362,10 @@ fn main() {
         all.push(choria());
     }
     if wanted("ssh") {
-        all.push(ssh());
+        all.push(ssh(None));
+    }
+    if wanted("ssh-kex") {
+        all.push(ssh(Some("curve25519-sha256")));
     }
     if wanted("mcollective") {
         all.push(mcollective());
@@ -351,7 +379,12 @@ fn main() {
     println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
     for f in &all {
         let samples = |d: &[Duration]| d.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(", ");
-        let name = if f.again.is_empty() { f.transport.to_string() } else { format!("{}, each a new connection", f.transport) };
+        let name = if f.key.starts_with("ssh") {
+            format!("{}, each a new connection", f.transport)
+        } else {
+            f.transport.to_string()
+        };
+        let one = if f.one.is_empty() { "–".to_string() } else { ms(median(f.one.clone())) };
         println!(
             "| {name} | {} | {} ({}) | {} | {} | {} | {} |",
             f.targets,
@@ -360,11 +393,13 @@ fn main() {
             f.goal,
             { let mut w = f.writes.clone(); w.sort(); w[w.len() / 2] },
             ms(median(f.report_bulk.clone())),
-            ms(median(f.one.clone()))
+            one
         );
         let key = f.key;
         report::record(&format!("{key}_bulk"), median(f.bulk.clone()).as_nanos() as f64);
-        report::record(&format!("{key}_one_report"), median(f.one.clone()).as_nanos() as f64);
+        if !f.one.is_empty() {
+            report::record(&format!("{key}_one_report"), median(f.one.clone()).as_nanos() as f64);
+        }
         if !f.again.is_empty() {
             println!(
                 "| {}, the same servers again over the open connections | {} | {} ({}) | {} | | | |",
