@@ -40,10 +40,12 @@ mod report;
 mod nats_choria;
 #[path = "../tests/support/sshd.rs"]
 mod sshd;
+#[path = "../tests/support/mod.rs"]
+mod support;
 #[path = "transports/mco_broker.rs"]
 mod mco_broker;
 
-use puppet_kicker::kick::{KickSpec, ReportKicks, Selector, SshSettings};
+use puppet_kicker::kick::SshSettings;
 use puppet_kicker::{PuppetSettings, Service};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -127,18 +129,7 @@ impl Master {
 
     /// Sends `role`'s kick from node1's report; the time the call took.
     fn report(&self, role: &str) -> Duration {
-        let report = ReportKicks {
-            host: "node1.example.com".into(),
-            environment: "production".into(),
-            run_started: puppet_kicker::kick::now_ms(),
-            noop: false,
-            reporter_pid: None,
-            kicks: vec![KickSpec {
-                resource: format!("Notify[kick -> {role}]"),
-                selector: Selector::Roles(vec![role.into()]),
-                environment: None,
-            }],
-        };
+        let report = support::role_kick("node1.example.com", &format!("Notify[kick -> {role}]"), role);
         let started = Instant::now();
         let lines = self.service.kick_report(&report).unwrap();
         let took = started.elapsed();

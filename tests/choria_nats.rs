@@ -19,12 +19,13 @@
 
 use puppet_kicker::config::Config;
 use puppet_kicker::kick::choria::{runonce_inputs, ChoriaTransport};
-use puppet_kicker::kick::{Chain, Dispatch, KickSpec, Outcome, ReportKicks, Selector, Transport};
+use puppet_kicker::kick::{Chain, Dispatch, Outcome, Transport};
 use puppet_kicker::{PuppetSettings, Service};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod support;
 #[path = "support/nats_choria.rs"]
 mod nats_choria;
 use nats_choria::*;
@@ -306,18 +307,7 @@ fn master(name: &str, choria: Value) -> (Service, PathBuf) {
 }
 
 fn kick_haproxy(service: &Service) -> Vec<String> {
-    let report = ReportKicks {
-        host: "node1.example.com".into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: "Notify[kick -> haproxy]".into(),
-            selector: Selector::Roles(vec!["haproxy".into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick("node1.example.com", "Notify[kick -> haproxy]", "haproxy");
     let mut lines: Vec<String> = service.kick_report(&report).unwrap().into_iter().map(|l| l.message).collect();
     lines.extend(service.kick_flush().into_iter().map(|l| l.message));
     lines.extend(service.take_kick_log().into_iter().map(|l| l.message));

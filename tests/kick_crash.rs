@@ -8,8 +8,10 @@
 
 #![cfg(unix)]
 
+mod support;
+
 use puppet_kicker::kick::{
-    Dispatch, KickConfig, KickService, KickSpec, Outcome, ReportKicks, Selector, Target, Transport,
+    Dispatch, KickConfig, KickService, Outcome, Selector, Target, Transport,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -73,18 +75,7 @@ fn deliveries(dir: &Path) -> Vec<String> {
 /// The child: node1's report kicks lb1, then the process stops at `point`.
 fn child(point: &str, dir: &Path) -> ! {
     let service = start(dir, Some(point));
-    let report = ReportKicks {
-        host: "node1".into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: "Kick[lb]".into(),
-            selector: Selector::Roles(vec!["haproxy".into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick("node1", "Kick[lb]", "haproxy");
     let lb1 = |_: &Selector, _: &str| vec![Target { certname: "lb1".into(), role: Some("haproxy".into()) }];
     service.report(&report, lb1, |_: &str| Some("node".into()));
     service.flush(Duration::from_secs(20));

@@ -2,7 +2,7 @@
 //! dispatch on the background thread, the status file.
 
 use puppet_kicker::kick::{
-    Dispatch, KickConfig, KickService, KickSpec, Outcome, ReportKicks, Selector, Target, Transport, STATUS_FILE,
+    Dispatch, KickConfig, KickService, Outcome, ReportKicks, Selector, Target, Transport, STATUS_FILE,
 };
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -34,18 +34,7 @@ fn process(dir: &Path, recorder: &Recorder) -> KickService {
 }
 
 fn report(service: &KickService, host: &str, role: &str) -> Vec<String> {
-    let report = ReportKicks {
-        host: host.into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: format!("Notify[kick -> {role}]"),
-            selector: Selector::Roles(vec![role.into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick(host, &format!("Notify[kick -> {role}]"), role);
     let fleet = [("node1", "node"), ("node2", "node"), ("lb1", "haproxy")];
     let resolve = |selector: &Selector, _: &str| match selector {
         Selector::Roles(roles) => fleet
@@ -193,18 +182,7 @@ fn a_second_process_does_not_resend_a_kick_the_first_is_sending() {
 /// kicking every role (`/./`), as any node may send by changing its own role fact.
 fn complete_graph_report(service: &KickService, host: &str, roles: usize) -> Vec<String> {
     let fleet: Vec<(String, String)> = (0..roles).map(|i| (format!("r{i}"), format!("role{i:02}"))).collect();
-    let report = ReportKicks {
-        host: host.into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: "Notify[kick -> /./]".into(),
-            selector: Selector::Roles(vec!["/./".into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick(host, "Notify[kick -> /./]", "/./");
     let resolve = |_: &Selector, _: &str| {
         fleet.iter().map(|(n, r)| Target { certname: n.clone(), role: Some(r.clone()) }).collect::<Vec<_>>()
     };
@@ -266,18 +244,7 @@ fn a_report_logs_at_most_the_cap_and_counts_the_rest() {
     let service = KickService::start(config, &dir, Ok(Box::new(Recorder::default())), Box::new(|| {})).unwrap();
     let cap = puppet_kicker::kick::MAX_LOG_LINES_PER_REPORT;
     let report_kicking = |servers: usize| {
-        let report = ReportKicks {
-            host: "node1".into(),
-            environment: "production".into(),
-            run_started: puppet_kicker::kick::now_ms(),
-            noop: false,
-            reporter_pid: None,
-            kicks: vec![KickSpec {
-                resource: "Kick[web]".into(),
-                selector: Selector::Roles(vec!["web".into()]),
-                environment: None,
-            }],
-        };
+        let report = support::role_kick("node1", "Kick[web]", "web");
         let resolve = |_: &Selector, _: &str| {
             (0..servers).map(|i| Target { certname: format!("web{i}"), role: Some("web".into()) }).collect()
         };
@@ -293,18 +260,7 @@ fn a_report_logs_at_most_the_cap_and_counts_the_rest() {
 }
 
 fn quiet_report(service: &KickService, host: &str) -> Vec<String> {
-    let report = ReportKicks {
-        host: host.into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: "Kick[nobody]".into(),
-            selector: Selector::Roles(vec!["nobody".into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick(host, "Kick[nobody]", "nobody");
     service.report(&report, |_: &Selector, _: &str| Vec::new(), |_: &str| None).into_iter().map(|l| l.message).collect()
 }
 
@@ -537,18 +493,7 @@ fn the_dispatcher_sends_up_to_the_transports_max_parallel_at_once() {
     let (most, sent) = (slow.most.clone(), slow.sent.clone());
     let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
     let service = KickService::start(config, &dir, Ok(Box::new(slow)), Box::new(|| {})).unwrap();
-    let report = ReportKicks {
-        host: "node1".into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: "Notify[kick -> web]".into(),
-            selector: Selector::Roles(vec!["web".into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick("node1", "Notify[kick -> web]", "web");
     let targets: Vec<Target> =
         (1..=9).map(|i| Target { certname: format!("web{i}"), role: Some("web".into()) }).collect();
     service.report(&report, |_, _| targets.clone(), |_| Some("node".into()));
@@ -580,18 +525,7 @@ fn kicks_sent_at_once_share_their_state_writes_and_each_is_saved() {
     let dir = cache_dir("group-commit");
     let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
     let service = KickService::start(config, &dir, Ok(Box::new(Pausing)), Box::new(|| {})).unwrap();
-    let report = ReportKicks {
-        host: "node1".into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: "Notify[kick -> web]".into(),
-            selector: Selector::Roles(vec!["web".into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick("node1", "Notify[kick -> web]", "web");
     let targets: Vec<Target> =
         (0..256).map(|i| Target { certname: format!("web{i:03}"), role: Some("web".into()) }).collect();
     service.report(&report, |_, _| targets.clone(), |_| Some("node".into()));

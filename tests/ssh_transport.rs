@@ -7,13 +7,14 @@
 //! The default remote command (the runonce script) runs as it is, without `sudo`.
 
 use puppet_kicker::kick::{
-    Chain, Dispatch, KickConfig, KickService, KickSpec, Outcome, ReportKicks, Selector, SshSettings, SshTransport,
+    Chain, Dispatch, KickConfig, KickService, Outcome, SshSettings, SshTransport,
     Target, Transport,
 };
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod support;
 #[path = "support/sshd.rs"]
 mod sshd;
 use sshd::*;
@@ -204,18 +205,7 @@ fn kicks_of_many_servers_go_out_at_most_max_parallel_at_a_time() {
     let cache = sshd.dir.join("cache");
     let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
     let service = KickService::start(config, &cache, Ok(Box::new(transport)), Box::new(|| {})).unwrap();
-    let report = ReportKicks {
-        host: "node1".into(),
-        environment: "production".into(),
-        run_started: puppet_kicker::kick::now_ms(),
-        noop: false,
-        reporter_pid: None,
-        kicks: vec![KickSpec {
-            resource: "Notify[kick -> web]".into(),
-            selector: Selector::Roles(vec!["web".into()]),
-            environment: None,
-        }],
-    };
+    let report = support::role_kick("node1", "Notify[kick -> web]", "web");
     let targets: Vec<Target> =
         (1..=6).map(|i| Target { certname: format!("web{i}"), role: Some("web".into()) }).collect();
     service.report(&report, |_, _| targets.clone(), |_| Some("node".into()));

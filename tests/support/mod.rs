@@ -55,3 +55,21 @@ impl Lcg {
         (self.next() % n as u64) as usize
     }
 }
+
+/// A report from `host` whose one resource, `resource`, kicks the servers of `role`
+/// (a run started now, in production, not a noop run).
+pub fn role_kick(host: &str, resource: &str, role: &str) -> puppet_kicker::kick::ReportKicks {
+    use puppet_kicker::kick::{KickSpec, ReportKicks, Selector};
+    ReportKicks {
+        host: host.into(),
+        environment: "production".into(),
+        run_started: puppet_kicker::kick::now_ms(),
+        noop: false,
+        reporter_pid: None,
+        kicks: vec![KickSpec {
+            resource: resource.into(),
+            selector: Selector::Roles(vec![role.into()]),
+            environment: None,
+        }],
+    }
+}
