@@ -34,16 +34,16 @@
 //! Markdown on stdout; with `PK_BENCH_RESULTS`, the figures for `script/bench --report`.
 //! `PK_BENCH_ONLY=choria|ssh|ssh-kex|mcollective` runs one part.
 
-#[path = "support/report.rs"]
-mod report;
+#[path = "transports/mco_broker.rs"]
+mod mco_broker;
 #[path = "../tests/support/nats_choria.rs"]
 mod nats_choria;
+#[path = "support/report.rs"]
+mod report;
 #[path = "../tests/support/sshd.rs"]
 mod sshd;
 #[path = "../tests/support/mod.rs"]
 mod support;
-#[path = "transports/mco_broker.rs"]
-mod mco_broker;
 
 use puppet_kicker::kick::SshSettings;
 use puppet_kicker::{PuppetSettings, Service};
@@ -133,7 +133,8 @@ impl Master {
         let started = Instant::now();
         let lines = self.service.kick_report(&report).unwrap();
         let took = started.elapsed();
-        let refused: Vec<_> = lines.iter().filter(|l| l.message.contains("budget") || l.message.contains("suppress")).collect();
+        let refused: Vec<_> =
+            lines.iter().filter(|l| l.message.contains("budget") || l.message.contains("suppress")).collect();
         assert!(refused.is_empty(), "the bench's report was cut: {refused:?}");
         took
     }
@@ -165,7 +166,10 @@ impl Master {
             if since.elapsed() > limit {
                 let started = self.started();
                 let status = self.service.kick_status().unwrap().to_string();
-                panic!("{started} of {want} kicks acknowledged after {limit:?}; status: {}", &status[..status.len().min(2_000)]);
+                panic!(
+                    "{started} of {want} kicks acknowledged after {limit:?}; status: {}",
+                    &status[..status.len().min(2_000)]
+                );
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -309,9 +313,8 @@ fn ssh(kex: Option<&'static str>) -> Figures {
         }
         Some(_) => {
             let name = "SSH with `KexAlgorithms curve25519-sha256`";
-            let figures = run(name, "ssh_kex", SSH_TARGETS, false, false, "(comparison)", &master, &|| {
-                sshd.end_sessions()
-            });
+            let figures =
+                run(name, "ssh_kex", SSH_TARGETS, false, false, "(comparison)", &master, &|| sshd.end_sessions());
             assert_eq!(sshd.runs().len(), SAMPLES * SSH_TARGETS, "every kick started one run");
             figures
         }
@@ -382,7 +385,11 @@ fn main() {
             ms(median(f.bulk.clone())),
             samples(&f.bulk),
             f.goal,
-            { let mut w = f.writes.clone(); w.sort(); w[w.len() / 2] },
+            {
+                let mut w = f.writes.clone();
+                w.sort();
+                w[w.len() / 2]
+            },
             ms(median(f.report_bulk.clone())),
             one
         );

@@ -25,9 +25,9 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-mod support;
 #[path = "support/nats_choria.rs"]
 mod nats_choria;
+mod support;
 use nats_choria::*;
 
 // ------------------------------------------------------------------ the kicker

@@ -10,9 +10,7 @@
 
 mod support;
 
-use puppet_kicker::kick::{
-    Dispatch, KickConfig, KickService, Outcome, Selector, Target, Transport,
-};
+use puppet_kicker::kick::{Dispatch, KickConfig, KickService, Outcome, Selector, Target, Transport};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;

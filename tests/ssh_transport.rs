@@ -7,16 +7,15 @@
 //! The default remote command (the runonce script) runs as it is, without `sudo`.
 
 use puppet_kicker::kick::{
-    Chain, Dispatch, KickConfig, KickService, Outcome, SshSettings, SshTransport,
-    Target, Transport,
+    Chain, Dispatch, KickConfig, KickService, Outcome, SshSettings, SshTransport, Target, Transport,
 };
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod support;
 #[path = "support/sshd.rs"]
 mod sshd;
+mod support;
 use sshd::*;
 
 fn dispatch(target: &str, environment: &str) -> Dispatch {

@@ -59,7 +59,10 @@ impl Sshd {
         // init takes ~100 ms) are not the target's, and would be timed with each kick.
         std::fs::write(
             dir.join("authorized_keys"),
-            format!("environment=\"PATH={}:/usr/bin:/bin\",environment=\"SHLVL=1\" {user_key}", dir.join("bin").display()),
+            format!(
+                "environment=\"PATH={}:/usr/bin:/bin\",environment=\"SHLVL=1\" {user_key}",
+                dir.join("bin").display()
+            ),
         )
         .unwrap();
         let state = dir.join("state");

@@ -184,13 +184,7 @@ impl SshTransport {
                 });
             }
         }
-        Ok(SshTransport {
-            settings,
-            timeout,
-            control_dir,
-            address_of,
-            program: "ssh".into(),
-        })
+        Ok(SshTransport { settings, timeout, control_dir, address_of, program: "ssh".into() })
     }
 
     /// Runs `program` instead of `ssh` (tests).
@@ -364,7 +358,8 @@ fn ssh_path(path: &Path) -> String {
 pub fn short_control_dir(tmp: &Path, uid: u32) -> Result<PathBuf, SshConfigError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let dir = tmp.join(format!("puppet-kicker-ssh-{uid}"));
-    let refused = |why: String| SshConfigError { key: "ssh.control_master", reason: format!("{} {why}", dir.display()) };
+    let refused =
+        |why: String| SshConfigError { key: "ssh.control_master", reason: format!("{} {why}", dir.display()) };
     check_control_dir(&dir).map_err(|excess| refused(format!("is too long ({})", too_long(excess))))?;
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}

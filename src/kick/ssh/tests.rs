@@ -117,7 +117,8 @@ fn a_cache_dir_too_long_for_the_sockets_has_them_in_a_short_private_dir() {
     let fits = format!("/{}", "d".repeat(MAX_SOCKET_PATH - SOCKET_TEMP_SUFFIX - SOCKET_NAME - 2));
     assert_eq!(check_control_dir(Path::new(&fits)), Ok(()));
     // The default cache dirs of Debian's and the AIO puppetserver fit.
-    for dir in ["/var/lib/puppetserver/puppet_kicker/ssh", "/opt/puppetlabs/server/data/puppetserver/puppet_kicker/ssh"] {
+    for dir in ["/var/lib/puppetserver/puppet_kicker/ssh", "/opt/puppetlabs/server/data/puppetserver/puppet_kicker/ssh"]
+    {
         assert_eq!(check_control_dir(Path::new(dir)), Ok(()), "{dir}");
     }
     let long = format!("{fits}xyz");
@@ -135,7 +136,11 @@ fn a_cache_dir_too_long_for_the_sockets_has_them_in_a_short_private_dir() {
     )
     .unwrap();
     let uid = crate::cache_dir::effective_uid();
-    assert_eq!(made.control_dir, std::env::temp_dir().join(format!("puppet-kicker-ssh-{uid}")), "the short one instead");
+    assert_eq!(
+        made.control_dir,
+        std::env::temp_dir().join(format!("puppet-kicker-ssh-{uid}")),
+        "the short one instead"
+    );
     assert!(!long.exists(), "nothing is created where sockets cannot be made");
 }
 
