@@ -1,8 +1,8 @@
 //! The masterless helper: finishes what a short-lived `puppet apply` leaves undone.
 //!
 //! A `puppet apply` exits seconds after it starts: a refresh it started in the
-//! background, a kick to retry in 30 s, a follow-up run, a kick of its own server
-//! (which cannot start before this very run ends) would all die with it. When it
+//! background, a kick to retry in 30 s, a follow-up run, an operator's kick of this
+//! machine (which cannot start before this very run ends) would all die with it. When it
 //! exits with such work left, the Ruby side spawns `ruby lib/puppet_kicker/helper.rb`,
 //! detached, which calls [`run`]:
 //!

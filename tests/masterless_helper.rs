@@ -42,15 +42,28 @@ fn log_of(root: &Path) -> String {
     fs::read_to_string(root.join("cache").join(helper::HELPER_LOG)).unwrap_or_default()
 }
 
-/// Kick state with one kick of `target`, due at `due`.
+/// Kick state with one kick of `target`, due at `due` (an operator's, since a report
+/// never kicks its own server); with `hold_pid`, `target`'s own run (a process with
+/// that pid) has reported since, and holds the kick until it exits.
 fn pending_kick(root: &Path, target: &str, due: i64, hold_pid: Option<u32>) {
+    use puppet_kicker::kick::{parse_report, Planner};
     let now = puppet_kicker::kick::now_ms();
-    let report = serde_json::json!({"host": "web1", "environment": "production", "time": now,
-        "kicks": [{"resource": "Kick[x]", "roles": ["web"]}], "pid": hold_pid});
-    let report = puppet_kicker::kick::parse_report(report.to_string().as_bytes()).unwrap();
-    let mut planner = puppet_kicker::kick::Planner::new(KickConfig::default(), PlannerState::default());
-    let target = puppet_kicker::kick::Target { certname: target.into(), role: Some("web".into()) };
-    planner.on_report(&report, now, |_, _| vec![target.clone()], |_| Some("web".into()));
+    let report = |host: &str, kicks: serde_json::Value, pid: Option<u32>| {
+        let json =
+            serde_json::json!({"host": host, "environment": "production", "time": now, "kicks": kicks, "pid": pid});
+        parse_report(json.to_string().as_bytes()).unwrap()
+    };
+    let config = KickConfig::default();
+    let mut planner = Planner::new(config.clone(), PlannerState::default());
+    let web = puppet_kicker::kick::Target { certname: target.into(), role: Some("web".into()) };
+    let operator =
+        report("master", serde_json::json!([{"resource": "puppet kicker kick --role web", "roles": ["web"]}]), None);
+    let resolved = Planner::resolve(&config, &operator, |_, _| vec![web.clone()], |_| Some("web".into()));
+    planner.on_operator(&operator, resolved, now);
+    if let Some(pid) = hold_pid {
+        planner.on_report(&report(target, serde_json::json!([]), Some(pid)), now, |_, _| Vec::new(), |_| None);
+        assert_eq!(planner.holds().count(), 1);
+    }
     let mut state = planner.state().clone();
     for t in state.targets.values_mut() {
         if let Some(p) = t.pending.as_mut() {

@@ -58,12 +58,13 @@ describe 'the kick report processor' do
       [file, Puppet::Type.type(:kick).new({ title: 'lbs' }.merge(params))]
     end
 
-    it "kicks the target role for a changed 'kick -> ROLE' notify, the reporting server too when it matches" do
+    it "kicks the target role for a changed 'kick -> ROLE' notify, never the reporting server itself" do
       messages = process(apply([notify('kick -> haproxy'), notify('kick->node')]))
       expect(messages).to include('puppet-kicker: dry run: would kick lb1.example.com (chain node1.example.com -> lb1.example.com)')
       expect(messages).to include('puppet-kicker: dry run: would kick node2.example.com (chain node1.example.com -> node2.example.com)')
-      # node1 kicks its own role: it runs once more after this run.
-      expect(messages).to include('puppet-kicker: dry run: would kick node1.example.com (chain node1.example.com -> node1.example.com)')
+      # node1 has just run: it is left out of its own role's kick, and says so.
+      expect(messages).to include('puppet-kicker: Notify[kick->node] from node1.example.com does not kick node1.example.com itself: it has just run')
+      expect(messages.grep(/would kick node1\.example\.com/)).to be_empty
     end
 
     it 'takes a regex and a list of roles in the notify title' do
@@ -71,7 +72,7 @@ describe 'the kick report processor' do
       expect(messages.grep(/would kick/)).to eq(['puppet-kicker: dry run: would kick lb1.example.com (chain node1.example.com -> lb1.example.com)'])
       logs.clear
       messages = process(apply([notify('kick -> /^hap/,  node')]))
-      expect(messages.grep(/would kick/).size).to eq(4) # lb1, node1 (itself), node2, node3
+      expect(messages.grep(/would kick/).size).to eq(3) # lb1, node2, node3 (not node1 itself)
     end
 
     it 'kicks for a kick resource only in the run where it was refreshed' do

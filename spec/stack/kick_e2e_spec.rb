@@ -147,6 +147,31 @@ module KickE2E
              "then #{QUIET} s without a run")
     end
 
+    it 'a node kicking its own role: one change runs each peer once and the node not again' do
+      scenario('own-role', node_pp: "notify { 'kick -> node': }\n", haproxy_pp: '')
+      sh('script/mco-stack', 'up', NODE1)
+      runonce(NODE1)
+      # node1 kicks role node: node2 only. node2's kicked run kicks role node too:
+      # itself left out, node1 a loop. Two runs in all.
+      wait_for("#{NODE2}'s kicked run to end") { runs(NODE2).first&.key?(:end) }
+      settle!
+
+      counts = SERVERS.to_h { |id| [id, runs(id).size] }
+      expect(counts).to eq(NODE1 => 1, NODE2 => 1, LB1 => 0, WEB1 => 0)
+      expect(runs(NODE2).first[:kicked]).to be(true)
+      expect(runs(NODE2).first[:start]).to be > runs(NODE1).first[:start]
+      expect(log_since(NODE1)).to include('Notice: puppet-kicker: Notify[kick -> node] from node1.example.com does not kick ' \
+                                          'node1.example.com itself: it has just run')
+      node2_log = log_since(NODE2)
+      expect(node2_log).to include('Notice: puppet-kicker: Notify[kick -> node] from node2.example.com does not kick ' \
+                                   'node2.example.com itself: it has just run')
+      expect(node2_log).to include('suppressed: it would close a loop: node1.example.com -> node2.example.com -> node1.example.com')
+      status = kick_status
+      expect(status['recent_outcomes'].map { |o| o.values_at('target', 'result') }).to eq([[NODE2, 'started']])
+      expect(status['pending'] + status['running']).to eq([])
+      timing("own role: node2 ran #{format('%.1f', runs(NODE2).first[:start] - runs(NODE1).first[:end])} s after node1's run ended; node1 once")
+    end
+
     it 'a busy load balancer gets its kicked run after the run in progress' do
       scenario('busy', node_pp: "notify { 'kick -> haproxy': }\n", haproxy_pp: '')
       # lb1 starts a long run (12 s before it even applies) and holds its lock.

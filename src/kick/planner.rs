@@ -124,18 +124,69 @@ enum Origin {
 /// Something the operator should see in the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    Queued { target: String, chain: Chain, due: Millis },
-    Coalesced { target: String, chain: Chain },
-    FollowUp { target: String, chain: Chain },
-    WouldKick { target: String, chain: Chain },
-    Suppressed { source: String, target: Option<String>, resource: String, reason: Suppression },
-    NoTargets { source: String, resource: String, environment: String },
-    Started { target: String, chain: Chain, attempt: u32 },
-    Retrying { target: String, why: String, attempt: u32, next: Millis },
-    GaveUp { target: String, why: String, attempts: u32, chain: Chain },
-    RunFinished { target: String, chain: Chain },
-    RunTimedOut { target: String, chain: Chain },
-    NewRoleCycle { cycle: Vec<String> },
+    Queued {
+        target: String,
+        chain: Chain,
+        due: Millis,
+    },
+    Coalesced {
+        target: String,
+        chain: Chain,
+    },
+    FollowUp {
+        target: String,
+        chain: Chain,
+    },
+    WouldKick {
+        target: String,
+        chain: Chain,
+    },
+    Suppressed {
+        source: String,
+        target: Option<String>,
+        resource: String,
+        reason: Suppression,
+    },
+    NoTargets {
+        source: String,
+        resource: String,
+        environment: String,
+    },
+    /// A report's kick matched the reporting server itself, which is left out: it has
+    /// just run, with the index's latest data, so another run would change nothing
+    /// and its report would kick its peers a second time.
+    NotItself {
+        source: String,
+        resource: String,
+    },
+    Started {
+        target: String,
+        chain: Chain,
+        attempt: u32,
+    },
+    Retrying {
+        target: String,
+        why: String,
+        attempt: u32,
+        next: Millis,
+    },
+    GaveUp {
+        target: String,
+        why: String,
+        attempts: u32,
+        chain: Chain,
+    },
+    RunFinished {
+        target: String,
+        chain: Chain,
+    },
+    RunTimedOut {
+        target: String,
+        chain: Chain,
+    },
+    NewRoleCycle {
+        cycle: Vec<String>,
+    },
 }
 
 impl fmt::Display for Event {
@@ -155,6 +206,9 @@ impl fmt::Display for Event {
             }
             Event::NoTargets { source, resource, environment } => {
                 write!(f, "{resource} from {source} matches no server in environment {environment}")
+            }
+            Event::NotItself { source, resource } => {
+                write!(f, "{resource} from {source} does not kick {source} itself: it has just run")
             }
             Event::Started { target, chain, attempt } => {
                 write!(f, "kicked {target}: Puppet run started (attempt {attempt}, chain {chain})")
@@ -477,6 +531,12 @@ impl Planner {
                 });
             }
             for target in targets {
+                // The reporting server has just run: kicking it would run it again
+                // for nothing, and that run's report would kick its peers twice.
+                if origin == Origin::Report && target.certname == report.host {
+                    events.push(Event::NotItself { source: report.host.clone(), resource: kick.resource.clone() });
+                    continue;
+                }
                 let decision = Decision { kick, source_role: &source_role, chain: &chain, environment: &environment };
                 self.kick_one(report, &decision, target, origin, now, &mut events);
             }
@@ -517,10 +577,10 @@ impl Planner {
             events.extend(cycles.into_iter().map(|cycle| Event::NewRoleCycle { cycle }));
         }
         let extended = chain.then(&target.certname);
-        // A server may kick itself (a kick of its own role): it runs once more after
-        // this run, unless this run was itself kicked by the chain (then it is a loop).
-        let self_kick = target.certname == report.host && chain.hops() == 0;
-        if chain.contains(&target.certname) && !self_kick {
+        // An operator's kick may include the machine it is typed on (its chain starts
+        // there); a report's never targets its own server (see `kick_one`'s caller).
+        let this_machine = origin == Origin::Operator && target.certname == report.host;
+        if chain.contains(&target.certname) && !this_machine {
             events.push(suppressed(Suppression::Cycle(extended)));
             return;
         }

@@ -838,9 +838,11 @@ fn log_line(event: &Event) -> LogLine {
             Level::Warning
         }
         Event::GaveUp { .. } => Level::Err,
-        Event::Queued { .. } | Event::Started { .. } | Event::WouldKick { .. } | Event::FollowUp { .. } => {
-            Level::Notice
-        }
+        Event::Queued { .. }
+        | Event::Started { .. }
+        | Event::WouldKick { .. }
+        | Event::FollowUp { .. }
+        | Event::NotItself { .. } => Level::Notice,
         _ => Level::Info,
     };
     LogLine { level, message: event.to_string() }

@@ -270,47 +270,57 @@ fn noop_runs_and_dry_runs_kick_nothing() {
 }
 
 #[test]
-fn a_server_kicking_its_own_role_runs_once_more_then_the_loop_stops() {
+fn a_server_kicking_its_own_role_kicks_its_peers_once_and_not_itself() {
     let mut sim = Sim::new(KickConfig::default());
-    sim.report("node1", &["node"]);
-    assert!(sim.logged("kick queued for node1 (chain node1 -> node1)"));
+    let events = sim.report("node1", &["node"]);
+    assert!(sim.logged("Notify[kick -> node] from node1 does not kick node1 itself: it has just run"));
+    assert!(!events.iter().any(|e| matches!(e, Event::Queued { target, .. } if target == "node1")), "{events:?}");
     assert!(sim.logged("kick queued for node2 (chain node1 -> node2)"));
+    assert!(sim.logged("kick queued for node3 (chain node1 -> node3)"));
     sim.advance(10 * SECOND);
-    assert_eq!(sim.dispatch(started), ["node1", "node2", "node3"]);
-    // node1's kicked run kicks its role again: itself is now a loop, the others too.
+    assert_eq!(sim.dispatch(started), ["node2", "node3"], "each peer once, node1 not again");
+    // The peers' kicked runs report, with nothing changed: nothing more runs.
     sim.advance(SECOND);
-    sim.report("node1", &["node"]);
-    assert!(sim.logged("kicked run of node1 reported (chain node1 -> node1)"));
-    assert!(sim.logged(
-        "kick of node1 by node1 (Notify[kick -> node]) suppressed: it would close a loop: node1 -> node1 -> node1"
-    ));
-    sim.advance(10 * SECOND);
-    assert!(sim.dispatch(started).is_empty(), "node2 and node3 are still running their kicked runs");
+    sim.report("node2", &[]);
+    sim.report("node3", &[]);
+    assert!(sim.logged("kicked run of node2 reported (chain node1 -> node2)"));
+    sim.advance(60 * SECOND);
+    assert!(sim.dispatch(started).is_empty(), "one change: three runs in all, not four");
+    // Had a peer's kicked run changed and kicked the role too, node1 would close a loop.
+    sim.advance(SECOND);
+    let events = sim.report("node2", &["node"]);
+    assert!(events.iter().any(|e| matches!(e, Event::NotItself { .. })), "{events:?}");
 }
 
 #[test]
-fn a_masterless_report_holds_its_own_servers_kick_until_its_process_exits() {
+fn a_report_kicking_only_its_own_server_queues_nothing_and_says_why() {
     let mut sim = Sim::new(KickConfig::default());
+    let events = sim.report("lb1", &["haproxy"]);
+    assert!(matches!(&events[..], [Event::NotItself { source, .. }] if source == "lb1"), "{events:?}");
+    assert_eq!(sim.planner.undelivered(), 0);
+    assert!(!sim.logged("matches no server"), "it matched one: itself");
+}
+
+#[test]
+fn a_masterless_report_holds_its_servers_kick_until_its_process_exits() {
+    // An operator's kick of this machine (the only way it kicks itself) is pending
+    // when its own `puppet apply` reports: that kick waits for the process to exit.
+    let mut sim = Sim::new(KickConfig { coalesce_ms: 10 * SECOND, ..KickConfig::default() });
+    sim.operator("node1", "node");
     let report = ReportKicks {
         host: "node1".into(),
         environment: "production".into(),
         run_started: sim.now,
         noop: false,
         reporter_pid: Some(4242),
-        kicks: vec![kick_of("Notify[kick -> node]", Selector::Roles(vec!["node".into()]), None)],
+        kicks: Vec::new(),
     };
+    let none = |_: &Selector, _: &str| Vec::new();
     let fleet = fleet();
-    let targets = |_: &Selector, _: &str| {
-        ["node1", "node2"]
-            .iter()
-            .map(|n| Target { certname: n.to_string(), role: Some(fleet[n].to_string()) })
-            .collect()
-    };
-    sim.planner.on_report(&report, sim.now, targets, |h| fleet.get(h).map(|r| r.to_string()));
+    sim.planner.on_report(&report, sim.now, none, |h| fleet.get(h).map(|r| r.to_string()));
     assert_eq!(sim.planner.holds().collect::<Vec<_>>(), [(&"node1".to_string(), 4242)]);
-    sim.advance(10 * SECOND);
-    assert_eq!(sim.dispatch(started), ["node2"], "node1 waits for its own run's process");
-    assert_eq!(sim.planner.next_wakeup(), Some(sim.now + KickConfig::default().run_timeout_ms), "node2's run only");
+    assert_eq!(sim.dispatch(started), ["node2", "node3"], "node1 waits for its own run's process");
+    assert_eq!(sim.planner.next_wakeup(), Some(sim.now + KickConfig::default().run_timeout_ms), "the runs only");
     assert!(!sim.planner.release_exited(sim.now, |pid| pid == 4242), "still running");
     assert!(sim.dispatch(started).is_empty());
     assert!(sim.planner.release_exited(sim.now, |_| false), "the process exited");
@@ -318,14 +328,21 @@ fn a_masterless_report_holds_its_own_servers_kick_until_its_process_exits() {
 
     // A hold outlives no run_timeout, whatever the pid (reused) says.
     let mut sim = Sim::new(KickConfig::default());
-    sim.planner.on_report(&ReportKicks { host: "node2".into(), ..report.clone() }, sim.now, targets, |_| None);
+    sim.operator("node1", "node");
+    sim.planner.on_report(&report, sim.now, none, |_| None);
     assert_eq!(sim.planner.holds().count(), 1);
     sim.advance(KickConfig::default().run_timeout_ms);
     assert!(sim.planner.release_exited(sim.now, |_| true));
 
-    // A report whose server has nothing pending holds nothing.
+    // A report whose server has nothing pending holds nothing, even one kicking its
+    // own role: it leaves itself out.
     let mut sim = Sim::new(KickConfig::default());
-    sim.planner.on_report(&ReportKicks { kicks: Vec::new(), ..report }, sim.now, targets, |_| None);
+    let own_role = ReportKicks {
+        kicks: vec![kick_of("Notify[kick -> node]", Selector::Roles(vec!["node".into()]), None)],
+        ..report
+    };
+    let node1 = |_: &Selector, _: &str| vec![Target { certname: "node1".into(), role: Some("node".into()) }];
+    sim.planner.on_report(&own_role, sim.now, node1, |_| None);
     assert_eq!(sim.planner.holds().count(), 0);
 }
 
@@ -610,12 +627,20 @@ fn random_history(seed: u64) {
                 };
                 let role_of = |host: &str| host[1..].parse::<usize>().ok().map(|i| fleet[i].clone());
                 let events = planner.on_report(&report, now, resolve, role_of);
+                // A report never queues a kick of its own server.
+                let itself = |t: &String| t == &report.host;
+                assert!(
+                    !events.iter().any(|e| matches!(e, Event::Queued { target, .. } | Event::Coalesced { target, .. }
+                        | Event::FollowUp { target, .. } if itself(target))),
+                    "seed {seed}: {} kicked itself: {events:?}",
+                    report.host
+                );
                 // Every kick is decided: queued, joined, suppressed (with why) or found no target.
                 for kick in &report.kicks {
                     let decided = events.iter().any(|e| match e {
-                        Event::Suppressed { resource, .. } | Event::NoTargets { resource, .. } => {
-                            resource == &kick.resource
-                        }
+                        Event::Suppressed { resource, .. }
+                        | Event::NoTargets { resource, .. }
+                        | Event::NotItself { resource, .. } => resource == &kick.resource,
                         _ => false,
                     }) || events
                         .iter()
