@@ -542,3 +542,64 @@ fn kicks_sent_at_once_share_their_state_writes_and_each_is_saved() {
     assert_eq!(started, 256);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// lb1's report of its kicked run, with no kick of its own, ending as `status`.
+fn run_report(status: &str) -> ReportKicks {
+    let json = format!(
+        r#"{{"host":"lb1","environment":"production","time":{},"status":"{status}"}}"#,
+        puppet_kicker::kick::now_ms()
+    );
+    puppet_kicker::kick::parse_report(json.as_bytes()).unwrap()
+}
+
+#[test]
+fn a_kicked_servers_report_confirms_its_kick_in_the_background_and_another_process_sees_it() {
+    let dir = cache_dir("confirm");
+    let recorder = Recorder::default();
+    let master = process(&dir, &recorder);
+    report(&master, "node1", "haproxy");
+    assert_eq!(master.flush(Duration::from_secs(5)), 0);
+    assert_eq!(master.status()["awaiting_confirmation"][0]["target"], "lb1");
+
+    // The report's call returns at once; the dispatcher takes it in and saves it.
+    let lines = master.report(&run_report("failed"), |_, _| Vec::new(), |_| None);
+    assert!(lines.iter().all(|l| !l.message.contains("reported")), "not on the report's thread: {lines:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let saved = loop {
+        let state = puppet_kicker::kick::load_state(&dir).unwrap();
+        if !state.confirmations.is_empty() {
+            break state;
+        }
+        assert!(std::time::Instant::now() < deadline, "the confirmation was not saved within 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(saved.confirmations[0].outcome, "failed");
+    assert_eq!(saved.counters.confirmed_failed, 1);
+    assert!(saved.awaiting.is_empty());
+    let log: Vec<String> = master.take_log().into_iter().map(|l| format!("{:?} {}", l.level, l.message)).collect();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("Warning kicked run of lb1 reported (chain node1 -> lb1): FAILED, the run of ")),
+        "{log:?}"
+    );
+
+    // Another process (an operator's `puppet kicker status`) reads it from the file.
+    let operator = process(&dir, &Recorder::default());
+    assert_eq!(operator.status()["confirmations"][0]["outcome"], "failed");
+}
+
+#[test]
+fn a_short_lived_process_takes_its_reports_in_before_it_exits() {
+    let dir = cache_dir("confirm-flush");
+    let recorder = Recorder::default();
+    let node1 = process(&dir, &recorder);
+    report(&node1, "node1", "haproxy");
+    assert_eq!(node1.flush(Duration::from_secs(5)), 0);
+    drop(node1);
+    // lb1's own `puppet apply`: its report, then the flush at exit, then gone.
+    let lb1 = process(&dir, &recorder);
+    lb1.report(&run_report("changed"), |_, _| Vec::new(), |_| None);
+    lb1.flush(Duration::ZERO);
+    let state = puppet_kicker::kick::load_state(&dir).unwrap();
+    assert_eq!(state.counters.confirmed_changed, 1, "saved by the flush, before the process exits");
+}

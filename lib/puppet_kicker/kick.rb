@@ -74,6 +74,9 @@ module PuppetKicker
         'kicks' => kicks,
       }
       fields['pid'] = pid if pid
+      # changed, unchanged or failed: confirms a kick of this host (absent before
+      # Puppet has computed it).
+      fields['status'] = report.status.to_s if report.status
       JSON.generate(fields)
     end
   end

@@ -125,7 +125,9 @@ module PuppetKicker
         s = kicks['summary']
         "#{s['pending']} pending (#{s['in_flight']} in flight), #{s['follow_ups']} follow-ups, " \
           "#{s['running']} running; recently #{s['recent_started']} started, #{s['recent_failed']} failed; " \
-          "#{plural(s['loops'], 'loop')} suppressed"
+          "#{plural(s['loops'], 'loop')} suppressed; runs reported #{s['recent_confirmed'].to_i} confirmed, " \
+          "#{s['recent_run_failed'].to_i} failed, #{s['recent_unconfirmed'].to_i} unconfirmed, " \
+          "#{s['awaiting_confirmation'].to_i} awaited"
       end
 
       def helper(helper)

@@ -59,7 +59,9 @@ pub fn run(service: &Service, args: Args) -> Result<Value> {
             Some(seconds) => Duration::from_secs(seconds),
             None => service.config().kick.exit_wait,
         };
-        wait_for_outcomes(service, &mut rows, since, wait)?;
+        // An explicit --wait waits for each run's report too: confirmed, failed or not.
+        let confirm = args.wait.is_some();
+        wait_for_outcomes(service, &mut rows, since, wait, confirm)?;
     }
     let messages: Vec<String> = events.iter().filter(|e| applies_to_all(e)).map(ToString::to_string).collect();
     Ok(json!({
@@ -98,6 +100,7 @@ fn report(args: &Args) -> Result<ReportKicks> {
             environment: None,
         }],
         reporter_pid: None,
+        status: None,
     })
 }
 
@@ -190,7 +193,7 @@ fn applies_to_all(event: &Event) -> bool {
 
 /// Waits, up to `wait`, until every queued row has an outcome: its run started, a
 /// retry was scheduled, it failed; what is left says where it stands.
-fn wait_for_outcomes(service: &Service, rows: &mut [Row], since: Millis, wait: Duration) -> Result<()> {
+fn wait_for_outcomes(service: &Service, rows: &mut [Row], since: Millis, wait: Duration, confirm: bool) -> Result<()> {
     let deadline = Instant::now() + wait;
     loop {
         let waiting: Vec<usize> = (0..rows.len()).filter(|i| rows[*i].waiting.is_some()).collect();
@@ -201,7 +204,7 @@ fn wait_for_outcomes(service: &Service, rows: &mut [Row], since: Millis, wait: D
         let progress = service.kick_progress(&names, since)?;
         let last = Instant::now() >= deadline;
         for (i, progress) in waiting.into_iter().zip(progress) {
-            observe(&mut rows[i], progress, last);
+            observe(&mut rows[i], progress, last, confirm);
         }
         if last {
             return Ok(());
@@ -211,10 +214,25 @@ fn wait_for_outcomes(service: &Service, rows: &mut [Row], since: Millis, wait: D
 }
 
 /// Settles `row` when `progress` is an outcome, or at the `last` look, where it stands.
-fn observe(row: &mut Row, progress: Progress, last: bool) {
+/// With `confirm`, a started run is an outcome only once its report confirms it.
+fn observe(row: &mut Row, progress: Progress, last: bool, confirm: bool) {
     let before = row.waiting.unwrap_or(0);
     match progress {
+        Progress::Started if confirm && !last => {}
+        Progress::Started if confirm => {
+            row.settle("started", "Puppet run started; no report of it yet (unconfirmed so far)".into())
+        }
         Progress::Started => row.settle("started", "Puppet run started (runonce accepted)".into()),
+        Progress::Confirmed { outcome, after_ms } => {
+            let after = after_ms.map_or(String::new(), |ms| format!(", {} s after the kick", ms / 1000));
+            match outcome.as_str() {
+                "failed" => row.settle("run failed", format!("its report says the run failed{after}")),
+                "changed" => row.settle("confirmed", format!("reported: changed{after}")),
+                "unchanged" => row.settle("confirmed", format!("reported: unchanged{after}")),
+                _ => row.settle("confirmed", format!("reported{after}")),
+            }
+        }
+        Progress::Unconfirmed => row.settle("unconfirmed", "no report within kick.confirm_within".into()),
         Progress::Failed { why } => row.settle("failed", why),
         Progress::FollowUp => {
             row.settle("follow-up", "runs once its kicked run in progress reports".into());
@@ -248,7 +266,7 @@ fn exit_code(rows: &[Row]) -> i32 {
     let any = |outcomes: &[&str]| rows.iter().any(|row| outcomes.contains(&row.outcome));
     if rows.is_empty() {
         EXIT_NO_TARGET
-    } else if any(&["failed", "suppressed", "unknown"]) {
+    } else if any(&["failed", "run failed", "unconfirmed", "suppressed", "unknown"]) {
         EXIT_FAILED
     } else if any(&["queued", "retry scheduled", "not sent"]) {
         EXIT_NOT_STARTED
@@ -319,14 +337,14 @@ mod tests {
             last_error: last_error.map(str::to_string),
             held_by: None,
         };
-        observe(&mut row, queued(1, Some("an older failure")), false);
+        observe(&mut row, queued(1, Some("an older failure")), false, false);
         assert_eq!((row.outcome, row.waiting), ("queued", Some(1)), "that attempt was before this kick");
-        observe(&mut row, queued(2, Some("no reply")), false);
+        observe(&mut row, queued(2, Some("no reply")), false, false);
         assert_eq!(row.outcome, "retry scheduled");
         assert!(row.detail.starts_with("no reply; attempt 3 in "), "{}", row.detail);
         let mut row =
             Row { certname: "a".into(), role: None, outcome: "queued", detail: String::new(), waiting: Some(0) };
-        observe(&mut row, queued(0, None), true);
+        observe(&mut row, queued(0, None), true, false);
         assert_eq!((row.outcome, row.detail.as_str()), ("queued", "due in 30s"));
         assert_eq!(exit_code(std::slice::from_ref(&row)), EXIT_NOT_STARTED);
     }

@@ -4,6 +4,7 @@
 
 use super::status;
 use crate::error::Result;
+use crate::kick::CONFIRM_BUCKETS;
 use crate::service::Service;
 use serde::Deserialize;
 use serde_json::Value;
@@ -33,74 +34,137 @@ pub fn from_status(answer: &Value) -> Vec<Metric> {
             help: "Servers in the index the functions answer from.",
             kind: Gauge,
             value: or_zero(&["index", "servers"]),
+            samples: Vec::new(),
         },
         Metric {
             name: "index_age_seconds",
             help: "Age of the index's data (+Inf: no data).",
             kind: Gauge,
             value: at(answer, &["index", "age_ms"]).map_or(f64::INFINITY, |ms| ms / 1000.0),
+            samples: Vec::new(),
         },
         Metric {
             name: "index_bytes",
             help: "Memory the index holds, in bytes.",
             kind: Gauge,
             value: or_zero(&["index", "bytes"]),
+            samples: Vec::new(),
         },
         Metric {
             name: "snapshot_bytes",
             help: "Size of the index's snapshot on disk, in bytes.",
             kind: Gauge,
             value: or_zero(&["index", "snapshot", "bytes"]),
+            samples: Vec::new(),
         },
         Metric {
             name: "refresh_failures",
             help: "Refreshes failed in a row (0 after a good one).",
             kind: Gauge,
             value: or_zero(&["backoff", "failures"]),
+            samples: Vec::new(),
         },
         Metric {
             name: "last_refresh_success",
             help: "1 when the last recorded refresh succeeded, else 0.",
             kind: Gauge,
             value: if refresh["outcome"].as_str().is_some_and(|o| o != "failed") { 1.0 } else { 0.0 },
+            samples: Vec::new(),
         },
         Metric {
             name: "last_refresh_duration_seconds",
             help: "How long the last recorded refresh took.",
             kind: Gauge,
             value: at(refresh, &["duration_ms"]).map_or(0.0, |ms| ms / 1000.0),
+            samples: Vec::new(),
         },
         Metric {
             name: "last_refresh_timestamp_seconds",
             help: "When the last recorded refresh ended, in Unix seconds.",
             kind: Gauge,
             value: at(refresh, &["finished_ms"]).map_or(0.0, |ms| ms / 1000.0),
+            samples: Vec::new(),
         },
         Metric {
             name: "kicks_pending",
             help: "Kicks not yet started: due, in flight, waiting for a retry or a local run.",
             kind: Gauge,
             value: or_zero(&["kicks", "document", "pending_count"]),
+            samples: Vec::new(),
         },
         Metric {
             name: "kicks_sent_total",
             help: "Kicks whose runonce started a Puppet run.",
             kind: Counter,
             value: counter("sent"),
+            samples: Vec::new(),
         },
         Metric {
             name: "kicks_failed_total",
             help: "Kicks given up after their last attempt.",
             kind: Counter,
             value: counter("failed"),
+            samples: Vec::new(),
         },
         Metric {
             name: "kicks_suppressed_total",
             help: "Kicks suppressed: policy, rate limit, loops, max_hops, budget.",
             kind: Counter,
             value: counter("suppressed"),
+            samples: Vec::new(),
         },
+        confirmed(answer),
+        Metric {
+            name: "kicks_unconfirmed_total",
+            help: "Kicks whose server reported no run started after them within kick.confirm_within.",
+            kind: Counter,
+            value: counter("unconfirmed"),
+            samples: Vec::new(),
+        },
+        kick_to_report(answer),
     ]
+}
+
+/// How a confirmed kick's run ended: its report's status, or unknown when it gave none.
+const OUTCOMES: [&str; 4] = ["changed", "unchanged", "failed", "unknown"];
+
+/// `kicks_confirmed_total{outcome=...}`: one sample per outcome, always all four.
+fn confirmed(answer: &Value) -> Metric {
+    let counters = &answer["kicks"]["document"]["counters"];
+    let samples: Vec<(String, f64)> = OUTCOMES
+        .iter()
+        .map(|o| (format!("{{outcome=\"{o}\"}}"), counters[format!("confirmed_{o}")].as_f64().unwrap_or(0.0)))
+        .collect();
+    Metric {
+        name: "kicks_confirmed_total",
+        help: "Kicks confirmed by the kicked server's report, by how its run ended (unknown: the report did not say).",
+        kind: Kind::Counter,
+        value: samples.iter().map(|(_, v)| v).sum(),
+        samples,
+    }
+}
+
+/// The histogram of seconds from a kick to the report that confirmed it.
+fn kick_to_report(answer: &Value) -> Metric {
+    let counters = &answer["kicks"]["document"]["counters"];
+    let per_bucket = |i: usize| counters["confirm_buckets"].get(i).and_then(Value::as_f64).unwrap_or(0.0);
+    let count: f64 = OUTCOMES.iter().map(|o| counters[format!("confirmed_{o}")].as_f64().unwrap_or(0.0)).sum();
+    let mut samples = Vec::new();
+    let mut cumulative = 0.0;
+    for (i, le) in CONFIRM_BUCKETS.iter().enumerate() {
+        cumulative += per_bucket(i);
+        samples.push((format!("_bucket{{le=\"{le}\"}}"), cumulative));
+    }
+    samples.push(("_bucket{le=\"+Inf\"}".to_string(), count));
+    samples.push(("_sum".to_string(), counters["confirm_ms_sum"].as_f64().unwrap_or(0.0) / 1000.0));
+    samples.push(("_count".to_string(), count));
+    Metric {
+        name: "kick_to_report_seconds",
+        help: "Seconds from a kick (its run started) to the report that confirmed it.",
+        kind: Kind::Histogram,
+        value: count,
+        samples,
+    }
 }
 
 /// How Prometheus treats a metric.
@@ -108,6 +172,7 @@ pub fn from_status(answer: &Value) -> Vec<Metric> {
 pub enum Kind {
     Gauge,
     Counter,
+    Histogram,
 }
 
 /// One metric: its name (`puppet_kicker_` added), what it means, and its value.
@@ -117,6 +182,10 @@ pub struct Metric {
     pub help: &'static str,
     pub kind: Kind,
     pub value: f64,
+    /// When not empty, the lines written instead of `value`'s: each a suffix to the
+    /// name with its labels (`{outcome="failed"}`, `_bucket{le="60"}`, `_sum`), and
+    /// its value; `value` then sums them up for the status view.
+    pub samples: Vec<(String, f64)>,
 }
 
 /// The text, metric by metric in the order given, each with its HELP and TYPE.
@@ -126,11 +195,17 @@ pub fn render(metrics: &[Metric]) -> String {
         let kind = match metric.kind {
             Kind::Gauge => "gauge",
             Kind::Counter => "counter",
+            Kind::Histogram => "histogram",
         };
         let name = metric.name;
         let _ = writeln!(text, "# HELP puppet_kicker_{name} {}", metric.help);
         let _ = writeln!(text, "# TYPE puppet_kicker_{name} {kind}");
-        let _ = writeln!(text, "puppet_kicker_{name} {}", number(metric.value));
+        if metric.samples.is_empty() {
+            let _ = writeln!(text, "puppet_kicker_{name} {}", number(metric.value));
+        }
+        for (suffix, value) in &metric.samples {
+            let _ = writeln!(text, "puppet_kicker_{name}{suffix} {}", number(*value));
+        }
     }
     text
 }
@@ -160,8 +235,14 @@ mod tests {
     #[test]
     fn renders_help_type_and_value_in_order() {
         let text = render(&[
-            Metric { name: "index_servers", help: "Servers in the index.", kind: Kind::Gauge, value: 6.0 },
-            Metric { name: "kicks_sent_total", help: "Kicks sent.", kind: Kind::Counter, value: 0.25 },
+            Metric {
+                name: "index_servers",
+                help: "Servers in the index.",
+                kind: Kind::Gauge,
+                value: 6.0,
+                samples: vec![],
+            },
+            Metric { name: "kicks_sent_total", help: "Kicks sent.", kind: Kind::Counter, value: 0.25, samples: vec![] },
         ]);
         assert_eq!(
             text,
@@ -179,7 +260,9 @@ mod tests {
             "index": {"servers": 6, "age_ms": 1500, "bytes": 2817, "snapshot": {"bytes": 3067}},
             "last_refresh": {"outcome": "ok", "duration_ms": 6, "finished_ms": 1795674006035_i64},
             "backoff": {"failures": 0},
-            "kicks": {"document": {"pending_count": 2, "counters": {"sent": 5, "failed": 1, "suppressed": 3}}},
+            "kicks": {"document": {"pending_count": 2, "counters": {"sent": 5, "failed": 1, "suppressed": 3,
+                "confirmed_changed": 2, "confirmed_failed": 1, "unconfirmed": 1,
+                "confirm_buckets": [0, 1, 0, 2, 0, 0, 0, 0, 0, 0], "confirm_ms_sum": 95_500}}},
         });
         let values: Vec<(&str, f64)> = from_status(&answer).iter().map(|m| (m.name, m.value)).collect();
         assert_eq!(
@@ -197,8 +280,28 @@ mod tests {
                 ("kicks_sent_total", 5.0),
                 ("kicks_failed_total", 1.0),
                 ("kicks_suppressed_total", 3.0),
+                ("kicks_confirmed_total", 3.0),
+                ("kicks_unconfirmed_total", 1.0),
+                ("kick_to_report_seconds", 3.0),
             ]
         );
+        let text = render(&from_status(&answer));
+        for line in [
+            "puppet_kicker_kicks_confirmed_total{outcome=\"changed\"} 2",
+            "puppet_kicker_kicks_confirmed_total{outcome=\"unchanged\"} 0",
+            "puppet_kicker_kicks_confirmed_total{outcome=\"failed\"} 1",
+            "# TYPE puppet_kicker_kick_to_report_seconds histogram",
+            "puppet_kicker_kick_to_report_seconds_bucket{le=\"5\"} 0",
+            "puppet_kicker_kick_to_report_seconds_bucket{le=\"10\"} 1",
+            "puppet_kicker_kick_to_report_seconds_bucket{le=\"60\"} 3",
+            "puppet_kicker_kick_to_report_seconds_bucket{le=\"3600\"} 3",
+            "puppet_kicker_kick_to_report_seconds_bucket{le=\"+Inf\"} 3",
+            "puppet_kicker_kick_to_report_seconds_sum 95.5",
+            "puppet_kicker_kick_to_report_seconds_count 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+        }
+        assert!(!text.contains("puppet_kicker_kicks_confirmed_total 3"), "a labelled metric has no bare sample");
         let nothing = from_status(&serde_json::json!({"index": {"servers": 0}, "last_refresh": null, "kicks": null}));
         assert_eq!(nothing.len(), values.len(), "the same metrics, always");
         assert_eq!(nothing[1].value, f64::INFINITY);

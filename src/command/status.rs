@@ -98,6 +98,10 @@ fn kicks(cache_dir: &Path) -> Value {
     let outcomes = list("recent_outcomes");
     let result_is =
         |prefix: &str| outcomes.iter().filter(|o| o["result"].as_str().is_some_and(|r| r.starts_with(prefix))).count();
+    let confirmations = list("confirmations");
+    let outcome_in = |wanted: &[&str]| {
+        confirmations.iter().filter(|c| c["outcome"].as_str().is_some_and(|o| wanted.contains(&o))).count()
+    };
     let summary = json!({
         "pending": pending.iter().filter(|p| p["kind"] == "kick").count(),
         "follow_ups": pending.iter().filter(|p| p["kind"] == "follow-up").count(),
@@ -105,6 +109,10 @@ fn kicks(cache_dir: &Path) -> Value {
         "running": list("running").len(),
         "recent_started": result_is("started"),
         "recent_failed": result_is("failed"),
+        "awaiting_confirmation": list("awaiting_confirmation").len(),
+        "recent_confirmed": outcome_in(&["changed", "unchanged", "reported"]),
+        "recent_run_failed": outcome_in(&["failed"]),
+        "recent_unconfirmed": outcome_in(&["unconfirmed"]),
         "loops": list("role_cycles").len(),
         "updated_at_ms": document["updated_at"].as_i64(),
     });
@@ -126,13 +134,17 @@ mod tests {
             "running": [{"target": "a"}],
             "recent_outcomes": [{"result": "started"}, {"result": "failed: no reply"}, {"result": "started"}],
             "role_cycles": [["a", "b", "a"]],
+            "awaiting_confirmation": [{"target": "a"}],
+            "confirmations": [{"outcome": "changed"}, {"outcome": "failed"}, {"outcome": "unconfirmed"},
+                              {"outcome": "reported"}],
         });
         std::fs::write(dir.join(STATUS_FILE), document.to_string()).unwrap();
         let answer = kicks(&dir);
         assert_eq!(
             answer["summary"],
             json!({"pending": 2, "follow_ups": 1, "in_flight": 1, "running": 1, "recent_started": 2,
-                   "recent_failed": 1, "loops": 1, "updated_at_ms": 5})
+                   "recent_failed": 1, "loops": 1, "updated_at_ms": 5, "awaiting_confirmation": 1,
+                   "recent_confirmed": 2, "recent_run_failed": 1, "recent_unconfirmed": 1})
         );
         assert_eq!(answer["document"], document);
         std::fs::write(dir.join(STATUS_FILE), b"[1").unwrap();

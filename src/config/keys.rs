@@ -446,6 +446,10 @@ keys! {
     Plain "kick.run_timeout" = Value("1h"),
         set |c, v, _| c.kick.planner.run_timeout_ms = millis(v)?,
         show |c| &c.kick.planner.run_timeout_ms;
+    /// A kick whose server reports no run started after it within this long is unconfirmed
+    Plain "kick.confirm_within" = Value("30m"),
+        set |c, v, _| c.kick.planner.confirm_within_ms = millis(v)?,
+        show |c| &c.kick.planner.confirm_within_ms;
     /// Longest causal chain
     Plain "kick.max_hops" = Value("5"),
         set |c, v, _| c.kick.planner.max_hops = usize_count(v)?,

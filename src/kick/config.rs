@@ -56,6 +56,7 @@ impl KickSettings {
                 retry_max_ms: 0,
                 max_attempts: 0,
                 run_timeout_ms: 0,
+                confirm_within_ms: 0,
                 max_hops: 0,
                 policy: Policy::allow_all(),
                 environments: Policy::allow_all(),

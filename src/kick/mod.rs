@@ -20,7 +20,8 @@ pub use chain::Chain;
 pub use config::{KickSettings, ReplyTimeoutTooLong, TransportKind};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
-    Claim, Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target,
+    Awaiting, Claim, Confirmation, Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick,
+    Suppression, Target, CONFIRM_BUCKETS,
 };
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{
@@ -56,6 +57,35 @@ pub struct KickSpec {
     pub environment: Option<String>,
 }
 
+/// How a run ended, as its report says (`report.status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Changed,
+    Unchanged,
+    Failed,
+}
+
+impl RunStatus {
+    /// Puppet's word for it, as reports and the metrics' `outcome` label say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Changed => "changed",
+            RunStatus::Unchanged => "unchanged",
+            RunStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RunStatus> {
+        match text {
+            "changed" => Some(RunStatus::Changed),
+            "unchanged" => Some(RunStatus::Unchanged),
+            "failed" => Some(RunStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
 /// What the planner needs of a report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReportKicks {
@@ -68,6 +98,9 @@ pub struct ReportKicks {
     /// Masterless (`puppet apply`): the process whose run this report is. It holds
     /// the host's agent lock until it exits, so a kick of the host waits for that.
     pub reporter_pid: Option<u32>,
+    /// How the run ended (`report.status`): confirms a kick of this server. Absent
+    /// from a report the processor did not read it from (a test's, an old caller's).
+    pub status: Option<RunStatus>,
 }
 
 /// Tunables, from `puppet_kicker.yaml`'s `kick` section (defaults: the `kick.*` keys of
@@ -83,6 +116,9 @@ pub struct KickConfig {
     pub max_attempts: u32,
     /// A kicked run whose report has not arrived after this long counts as finished.
     pub run_timeout_ms: Millis,
+    /// A kick whose server has not reported a run started after it, within this
+    /// long, is unconfirmed (`kick.confirm_within`).
+    pub confirm_within_ms: Millis,
     /// Longest causal chain; a kick beyond it is suppressed.
     pub max_hops: usize,
     /// Which roles may kick which.

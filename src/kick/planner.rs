@@ -6,7 +6,7 @@
 use super::chain::Chain;
 use super::graph::RoleGraph;
 use super::policy::RateLedger;
-use super::{KickConfig, KickSpec, Millis, ReportKicks, Selector};
+use super::{KickConfig, KickSpec, Millis, ReportKicks, RunStatus, Selector};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -180,6 +180,21 @@ pub enum Event {
         target: String,
         chain: Chain,
     },
+    /// The first report of a run that started after the kick arrived: the kick is
+    /// confirmed, with how the run ended (`None`: the report did not say).
+    Confirmed {
+        target: String,
+        chain: Chain,
+        status: Option<RunStatus>,
+        run_started: Millis,
+        after_ms: Millis,
+    },
+    /// No such report within `kick.confirm_within` of the kick.
+    Unconfirmed {
+        target: String,
+        chain: Chain,
+        within_ms: Millis,
+    },
     RunTimedOut {
         target: String,
         chain: Chain,
@@ -220,6 +235,24 @@ impl fmt::Display for Event {
                 write!(f, "kick of {target} FAILED after {attempts} attempts: {why} (chain {chain})")
             }
             Event::RunFinished { target, chain } => write!(f, "kicked run of {target} reported (chain {chain})"),
+            Event::Confirmed { target, chain, status, run_started, after_ms } => {
+                let status = match status {
+                    Some(RunStatus::Failed) => "FAILED",
+                    Some(status) => status.as_str(),
+                    None => "no status given",
+                };
+                write!(
+                    f,
+                    "kicked run of {target} reported (chain {chain}): {status}, the run of {} {}",
+                    utc_text(*run_started),
+                    after_kick(*after_ms)
+                )
+            }
+            Event::Unconfirmed { target, chain, within_ms } => write!(
+                f,
+                "kick of {target} UNCONFIRMED: no report of a run started after it within {} (kick.confirm_within; chain {chain})",
+                duration_text(*within_ms)
+            ),
             Event::RunTimedOut { target, chain } => {
                 write!(
                     f,
@@ -249,7 +282,43 @@ pub struct PlannerState {
     /// Totals since the state began (absent from older files: zeros), for monitoring.
     #[serde(default)]
     pub counters: Counters,
+    /// Kicks whose run started and whose report has not yet confirmed them.
+    #[serde(default)]
+    pub awaiting: BTreeMap<String, Awaiting>,
+    /// The latest confirmations (and kicks left unconfirmed), oldest first, at most
+    /// `keep_outcomes`.
+    #[serde(default)]
+    pub confirmations: VecDeque<Confirmation>,
 }
+
+/// A kick whose run started, waiting for the report that confirms it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Awaiting {
+    /// When the `runonce` reply said the run started (this machine's clock).
+    pub kicked_at: Millis,
+    /// The same on the agent's clock, when its reply said.
+    pub agent_started: Option<Millis>,
+    pub chain: Chain,
+}
+
+/// How a kick ended, as the status file and `puppet kicker status` list it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confirmation {
+    /// When it was confirmed, or found unconfirmed.
+    pub at: Millis,
+    pub target: String,
+    /// changed, unchanged, failed, reported (no status given) or unconfirmed.
+    pub outcome: String,
+    /// When the kicked server's run started (its report's time).
+    pub run_started: Option<Millis>,
+    /// From the kick to its confirmation.
+    pub after_ms: Option<Millis>,
+    pub chain: String,
+}
+
+/// Upper bounds, in seconds, of the kick-to-report histogram's buckets (`+Inf` is
+/// the count): a run takes from seconds to tens of minutes.
+pub const CONFIRM_BUCKETS: [u64; 10] = [5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600];
 
 /// Cumulative kick counts; they only grow (wrapping is out of reach of a u64).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,16 +332,69 @@ pub struct Counters {
     /// Suppression decisions (policy, rate limit, loops, hops, noop, environment, budget).
     #[serde(default)]
     pub suppressed: u64,
+    /// Kicks confirmed by a report, by how the run ended.
+    #[serde(default)]
+    pub confirmed_changed: u64,
+    #[serde(default)]
+    pub confirmed_unchanged: u64,
+    #[serde(default)]
+    pub confirmed_failed: u64,
+    /// Confirmed by a report that did not say how the run ended.
+    #[serde(default)]
+    pub confirmed_unknown: u64,
+    /// Kicks no report confirmed within `kick.confirm_within`.
+    #[serde(default)]
+    pub unconfirmed: u64,
+    /// Confirmed kicks per kick-to-report bucket ([`CONFIRM_BUCKETS`]), not cumulative.
+    #[serde(default)]
+    pub confirm_buckets: [u64; CONFIRM_BUCKETS.len()],
+    /// Kick-to-report time of all confirmed kicks, summed, in milliseconds.
+    #[serde(default)]
+    pub confirm_ms_sum: u64,
 }
 
 impl Counters {
     /// The larger of each count: two processes' views of one monotonic history.
     fn max(self, other: Counters) -> Counters {
+        let mut confirm_buckets = self.confirm_buckets;
+        for (mine, theirs) in confirm_buckets.iter_mut().zip(other.confirm_buckets) {
+            *mine = (*mine).max(theirs);
+        }
         Counters {
             sent: self.sent.max(other.sent),
             failed: self.failed.max(other.failed),
             suppressed: self.suppressed.max(other.suppressed),
+            confirmed_changed: self.confirmed_changed.max(other.confirmed_changed),
+            confirmed_unchanged: self.confirmed_unchanged.max(other.confirmed_unchanged),
+            confirmed_failed: self.confirmed_failed.max(other.confirmed_failed),
+            confirmed_unknown: self.confirmed_unknown.max(other.confirmed_unknown),
+            unconfirmed: self.unconfirmed.max(other.unconfirmed),
+            confirm_buckets,
+            confirm_ms_sum: self.confirm_ms_sum.max(other.confirm_ms_sum),
         }
+    }
+
+    /// Counts a confirmed kick: its outcome, and its kick-to-report time.
+    fn confirmed(&mut self, status: Option<RunStatus>, after_ms: Millis) {
+        let count = match status {
+            Some(RunStatus::Changed) => &mut self.confirmed_changed,
+            Some(RunStatus::Unchanged) => &mut self.confirmed_unchanged,
+            Some(RunStatus::Failed) => &mut self.confirmed_failed,
+            None => &mut self.confirmed_unknown,
+        };
+        *count = count.saturating_add(1);
+        let after_ms = after_ms.max(0) as u64;
+        if let Some(bucket) = CONFIRM_BUCKETS.iter().position(|le| after_ms <= le * 1000) {
+            self.confirm_buckets[bucket] = self.confirm_buckets[bucket].saturating_add(1);
+        }
+        self.confirm_ms_sum = self.confirm_ms_sum.saturating_add(after_ms);
+    }
+
+    /// Kicks confirmed, whatever the outcome: the histogram's count.
+    pub fn confirmed_total(&self) -> u64 {
+        [self.confirmed_changed, self.confirmed_unchanged, self.confirmed_failed, self.confirmed_unknown]
+            .iter()
+            .fold(0u64, |sum, n| sum.saturating_add(*n))
     }
 }
 
@@ -462,7 +584,10 @@ impl Planner {
     fn decide(&mut self, report: &ReportKicks, resolved: Resolved, now: Millis, origin: Origin) -> Vec<Event> {
         let mut events = Vec::new();
         let chain = match origin {
-            Origin::Report => self.finish_run(&report.host, report.run_started, &mut events),
+            Origin::Report => {
+                let confirmed = self.confirm(report, now, &mut events);
+                self.finish_run(&report.host, report.run_started, confirmed, &mut events)
+            }
             Origin::Operator => Chain::origin(&report.host),
         };
         if report.kicks.is_empty() {
@@ -630,6 +755,7 @@ impl Planner {
             }
         }
         self.forget_idle();
+        self.expire_unconfirmed(now, &mut events);
         (dispatches, events)
     }
 
@@ -653,7 +779,15 @@ impl Planner {
                 target.running = Some(Running { started: now, agent_started, chain: pending.chain.clone() });
                 self.state.counters.sent = self.state.counters.sent.saturating_add(1);
                 self.record(now, target_name, "started".into(), &pending.chain);
-                return vec![event];
+                let mut events = vec![event];
+                let awaiting = Awaiting { kicked_at: now, agent_started, chain: pending.chain.clone() };
+                // One before it still unconfirmed (its report later than run_timeout,
+                // and confirm_within longer still): it ends unconfirmed, so that every
+                // kick started ends once, confirmed or not.
+                if let Some(earlier) = self.state.awaiting.insert(target_name.to_string(), awaiting) {
+                    self.unconfirmed(now, target_name.to_string(), earlier, &mut events);
+                }
+                return events;
             }
             Outcome::Busy(why) | Outcome::Disabled(why) | Outcome::Failed(why) => (why, false),
             Outcome::Refused(why) => (format!("the agent refused the request: {why}"), true),
@@ -723,6 +857,7 @@ impl Planner {
                 (None, Some(p)) => Some(p.dispatched_at.saturating_add(self.config.in_flight_timeout_ms)),
                 _ => None,
             })
+            .chain(self.state.awaiting.values().map(|a| a.kicked_at.saturating_add(self.config.confirm_within_ms)))
             .min()
     }
 
@@ -747,6 +882,14 @@ impl Planner {
         for (name, target) in theirs.targets {
             ours.targets.entry(name).or_insert(target);
         }
+        for (name, awaiting) in theirs.awaiting {
+            ours.awaiting.entry(name).or_insert(awaiting);
+        }
+        let mut confirmations: Vec<Confirmation> = ours.confirmations.drain(..).chain(theirs.confirmations).collect();
+        confirmations.sort_by(|a, b| (a.at, &a.target, &a.outcome).cmp(&(b.at, &b.target, &b.outcome)));
+        confirmations.dedup();
+        let keep = confirmations.len().saturating_sub(self.config.keep_outcomes);
+        ours.confirmations = confirmations.into_iter().skip(keep).collect();
         let mut outcomes: Vec<OutcomeRecord> = ours.outcomes.drain(..).chain(theirs.outcomes).collect();
         outcomes.sort_by(|a, b| (a.at, &a.target, &a.result).cmp(&(b.at, &b.target, &b.result)));
         outcomes.dedup();
@@ -764,15 +907,87 @@ impl Planner {
         self.state.generation = generation;
     }
 
+    /// Confirms the kick of `report.host` awaiting its report, if this is the report
+    /// of a run started after the kick (by the rule that tells the kicked run, see
+    /// [`is_kicked_run`]); a `--noop` run is not the kicked one. True when confirmed.
+    fn confirm(&mut self, report: &ReportKicks, now: Millis, events: &mut Vec<Event>) -> bool {
+        let skew = self.config.clock_skew_ms;
+        let kicked = |a: &Awaiting| is_kicked_run(a.kicked_at, a.agent_started, report.run_started, skew);
+        if report.noop || !self.state.awaiting.get(&report.host).is_some_and(kicked) {
+            return false;
+        }
+        let Some(awaiting) = self.state.awaiting.remove(&report.host) else { return false };
+        let after_ms = now.saturating_sub(awaiting.kicked_at).max(0);
+        self.state.counters.confirmed(report.status, after_ms);
+        let outcome = report.status.map_or("reported", RunStatus::as_str);
+        self.confirmation(now, &report.host, outcome, Some(report.run_started), Some(after_ms), &awaiting.chain);
+        events.push(Event::Confirmed {
+            target: report.host.clone(),
+            chain: awaiting.chain,
+            status: report.status,
+            run_started: report.run_started,
+            after_ms,
+        });
+        true
+    }
+
+    /// Kicks no report confirmed within `kick.confirm_within`: unconfirmed.
+    fn expire_unconfirmed(&mut self, now: Millis, events: &mut Vec<Event>) {
+        let within_ms = self.config.confirm_within_ms;
+        let expired: Vec<String> = self
+            .state
+            .awaiting
+            .iter()
+            .filter(|(_, a)| now.saturating_sub(a.kicked_at) >= within_ms)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in expired {
+            if let Some(awaiting) = self.state.awaiting.remove(&name) {
+                self.unconfirmed(now, name, awaiting, events);
+            }
+        }
+    }
+
+    fn unconfirmed(&mut self, now: Millis, target: String, awaiting: Awaiting, events: &mut Vec<Event>) {
+        self.state.counters.unconfirmed = self.state.counters.unconfirmed.saturating_add(1);
+        self.confirmation(now, &target, "unconfirmed", None, None, &awaiting.chain);
+        events.push(Event::Unconfirmed { target, chain: awaiting.chain, within_ms: self.config.confirm_within_ms });
+    }
+
+    fn confirmation(
+        &mut self,
+        at: Millis,
+        target: &str,
+        outcome: &str,
+        run_started: Option<Millis>,
+        after_ms: Option<Millis>,
+        chain: &Chain,
+    ) {
+        let chain = chain.to_string();
+        let record = Confirmation { at, target: target.into(), outcome: outcome.into(), run_started, after_ms, chain };
+        self.state.confirmations.push_back(record);
+        while self.state.confirmations.len() > self.config.keep_outcomes {
+            self.state.confirmations.pop_front();
+        }
+    }
+
+    /// Kicks waiting for their report: each server's, with when it was kicked.
+    pub fn awaiting(&self) -> impl Iterator<Item = (&String, &Awaiting)> + '_ {
+        self.state.awaiting.iter()
+    }
+
     /// Ends `host`'s kicked run if this report is from it, and returns the chain the
-    /// report carries: the kick's, or a new one starting at `host`.
-    fn finish_run(&mut self, host: &str, run_started: Millis, events: &mut Vec<Event>) -> Chain {
+    /// report carries: the kick's, or a new one starting at `host`. `confirmed`: the
+    /// report's line is the confirmation's, not a second one.
+    fn finish_run(&mut self, host: &str, run_started: Millis, confirmed: bool, events: &mut Vec<Event>) -> Chain {
         let skew = self.config.clock_skew_ms;
         let Some(target) = self.state.targets.get_mut(host) else { return Chain::origin(host) };
         match &target.running {
-            Some(running) if is_kicked_run(running, run_started, skew) => {
+            Some(running) if is_kicked_run(running.started, running.agent_started, run_started, skew) => {
                 let chain = running.chain.clone();
-                events.push(Event::RunFinished { target: host.into(), chain: chain.clone() });
+                if !confirmed {
+                    events.push(Event::RunFinished { target: host.into(), chain: chain.clone() });
+                }
                 target.running = None;
                 if let Some(follow_up) = target.follow_up.take() {
                     target.pending = Some(follow_up);
@@ -842,9 +1057,32 @@ impl Planner {
 /// Whether a run that started at `run_started` (the agent's clock) is the kicked
 /// one: by the agent's own clock when its reply gave it (whole seconds, so one
 /// second of slack), else within `clock_skew` of the master's.
-fn is_kicked_run(running: &Running, run_started: Millis, clock_skew_ms: Millis) -> bool {
-    match running.agent_started {
+fn is_kicked_run(kicked_at: Millis, agent_started: Option<Millis>, run_started: Millis, clock_skew_ms: Millis) -> bool {
+    match agent_started {
         Some(agent_started) => run_started >= agent_started - 1_000,
-        None => run_started >= running.started - clock_skew_ms,
+        None => run_started >= kicked_at - clock_skew_ms,
+    }
+}
+
+/// A Unix time in milliseconds as UTC, to the second: `2026-11-29T03:00:00Z`.
+fn utc_text(at: Millis) -> String {
+    let t = crate::time::CalendarTime::utc(at.div_euclid(1000));
+    format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", t.year, t.month, t.day, t.hour, t.minute, t.second)
+}
+
+/// `42 s after the kick`, `3 min 5 s after the kick`.
+fn after_kick(after_ms: Millis) -> String {
+    format!("{} after the kick", duration_text(after_ms))
+}
+
+/// A duration in words an operator reads at a glance: `42 s`, `3 min 5 s`, `2 h`.
+fn duration_text(ms: Millis) -> String {
+    let s = ms.max(0) / 1000;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, s) => format!("{s} s"),
+        (0, m, 0) => format!("{m} min"),
+        (0, m, s) => format!("{m} min {s} s"),
+        (h, 0, _) => format!("{h} h"),
+        (h, m, _) => format!("{h} h {m} min"),
     }
 }

@@ -9,7 +9,7 @@
 
 use super::planner::{Claim, Event, Planner, PlannerState, Resolved, Target};
 use super::transport::Transport;
-use super::{KickConfig, Millis, ReportKicks, Selector};
+use super::{KickConfig, Millis, ReportKicks, RunStatus, Selector};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::Deserialize;
 use serde_json::json;
@@ -148,6 +148,9 @@ struct Inner {
     reporters: Mutex<BTreeSet<String>>,
     /// Claims and outcomes of the senders, waiting to be saved (see `commit`).
     commits: Mutex<Vec<(Change, SyncSender<bool>)>>,
+    /// Reports with no kick, and when each arrived, waiting for the next transaction
+    /// (see `KickService::report`).
+    endings: Mutex<Vec<(ReportKicks, Millis)>>,
     /// Held by the sender whose transaction saves the waiting changes.
     committer: Mutex<()>,
     /// The state changed since `kick-status.json` was last written.
@@ -216,6 +219,7 @@ impl KickService {
             }),
             reporters: Mutex::new(BTreeSet::new()),
             commits: Mutex::new(Vec::new()),
+            endings: Mutex::new(Vec::new()),
             committer: Mutex::new(()),
             status_dirty: AtomicBool::new(true),
             status_written: Mutex::new(None),
@@ -241,6 +245,18 @@ impl KickService {
         role_of: impl Fn(&str) -> Option<String>,
     ) -> Vec<LogLine> {
         lock(&self.inner.reporters).insert(report.host.clone());
+        // Most reports kick nothing: all they may do is end a kicked run, confirm its
+        // kick, or hold a masterless server's kicks. That is left to the next
+        // transaction (the dispatcher's, woken now, or any other first), so that the
+        // report's thread neither waits for the state's file lock nor for its save:
+        // a kicked fleet's reports arrive together, and the dispatcher saves them in
+        // one write. Nothing is lost: a kick that a report queues, and anything that
+        // reads the state, goes through a transaction, which takes them in first.
+        if report.kicks.is_empty() {
+            lock(&self.inner.endings).push((report.clone(), now_ms()));
+            let _ = self.wake.send(());
+            return self.take_log();
+        }
         let resolved = Planner::resolve(&self.inner.config, report, resolve, role_of);
         let events = self.inner.transact(|planner| {
             let events = planner.on_resolved(report, resolved, now_ms());
@@ -333,6 +349,10 @@ impl KickService {
     /// host's agent is busy with this very run until the process exits.
     pub fn flush(&self, timeout: Duration) -> usize {
         let deadline = now_ms() + timeout.as_millis() as Millis;
+        // This process's reports with no kick are taken in now: it may exit next.
+        if !lock(&self.inner.endings).is_empty() {
+            self.inner.transact(|_| ((), false));
+        }
         let _ = self.wake.send(());
         let reporters = lock(&self.inner.reporters).clone();
         loop {
@@ -359,6 +379,10 @@ impl KickService {
 
     /// The status document (also written to `kick-status.json`).
     pub fn status(&self) -> serde_json::Value {
+        // Reports queued with no kick are taken in (and saved) first.
+        if !lock(&self.inner.endings).is_empty() {
+            self.inner.transact(|_| ((), false));
+        }
         status_json(&lock(&self.inner.planner), now_ms(), self.inner.helper())
     }
 
@@ -463,14 +487,29 @@ impl Inner {
                 }),
             }
         }
+        let ended = self.take_endings(&mut planner);
         let (result, changed) = change(&mut planner);
-        if changed || unsaved {
+        if changed || unsaved || ended {
             self.persist(&mut planner);
             *lock(&self.seen) = FileStamp::of(&self.state_path);
         }
         drop(planner);
         drop(file_lock);
         result
+    }
+
+    /// Takes in the reports with no kick queued by `KickService::report`, in the
+    /// order they arrived, each at its arrival time. True when one changed the state.
+    fn take_endings(&self, planner: &mut Planner) -> bool {
+        let endings = std::mem::take(&mut *lock(&self.endings));
+        let mut changed = false;
+        for (report, at) in endings {
+            let none = Resolved { source_role: None, kicks: Vec::new() };
+            let events = planner.on_resolved(&report, none, at);
+            events.iter().for_each(|e| self.log(log_line(e)));
+            changed |= !events.is_empty() || report.reporter_pid.is_some();
+        }
+        changed
     }
 
     /// Saves `change` in the kick state and returns its answer once it is on disk.
@@ -624,8 +663,12 @@ impl Inner {
 pub enum Progress {
     /// Not sent yet, or sent again later: `attempts` made so far, the last one's error.
     Queued { due: Millis, in_flight: bool, attempts: u32, last_error: Option<String>, held_by: Option<u32> },
-    /// Its `runonce` started a run.
+    /// Its `runonce` started a run, not yet confirmed by its report.
     Started,
+    /// Its run reported: `outcome` changed, unchanged, failed or reported (no status).
+    Confirmed { outcome: String, after_ms: Option<Millis> },
+    /// No report within `kick.confirm_within`.
+    Unconfirmed,
     /// Given up (`result` as the status file records it: `failed: WHY`).
     Failed { why: String },
     /// Runs once more after the kicked run in progress reports.
@@ -638,6 +681,13 @@ pub enum Progress {
 impl Progress {
     fn of(planner: &Planner, target: &str, since: Millis) -> Progress {
         let state = planner.state();
+        let confirmed = state.confirmations.iter().rev().find(|c| c.target == target && c.at >= since);
+        if let Some(confirmation) = confirmed {
+            return match confirmation.outcome.as_str() {
+                "unconfirmed" => Progress::Unconfirmed,
+                outcome => Progress::Confirmed { outcome: outcome.to_string(), after_ms: confirmation.after_ms },
+            };
+        }
         let outcome = state.outcomes.iter().rev().find(|o| o.target == target && o.at >= since);
         if let Some(outcome) = outcome {
             return match outcome.result.strip_prefix("failed: ") {
@@ -834,9 +884,12 @@ pub fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, KickError
 
 fn log_line(event: &Event) -> LogLine {
     let level = match event {
-        Event::Suppressed { .. } | Event::NoTargets { .. } | Event::RunTimedOut { .. } | Event::NewRoleCycle { .. } => {
-            Level::Warning
-        }
+        Event::Suppressed { .. }
+        | Event::NoTargets { .. }
+        | Event::RunTimedOut { .. }
+        | Event::NewRoleCycle { .. }
+        | Event::Unconfirmed { .. }
+        | Event::Confirmed { status: Some(RunStatus::Failed), .. } => Level::Warning,
         Event::GaveUp { .. } => Level::Err,
         Event::Queued { .. }
         | Event::Started { .. }
@@ -883,6 +936,9 @@ fn status_json(planner: &Planner, now: Millis, helper: serde_json::Value) -> ser
         "generation": state.generation,
         "pending_count": planner.undelivered(),
         "counters": state.counters,
+        "awaiting_confirmation": state.awaiting.iter().map(|(target, a)| json!({"target": target, "kicked_at": a.kicked_at,
+            "chain": a.chain.to_string()})).collect::<Vec<_>>(),
+        "confirmations": state.confirmations,
         "holds": state.holds.iter().map(|(target, h)| json!({"target": target, "pid": h.pid, "since": h.since})).collect::<Vec<_>>(),
         "helper": helper,
     })

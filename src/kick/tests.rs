@@ -32,6 +32,7 @@ impl Sim {
             run_started,
             noop,
             reporter_pid: None,
+            status: None,
             kicks: kicks
                 .iter()
                 .map(|role| KickSpec {
@@ -313,6 +314,7 @@ fn a_masterless_report_holds_its_servers_kick_until_its_process_exits() {
         run_started: sim.now,
         noop: false,
         reporter_pid: Some(4242),
+        status: None,
         kicks: Vec::new(),
     };
     let none = |_: &Selector, _: &str| Vec::new();
@@ -320,7 +322,8 @@ fn a_masterless_report_holds_its_servers_kick_until_its_process_exits() {
     sim.planner.on_report(&report, sim.now, none, |h| fleet.get(h).map(|r| r.to_string()));
     assert_eq!(sim.planner.holds().collect::<Vec<_>>(), [(&"node1".to_string(), 4242)]);
     assert_eq!(sim.dispatch(started), ["node2", "node3"], "node1 waits for its own run's process");
-    assert_eq!(sim.planner.next_wakeup(), Some(sim.now + KickConfig::default().run_timeout_ms), "the runs only");
+    let confirm_within = KickConfig::default().confirm_within_ms;
+    assert_eq!(sim.planner.next_wakeup(), Some(sim.now + confirm_within), "the runs' confirmation windows only");
     assert!(!sim.planner.release_exited(sim.now, |pid| pid == 4242), "still running");
     assert!(sim.dispatch(started).is_empty());
     assert!(sim.planner.release_exited(sim.now, |_| false), "the process exited");
@@ -389,6 +392,7 @@ fn report_of(host: &str, now: Millis, kicks: Vec<KickSpec>) -> ReportKicks {
         run_started: now,
         noop: false,
         reporter_pid: None,
+        status: None,
         kicks,
     }
 }
@@ -662,6 +666,9 @@ fn random_history(seed: u64) {
             _ => now += rng.below(120 * SECOND as u64) as Millis,
         }
         now += rng.below(3 * SECOND as u64) as Millis;
+        // Every kick started is confirmed, unconfirmed, or still awaiting its report.
+        let c = planner.state().counters;
+        assert_eq!(c.sent, c.confirmed_total() + c.unconfirmed + planner.awaiting().count() as u64, "seed {seed}");
         let graph = &planner.state().graph;
         assert!(graph.cycles().count() <= MAX_ROLE_CYCLES_LISTED, "seed {seed}");
         assert!(graph.cycles().all(|c| c.len() <= config.max_hops + 2), "seed {seed}");
@@ -732,7 +739,7 @@ fn an_operators_kick_is_due_at_once_and_draws_no_role_edge() {
     );
     assert_eq!(sim.dispatch(started), ["lb1"], "no coalescing window to wait for");
     assert_eq!(sim.planner.state().graph.edge_count(), 0, "an operator is no role kicking a role");
-    assert_eq!(sim.planner.state().counters, Counters { sent: 1, failed: 0, suppressed: 0 });
+    assert_eq!(sim.planner.state().counters, Counters { sent: 1, failed: 0, suppressed: 0, ..Counters::default() });
 }
 
 #[test]
@@ -770,11 +777,18 @@ fn counters_count_started_given_up_and_suppressed_kicks_and_only_grow() {
     sim.dispatch(|target| if target == "lb1" { Outcome::Started } else { Outcome::NoReply });
     sim.report_started_at("lb1", sim.now, false, &["db"]);
     let counters = sim.planner.state().counters;
-    assert_eq!(counters, Counters { sent: 1, failed: 1, suppressed: 1 }, "{:?}", sim.log);
+    // lb1's report (no status given) confirms its kick, in the first bucket (0 s).
+    let mut expected = Counters { sent: 1, failed: 1, suppressed: 1, confirmed_unknown: 1, ..Counters::default() };
+    expected.confirm_buckets[0] = 1;
+    assert_eq!(counters, expected, "{:?}", sim.log);
     let mut theirs = sim.planner.state().clone();
-    theirs.counters = Counters { sent: 0, failed: 5, suppressed: 0 };
+    theirs.counters = Counters { sent: 0, failed: 5, suppressed: 0, confirmed_changed: 2, ..Counters::default() };
+    theirs.counters.confirm_buckets[3] = 2;
     sim.planner.merge_unsaved(theirs);
-    assert_eq!(sim.planner.state().counters, Counters { sent: 1, failed: 5, suppressed: 1 });
+    expected.failed = 5;
+    expected.confirmed_changed = 2;
+    expected.confirm_buckets[3] = 2;
+    assert_eq!(sim.planner.state().counters, expected);
 }
 
 #[test]
@@ -789,4 +803,114 @@ fn a_state_saved_before_counters_and_edge_counts_is_read_with_zeros_and_one_kick
     assert_eq!(state.graph.counted_edges().collect::<Vec<_>>(), [("node", "haproxy", 1)]);
     state.graph.add("node", "haproxy", 6, 6);
     assert_eq!(state.graph.counted_edges().collect::<Vec<_>>(), [("node", "haproxy", 2)]);
+}
+
+impl Sim {
+    /// A report of `host`'s run started `started_ago` before now, ending as `status`.
+    fn report_ended(&mut self, host: &str, started_ago: Millis, status: RunStatus) -> Vec<Event> {
+        let report = ReportKicks { status: Some(status), ..report_of(host, self.now - started_ago, Vec::new()) };
+        let events = self.planner.on_report(&report, self.now, |_, _| Vec::new(), |_| None);
+        self.log.extend(events.iter().map(ToString::to_string));
+        events
+    }
+}
+
+#[test]
+fn the_first_report_of_a_run_started_after_the_kick_confirms_it_with_its_outcome() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    assert_eq!(sim.planner.awaiting().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["lb1"]);
+    // A report of a run that started before the kick (its clock within the skew
+    // aside) confirms nothing.
+    sim.advance(5 * SECOND);
+    sim.report_ended("lb1", 5 * SECOND + KickConfig::default().clock_skew_ms + SECOND, RunStatus::Changed);
+    assert_eq!(sim.planner.awaiting().count(), 1, "an earlier run's report");
+    sim.advance(37 * SECOND);
+    let events = sim.report_ended("lb1", 40 * SECOND, RunStatus::Changed);
+    assert!(
+        matches!(&events[..], [Event::Confirmed { target, status: Some(RunStatus::Changed), after_ms: 42_000, .. }] if target == "lb1"),
+        "one line, not a RunFinished beside it: {events:?}"
+    );
+    assert!(sim.logged(
+        "kicked run of lb1 reported (chain node1 -> lb1): changed, the run of 1970-01-01T00:16:52Z 42 s after the kick"
+    ));
+    let counters = sim.planner.state().counters;
+    assert_eq!((counters.confirmed_changed, counters.confirmed_total(), counters.unconfirmed), (1, 1, 0));
+    assert_eq!(counters.confirm_buckets[CONFIRM_BUCKETS.iter().position(|le| *le == 60).unwrap()], 1);
+    assert_eq!(counters.confirm_ms_sum, 42_000);
+    let confirmation = sim.planner.state().confirmations.back().unwrap().clone();
+    assert_eq!((confirmation.target.as_str(), confirmation.outcome.as_str()), ("lb1", "changed"));
+    assert_eq!(confirmation.after_ms, Some(42_000));
+    assert_eq!(sim.planner.awaiting().count(), 0);
+    // The next report confirms nothing more.
+    sim.advance(SECOND);
+    assert!(sim.report_ended("lb1", 0, RunStatus::Unchanged).is_empty());
+}
+
+#[test]
+fn a_kicked_servers_failed_run_is_a_warning_with_its_certname_and_the_runs_time() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    sim.advance(90 * SECOND);
+    let events = sim.report_ended("lb1", 80 * SECOND, RunStatus::Failed);
+    let line = events.iter().map(ToString::to_string).next().unwrap();
+    assert_eq!(
+        line,
+        "kicked run of lb1 reported (chain node1 -> lb1): FAILED, the run of 1970-01-01T00:17:00Z 1 min 30 s after the kick"
+    );
+    assert_eq!(sim.planner.state().counters.confirmed_failed, 1);
+}
+
+#[test]
+fn a_kick_with_no_report_within_confirm_within_is_unconfirmed_once() {
+    let config = KickConfig { confirm_within_ms: 1_800 * SECOND, ..KickConfig::default() };
+    let mut sim = Sim::new(config);
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    let kicked = sim.now;
+    assert_eq!(sim.planner.next_wakeup(), Some(kicked + 1_800 * SECOND), "the window ends before run_timeout");
+    sim.advance(1_800 * SECOND - 1);
+    sim.dispatch(started);
+    assert_eq!(sim.planner.awaiting().count(), 1, "not yet");
+    sim.advance(1);
+    sim.dispatch(started);
+    assert!(sim.logged(
+        "kick of lb1 UNCONFIRMED: no report of a run started after it within 30 min (kick.confirm_within; chain node1 -> lb1)"
+    ));
+    assert_eq!(sim.planner.state().counters.unconfirmed, 1);
+    assert_eq!(sim.planner.state().confirmations.back().unwrap().outcome, "unconfirmed");
+    // Its report, late, ends the run (a follow-up may go) but confirms nothing twice.
+    sim.advance(SECOND);
+    sim.report_ended("lb1", 1_000 * SECOND, RunStatus::Changed);
+    assert!(sim.logged("kicked run of lb1 reported (chain node1 -> lb1)"));
+    let counters = sim.planner.state().counters;
+    assert_eq!((counters.confirmed_total(), counters.unconfirmed), (0, 1));
+}
+
+#[test]
+fn a_noop_run_confirms_no_kick_and_confirmations_survive_a_restart() {
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    sim.advance(SECOND);
+    let noop = ReportKicks { noop: true, status: Some(RunStatus::Unchanged), ..report_of("lb1", sim.now, Vec::new()) };
+    sim.planner.on_report(&noop, sim.now, |_, _| Vec::new(), |_| None);
+    assert_eq!(sim.planner.awaiting().count(), 1, "a --noop run is not the kicked one");
+    let bytes = rmp_serde::to_vec_named(sim.planner.state()).unwrap();
+    sim.planner = Planner::new(KickConfig::default(), rmp_serde::from_slice(&bytes).unwrap());
+    sim.advance(SECOND);
+    sim.report_ended("lb1", SECOND, RunStatus::Unchanged);
+    assert_eq!(sim.planner.state().counters.confirmed_unchanged, 1);
+    // A state written before confirmations existed reads as none awaiting.
+    let old = rmp_serde::to_vec_named(&serde_json::json!({"targets": {}, "outcomes": [], "rate": {"by_source": {}},
+        "graph": {"edges": {}}}))
+    .unwrap();
+    let state: PlannerState = rmp_serde::from_slice(&old).unwrap_or_default();
+    assert_eq!(state.awaiting.len() + state.confirmations.len(), 0);
 }

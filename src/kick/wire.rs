@@ -3,7 +3,7 @@
 //!
 //! ```json
 //! {"host": "node1.example.com", "environment": "production", "time": 1795333867000,
-//!  "noop": false, "kicks": [{"resource": "Notify[kick -> haproxy]", "roles": ["haproxy"]},
+//!  "noop": false, "status": "changed", "kicks": [{"resource": "Notify[kick -> haproxy]", "roles": ["haproxy"]},
 //!                           {"resource": "Kick[lb]", "facts": ["role=lb"], "environment": "prod"}]}
 //! ```
 //!
@@ -11,7 +11,7 @@
 //!
 //! Reports come from servers: sizes and counts are bounded, and every field checked.
 
-use super::{KickSpec, ReportKicks, Selector};
+use super::{KickSpec, ReportKicks, RunStatus, Selector};
 use crate::error::{Error, Result};
 use serde::Deserialize;
 
@@ -32,6 +32,8 @@ struct WireReport {
     kicks: Vec<WireKick>,
     /// Masterless only: the `puppet apply` process whose run this is.
     pid: Option<u32>,
+    /// `report.status`: changed, unchanged or failed.
+    status: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +56,12 @@ pub fn parse_report(json: &[u8]) -> Result<ReportKicks> {
     if wire.kicks.len() > MAX_KICKS {
         return Err(bad(format!("{} kicks, more than {MAX_KICKS}", wire.kicks.len())));
     }
+    let status = match wire.status.as_deref() {
+        None => None,
+        Some(text) => Some(RunStatus::parse(text).ok_or_else(|| {
+            bad(format!("invalid status {:?} (changed, unchanged or failed)", truncate(text.to_string())))
+        })?),
+    };
     let kicks = wire
         .kicks
         .into_iter()
@@ -77,6 +85,7 @@ pub fn parse_report(json: &[u8]) -> Result<ReportKicks> {
         noop: wire.noop,
         kicks,
         reporter_pid: wire.pid.filter(|pid| *pid > 0),
+        status,
     })
 }
 
@@ -122,6 +131,9 @@ mod tests {
         assert_eq!(r.kicks[0].selector, Selector::Roles(vec!["haproxy".into()]));
         assert_eq!(r.kicks[1].selector, Selector::Facts(vec!["role=lb".into()]));
         assert_eq!(r.kicks[1].environment.as_deref(), Some("staging"));
+        assert_eq!(r.status, None, "a report without its status confirms nothing by it");
+        let failed = parse_report(br#"{"host":"n","environment":"p","time":5,"status":"failed"}"#).unwrap();
+        assert_eq!(failed.status, Some(RunStatus::Failed));
     }
 
     #[test]
@@ -133,6 +145,8 @@ mod tests {
         assert!(e(r#"{"host":"a","environment":"p","time":1,"kicks":[{"resource":"K","roles":[]}]}"#)
             .contains("roles must be"));
         assert!(e(r#"{"host":"a","environment":"p","time":1,"extra":1}"#).contains("unknown field"));
+        assert!(e(r#"{"host":"a","environment":"p","time":1,"status":"exploded"}"#)
+            .contains(r#"invalid status "exploded" (changed, unchanged or failed)"#));
         let many = format!(
             r#"{{"host":"a","environment":"p","time":1,"kicks":[{}]}}"#,
             vec![r#"{"resource":"K","roles":["x"]}"#; 300].join(",")

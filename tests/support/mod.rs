@@ -66,6 +66,7 @@ pub fn role_kick(host: &str, resource: &str, role: &str) -> puppet_kicker::kick:
         run_started: puppet_kicker::kick::now_ms(),
         noop: false,
         reporter_pid: None,
+        status: None,
         kicks: vec![KickSpec {
             resource: resource.into(),
             selector: Selector::Roles(vec![role.into()]),
