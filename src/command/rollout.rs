@@ -1,8 +1,8 @@
 //! `puppet kicker rollout plan`: the order in which an environment's servers would run
 //! Puppet, by role group in the kick graph's dependency order (or as given), in
 //! batches; changes nothing. The servers come from the index as the functions select
-//! them, the graph from the saved kick state as `graph` reads it (offline: nothing is
-//! refreshed, started or sent); the order itself is [`crate::rollout::plan`]'s.
+//! them (as `query` does), the graph from the saved kick state as `graph` reads it (no
+//! kick service started, nothing sent); the order itself is [`crate::rollout::plan`]'s.
 
 use crate::error::{Error, Result};
 use crate::rollout::{self, Cycle, Group, Member, Options, Order, RolloutError, Totals};
