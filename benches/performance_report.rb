@@ -212,7 +212,7 @@ jar_error = if !available?('jruby') then 'JRuby is not installed (script/bootstr
             elsif !system('rake', 'jar', chdir: ROOT, out: $stderr) then '`rake jar` failed: no Java reader to load'
             end
 system('cargo', 'bench', '--locked', '--no-run', '--bench', 'query', '--bench', 'inventory', '--bench', 'puppetdb',
-       '--bench', 'transports', chdir: ROOT, out: $stderr, exception: true)
+       '--bench', 'transports', '--bench', 'rollout', '--bench', 'confirm', chdir: ROOT, out: $stderr, exception: true)
 system('cargo', 'build', '--quiet', '--release', '--locked', '--features', 'synthetic', '--bin', 'pk-synthetic-facts',
        chdir: ROOT, out: $stderr, exception: true)
 build_seconds = monotonic - build_started
@@ -262,6 +262,8 @@ parts = [
   Part.new(:puppetdb, 'Refreshing from PuppetDB (an in-process fake)', cargo_bench['puppetdb']),
   Part.new(:puppetdb_real, 'Against a real PuppetDB', ['bench/puppetdb'], lock: true, skipped: pdb_skip),
   Part.new(:kick_report, 'The kick report processor', ['ruby', 'benches/ruby/kick_report.rb']),
+  Part.new(:rollout, 'Planning a rollout', cargo_bench['rollout'], env: { 'PK_BENCH_SERVERS' => SERVERS.to_s }),
+  Part.new(:confirm, 'Confirming kicks in the report processor', cargo_bench['confirm']),
   Part.new(:transports, 'Kicks through each transport', cargo_bench['transports'], skipped: transports_skip),
   Part.new(:transports_debian13, 'Kicks through SSH on Debian 13', ['benches/transports/debian13'], skipped: debian13_skip),
 ]
@@ -300,6 +302,8 @@ query = part[:query].results
 mco = part[:inventory].results
 pdb = part[:puppetdb].results
 kick = part[:kick_report].results
+rollout = part[:rollout].results
+confirm = part[:confirm].results
 transports = part[:transports].results
 debian13 = part[:transports_debian13].results
 
@@ -385,6 +389,19 @@ if has?(kick, 'kick_quiet', 'kick_one', 'store')
   summary << ['The kick report processor per report: nothing to kick; one kick (dry run); Puppet\'s `store`',
               "#{human(kick['kick_quiet'])}; #{human(kick['kick_one'])}; #{human(kick['store'])}#{with_transports}",
               ones.all? ? goal('with a transport ≤ 1 ms', ones.max <= ms(1)) : '',]
+end
+
+if has?(confirm, 'confirm_service_confirming', 'confirm_service_nothing', 'confirm_drain')
+  summary << ['Confirming kicks, per report through the core (1,000 kicked servers): a report that confirms; ' \
+              'one with nothing pending; until all 1,000 are saved',
+              "#{ns(confirm['confirm_service_confirming'])}; #{ns(confirm['confirm_service_nothing'])}; " \
+              "#{ns(confirm['confirm_drain'])}",
+              goal('≤ 50 µs a report', [confirm['confirm_service_confirming'], confirm['confirm_service_nothing']].max <= 50_000),]
+end
+if has?(rollout, 'rollout_command', 'rollout_plan')
+  summary << ['`puppet kicker rollout plan` over every server, 50 roles: the whole command; the plan alone',
+              "#{ns(rollout['rollout_command'])}; #{ns(rollout['rollout_plan'])}",
+              goal('≤ 100 ms', rollout['rollout_command'] <= ms(100)),]
 end
 
 def table(header, rows)
@@ -494,6 +511,21 @@ sections = {
     Debian 13 root (`script/trixie`) against Debian 13's own OpenSSH client and sshd, whose
     default key exchange is `mlkem768x25519-sha256`.
   TEXT
+  rollout: <<~TEXT,
+    `cargo bench --bench rollout`: `puppet kicker rollout plan` over #{count(SERVERS)} servers, all in
+    production, of 50 roles of skewed sizes (1 % with no role, 2 % with two), under a role graph
+    of a chain, cross edges, one cycle and a self-kick: `rollout::plan` alone, then the whole
+    command as the face calls it (`command::run`: selection from the index, the kick state read,
+    the plan, the JSON answer).
+  TEXT
+  confirm: <<~TEXT,
+    `cargo bench --bench confirm`: 1,000 servers, each kicked once (a transport that answers
+    "started" at once); then a report of each, as the `kick` processor hands it to the core
+    (`parse_report`, then `KickService::report`), which confirms its kick, then a report of each
+    again, with nothing pending. Per report, side by side in one run: the planner alone and the
+    core's whole report path; and the time until the 1,000 confirmations are saved (the
+    dispatcher takes reports with no kick in, in one transaction and one write).
+  TEXT
   kick_report: <<~TEXT,
     `ruby benches/ruby/kick_report.rb`: the `kick` report processor on a real in-process report
     of 200 resources, next to Puppet's own `store` processor on the same report.
@@ -531,7 +563,8 @@ add.call('Summary', <<~TEXT)
   first answer from the snapshot within 50 ms and 20 times faster than from the JSON
   fact cache; the index's memory at most half the JSON's; a full refresh from the fact
   cache or from mcollective within 300 ms, an incremental one (10 servers changed) within
-  20 ms (fact cache) or 30 ms past the network wait (mcollective).
+  20 ms (fact cache) or 30 ms past the network wait (mcollective); a rollout plan over
+  every server within 100 ms.
 TEXT
 
 %i[functions_mri compare_mri functions_jruby puppetserver query].each do |key|
@@ -577,7 +610,7 @@ unless scaling.empty?
   TEXT
 end
 
-%i[inventory puppetdb puppetdb_real kick_report transports transports_debian13].each do |key|
+%i[inventory puppetdb puppetdb_real kick_report confirm rollout transports transports_debian13].each do |key|
   p = part[key]
   add.call(p.title, section(p, sections.fetch(key)))
 end

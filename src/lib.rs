@@ -24,6 +24,7 @@ pub mod puppet_settings;
 pub mod query;
 pub mod redact;
 pub mod reply;
+pub mod rollout;
 pub mod service;
 pub mod snapshot;
 pub mod source;

@@ -11,6 +11,7 @@ mod kick;
 mod metrics;
 mod query;
 mod refresh;
+mod rollout;
 mod status;
 
 use crate::error::{Error, Result};
@@ -62,6 +63,7 @@ fn handler(name: &str) -> Option<Handler> {
         "metrics" => |service, args| text(metrics::run(service, arguments("metrics", args)?)),
         "kick" => |service, args| text(kick::run(service, arguments("kick", args)?)),
         "graph" => |service, args| text(graph::run(service, arguments("graph", args)?)),
+        "rollout_plan" => |service, args| rollout::plan(service, arguments("rollout plan", args)?),
         _ => return None,
     })
 }

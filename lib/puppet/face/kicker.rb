@@ -12,7 +12,8 @@ Puppet::Face.define(:kicker, '1.0.0') do
   description <<-DESCRIPTION
     Inspects and drives puppet-kicker with the same native core and configuration
     (puppet_kicker.yaml, Puppet's settings) as the functions and the `kick` report
-    processor: `query`, `explain`, `status`, `refresh`, `kick`, `graph` and `metrics`.
+    processor: `query`, `explain`, `status`, `refresh`, `kick`, `graph`, `metrics` and
+    `rollout`.
     Every action but `refresh` and `kick` answers from the snapshot when the fact
     source is unreachable. Output is for people; `--render-as json` or `yaml` gives
     machine output. `--environment ENV` is the environment a compile would ask from
