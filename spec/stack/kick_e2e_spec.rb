@@ -169,7 +169,7 @@ module KickE2E
       status = kick_status
       expect(status['recent_outcomes'].map { |o| o.values_at('target', 'result') }).to eq([[NODE2, 'started']])
       expect(status['pending'] + status['running']).to eq([])
-      timing("own role: node2 ran #{format('%.1f', runs(NODE2).first[:start] - runs(NODE1).first[:end])} s after node1's run ended; node1 once")
+      timing("node2 ran #{format('%.1f', runs(NODE2).first[:start] - runs(NODE1).first[:end])} s after node1's run ended; node1 once")
     end
 
     it 'a busy load balancer gets its kicked run after the run in progress' do
