@@ -663,3 +663,69 @@ fn stack_discovery_and_inventory_over_verified_tls() {
     let e = variant("no-client-cert.cfg", &|l| (!l.contains(".ssl.cert") && !l.contains(".ssl.key")).then(|| l.into()));
     assert!(e.contains("127.0.0.1:") && e.contains("TLS"), "{e}");
 }
+
+/// A real `puppet apply` of `manifest` whose last_run_summary.yaml lands where the
+/// node's `puppet` agent reads it (its statedir's `puppet/var/public`, as
+/// spec/fixtures/kick_e2e/run-puppet's runs put it).
+fn apply_as(stack: &Stack, identity: &str, manifest: &str) {
+    let var = stack.dir.join("nodes").join(identity).join("puppet/var");
+    let etc = stack.dir.join("nodes").join(identity).join("puppet/etc");
+    std::fs::create_dir_all(&var).unwrap();
+    std::fs::create_dir_all(&etc).unwrap();
+    let out = Command::new("puppet")
+        .args(["apply", "--color=false", "--certname", identity])
+        .arg("--vardir")
+        .arg(&var)
+        .arg("--confdir")
+        .arg(&etc)
+        .args(["-e", manifest])
+        .output()
+        .unwrap();
+    eprintln!("puppet apply {manifest:?}: {}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+#[ignore = "needs the real mcollective stack: script/test-mcollective runs it"]
+fn stack_the_puppet_agent_is_disabled_enabled_and_asked_for_its_last_run() {
+    use puppet_kicker::kick::{Agent, Dispatch, McoTransport, Outcome, RunStatus, Server, Transport};
+    let Some((stack, _guard)) = stack() else { return };
+    let agent = Agent::Puppet { force: true, splay: false, splaylimit: None };
+    let mco = McoTransport::new(stack.client(), agent, Duration::from_secs(5));
+    assert!(mco.controls_agents());
+    let lb1 = Server { certname: "lb1.example.com", environment: "production" };
+    let message = "puppet kicker rollout 20261129-040500 by root";
+
+    mco.disable(&lb1, message).unwrap();
+    let again = mco.disable(&lb1, "another").unwrap_err();
+    assert!(again.contains("Already disabled"), "someone's hold is not taken over: {again}");
+    let dispatch = Dispatch {
+        target: lb1.certname.into(),
+        environment: lb1.environment.into(),
+        chain: puppet_kicker::kick::Chain::origin("test"),
+        attempt: 1,
+    };
+    match mco.runonce(&dispatch) {
+        Outcome::Disabled(why) => assert!(why.contains("disabled"), "{why}"),
+        other => panic!("a disabled agent ran: {other:?}"),
+    }
+    mco.enable(&lb1).unwrap();
+    assert!(mco.enable(&lb1).unwrap_err().contains("Already enabled"));
+
+    // The last run, from the summary Puppet itself wrote.
+    let before = puppet_kicker::kick::now_ms() / 1000 * 1000;
+    apply_as(&stack, lb1.certname, "notify { 'a change': }");
+    let changed = mco.last_run(&lb1).unwrap();
+    assert_eq!(changed.status, RunStatus::Changed);
+    assert!(changed.at.is_some_and(|at| at >= before), "{changed:?} ended before {before}");
+    apply_as(&stack, lb1.certname, "exec { '/bin/false': }");
+    assert_eq!(mco.last_run(&lb1).unwrap().status, RunStatus::Failed);
+    apply_as(&stack, lb1.certname, "file { '/nonexistent/dir/x': ensure => file }");
+    assert_eq!(mco.last_run(&lb1).unwrap().status, RunStatus::Failed);
+    apply_as(&stack, lb1.certname, "");
+    assert_eq!(mco.last_run(&lb1).unwrap().status, RunStatus::Unchanged);
+
+    // The legacy agent cannot: said before anything is sent.
+    let legacy = McoTransport::new(stack.client(), Agent::Puppetd, Duration::from_secs(5));
+    assert!(!legacy.controls_agents());
+    assert!(legacy.disable(&lb1, message).unwrap_err().contains("kick.agent puppet"));
+}

@@ -11,8 +11,10 @@ module PuppetKicker
     module_function
 
     # The subcommands there are now, and those planned but not available yet.
-    SUBCOMMANDS = %w[plan].freeze
-    NOT_YET = %w[run status].freeze
+    SUBCOMMANDS = %w[plan run status].freeze
+    NOT_YET = [].freeze
+    # How long the run loop waits between steps when a step did nothing new.
+    STEP_PAUSE = 1.0
     ORDERS = %w[graph given].freeze
 
     # The core's `rollout_plan` request for `puppet kicker rollout plan ...`: `args` the
@@ -38,11 +40,92 @@ module PuppetKicker
     def subcommand(word)
       return word if SUBCOMMANDS.include?(word)
 
-      available = "use #{SUBCOMMANDS.join(', ')} (#{NOT_YET.join(' and ')} are not available yet)"
+      available = "use #{SUBCOMMANDS.join(', ')}"
       raise QueryError, "puppet kicker rollout: give a subcommand: #{available}" if word.nil?
       raise QueryError, "puppet kicker rollout #{word}: not available yet; #{available}" if NOT_YET.include?(word)
 
       raise QueryError, "puppet kicker rollout #{word}: no such subcommand; #{available}"
+    end
+
+    # The core's `rollout_run` request: the plan's, and the run's own options.
+    def run_request(args, options, environment)
+      request = request(args, options, environment)
+      request['continue_on_failure'] = true if options[:continue_on_failure]
+      request['resume'] = true if options[:resume]
+      if options[:timeout_per_batch]
+        text = options[:timeout_per_batch].to_s.strip
+        unless /\A\d{1,6}\z/.match?(text)
+          raise QueryError, "puppet kicker rollout run: --timeout-per-batch #{text.inspect}: give whole seconds"
+        end
+
+        request['timeout_per_batch'] = text.to_i
+      end
+      request
+    end
+
+    # Runs the rollout `start` began, step by step, through `command` (name, request
+    # => answer): each step's lines to `log`, a progress line on `tty` (an IO, or nil
+    # when not a terminal: nothing then). INT and TERM stop it: the core re-enables
+    # what it disabled, in the steps that follow, before this returns. The last answer.
+    def run_loop(command, start, log:, tty: nil, pause: STEP_PAUSE)
+      signalled = nil
+      traps = %w[INT TERM].to_h { |sig| [sig, Signal.trap(sig) { signalled ||= "SIG#{sig}" }] }
+      began = Time.now
+      answer = start
+      aborted = false
+      until answer['over']
+        if signalled && !aborted
+          answer = command.call('rollout_abort', 'why' => "stopped by #{signalled}")
+          aborted = true
+        end
+        answer = command.call('rollout_step', {})
+        answer['lines'].each { |line| log.call(line['warning'], line['text']) }
+        tty&.print("\r#{progress_line(answer, Time.now - began)}\e[K")
+        sleep(pause) if answer['lines'].empty? && !answer['over']
+      end
+      tty&.print("\r\e[K")
+      answer
+    ensure
+      traps&.each { |sig, handler| Signal.trap(sig, handler || 'DEFAULT') }
+    end
+
+    # `batch 2 of 5: 6 done, 1 failed, 2 running of 12 servers, 41 s`
+    def progress_line(answer, elapsed)
+      p = answer['progress']
+      "batch #{p['batch']} of #{p['batches']}: #{p['done']} done, #{p['failed']} failed, #{p['running']} running " \
+        "of #{p['servers']} servers, #{elapsed.round} s"
+    end
+
+    # A rollout for people: where it stands, then each server's outcome in plan order.
+    def rollout_text(answer)
+      rollout = answer['rollout']
+      phase = rollout['phase']
+      where = case phase['phase']
+              when 'finished' then 'finished'
+              when 'stopped' then "stopped: #{phase['why']}"
+              when 'stopping' then "stopping: #{phase['why']}"
+              when 'batch' then "running batch #{phase['index'] + 1} of #{rollout['batches'].size}"
+              else 'disabling Puppet on its servers'
+              end
+      p = answer['progress']
+      lines = ["Rollout #{rollout['id']} of #{rollout['environment']}: #{where}; #{p['done']} done, #{p['failed']} failed, " \
+               "#{p['running']} running, #{p['disabled']} disabled of #{p['servers']} servers", '']
+      rollout['batches'].each_with_index do |batch, i|
+        lines << "batch #{i + 1} of #{rollout['batches'].size} (#{batch['group']}):"
+        batch['servers'].each { |server| lines << "  #{server}: #{server_text(rollout['servers'][server])}" }
+      end
+      lines
+    end
+
+    def server_text(state)
+      case state['state']
+      when 'done' then "ran, #{state['status']} (#{state['after_ms'] / 1000} s)"
+      when 'failed' then "FAILED: #{state['why']}"
+      when 'running' then state['started'] ? 'running' : 'busy, asked again'
+      when 'disabled' then 'disabled, waiting for its batch'
+      when 'released' then 'not run (enabled again)'
+      else 'not yet disabled'
+      end
     end
 
     # A comma-separated option as a list ("a, b" => ["a", "b"]); nil => [].

@@ -34,15 +34,62 @@ describe PuppetKicker::FaceRollout do
       expect(described_class.request(['plan'], { batch: '0' }, 'production')['batch']).to eq(0) # the core says why not
     end
 
-    it 'says that run and status are not available yet, and lists plan for anything else' do
-      expect { described_class.request(['run'], {}, 'production') }
-        .to raise_error(PuppetKicker::QueryError, 'puppet kicker rollout run: not available yet; use plan ' \
-                                                  '(run and status are not available yet)')
-      expect { described_class.request(['status'], {}, 'production') }.to raise_error(/rollout status: not available yet/)
+    it 'names the subcommands there are for anything else' do
       expect { described_class.request(['apply'], {}, 'production') }
-        .to raise_error(PuppetKicker::QueryError, /rollout apply: no such subcommand; use plan/)
+        .to raise_error(PuppetKicker::QueryError, 'puppet kicker rollout apply: no such subcommand; use plan, run, status')
       expect { described_class.request([], {}, 'production') }
-        .to raise_error(PuppetKicker::QueryError, /rollout: give a subcommand: use plan/)
+        .to raise_error(PuppetKicker::QueryError, /rollout: give a subcommand: use plan, run, status/)
+    end
+
+    it "adds run's own options, and refuses a --timeout-per-batch that is not whole seconds" do
+      request = described_class.run_request(['run'], { roles: 'db', continue_on_failure: true, timeout_per_batch: '900',
+                                                        resume: true }, 'production')
+      expect(request).to include('roles' => ['db'], 'continue_on_failure' => true, 'timeout_per_batch' => 900, 'resume' => true)
+      expect { described_class.run_request(['run'], { timeout_per_batch: '15m' }, 'production') }
+        .to raise_error(PuppetKicker::QueryError, /--timeout-per-batch "15m": give whole seconds/)
+    end
+  end
+
+  describe '.run_loop' do
+    def answer(over, lines = [], batch: 1)
+      { 'over' => over, 'lines' => lines, 'rollout' => { 'phase' => { 'phase' => over ? 'finished' : 'batch' } },
+        'progress' => { 'batch' => batch, 'batches' => 2, 'done' => 1, 'failed' => 0, 'running' => 1, 'servers' => 3 } }
+    end
+
+    it 'steps until the rollout is over, logging each line, with a progress line only on a terminal' do
+      steps = [answer(false, [{ 'warning' => false, 'text' => 'batch 1 of 2 (db): db1' }]), answer(false),
+               answer(true, [{ 'warning' => true, 'text' => 'db1: its run failed' }], batch: 2)]
+      calls = []
+      command = lambda do |name, request|
+        calls << [name, request]
+        steps.shift
+      end
+      logged = []
+      tty = StringIO.new
+      last = described_class.run_loop(command, answer(false), log: ->(w, t) { logged << [w, t] }, tty: tty, pause: 0)
+      expect(last['over']).to be(true)
+      expect(calls.map(&:first)).to eq(%w[rollout_step rollout_step rollout_step])
+      expect(logged).to eq([[false, 'batch 1 of 2 (db): db1'], [true, 'db1: its run failed']])
+      expect(tty.string).to include('batch 2 of 2: 1 done, 0 failed, 1 running of 3 servers')
+
+      steps.replace([answer(true)])
+      quiet = described_class.run_loop(command, answer(false), log: ->(*) {}, tty: nil, pause: 0)
+      expect(quiet['over']).to be(true)
+    end
+
+    it 'turns SIGTERM into one abort, then steps until the core says it is over' do
+      calls = []
+      command = lambda do |name, request|
+        calls << [name, request]
+        Process.kill('TERM', Process.pid) if calls.size == 1
+        sleep 0.05
+        answer(calls.size >= 4)
+      end
+      last = described_class.run_loop(command, answer(false), log: ->(*) {}, pause: 0)
+      expect(last['over']).to be(true)
+      expect(calls).to include(['rollout_abort', { 'why' => 'stopped by SIGTERM' }])
+      expect(calls.count { |c| c.first == 'rollout_abort' }).to eq(1)
+      expect(Signal.trap('TERM', 'DEFAULT')).not_to be_nil # the trap was put back
     end
   end
 

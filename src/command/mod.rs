@@ -12,6 +12,7 @@ mod metrics;
 mod query;
 mod refresh;
 mod rollout;
+mod rollout_run;
 mod status;
 
 use crate::error::{Error, Result};
@@ -64,6 +65,10 @@ fn handler(name: &str) -> Option<Handler> {
         "kick" => |service, args| text(kick::run(service, arguments("kick", args)?)),
         "graph" => |service, args| text(graph::run(service, arguments("graph", args)?)),
         "rollout_plan" => |service, args| rollout::plan(service, arguments("rollout plan", args)?),
+        "rollout_run" => |service, args| text(rollout_run::start(service, arguments("rollout run", args)?)),
+        "rollout_step" => |service, args| text(rollout_run::step(service, arguments("rollout run", args)?)),
+        "rollout_abort" => |service, args| text(rollout_run::abort(service, arguments("rollout run", args)?)),
+        "rollout_status" => |service, args| text(rollout_run::status(service, arguments("rollout status", args)?)),
         _ => return None,
     })
 }

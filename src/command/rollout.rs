@@ -32,6 +32,19 @@ pub struct Args {
     order: Option<String>,
 }
 
+impl Args {
+    /// The plan `rollout run` asks for.
+    pub(super) fn new(
+        environment: &str,
+        roles: &[String],
+        clauses: &[String],
+        batch: Option<u64>,
+        order: Option<String>,
+    ) -> Args {
+        Args { environment: environment.into(), roles: roles.to_vec(), clauses: clauses.to_vec(), batch, order }
+    }
+}
+
 /// The answer: the request as understood, then the plan ([`rollout::Plan`]'s fields).
 #[derive(Serialize)]
 struct Answer<'a> {
@@ -54,6 +67,23 @@ const NAME: &str = "puppet kicker rollout plan";
 /// [{"name", "roles", "cycle", "servers", "batches"}], "cycles": [{"roles", "edges",
 /// "group", "rule"}], "totals": {"servers", "roles", "groups", "batches"}}`.
 pub fn plan(service: &Service, args: Args) -> Result<String> {
+    let (plan, unmatched) = make_plan(service, &args)?;
+    let answer = Answer {
+        environment: &args.environment,
+        roles: &args.roles,
+        clauses: &args.clauses,
+        unmatched_roles: unmatched.iter().map(String::as_str).collect(),
+        order: plan.order,
+        batch: plan.batch,
+        groups: &plan.groups,
+        cycles: &plan.cycles,
+        totals: plan.totals,
+    };
+    serde_json::to_string(&answer).map_err(|e| Error::Io(format!("{NAME}: {e}")))
+}
+
+/// The plan `args` ask for, and the entries of `--roles` that selected no server.
+pub(super) fn make_plan(service: &Service, args: &Args) -> Result<(rollout::Plan, Vec<String>)> {
     let order = Order::parse(args.order.as_deref().unwrap_or("graph")).map_err(refused)?;
     let batch = match args.batch {
         Some(n) => Some(usize::try_from(n).map_err(|_| Error::Query(format!("{NAME}: --batch {n}: too large")))?),
@@ -64,13 +94,13 @@ pub fn plan(service: &Service, args: Args) -> Result<String> {
         return Err(Error::Query(format!("{NAME}: give --roles or --facts, not both")));
     }
 
-    let selection = select(service, &args)?;
+    let selection = select(service, args)?;
     if selection.is_empty() {
         return Err(Error::Query(format!(
             "{NAME}: nothing to roll out: no server of environment {:?} matches {} (servers whose facts are older \
              than max_age are left out)",
             args.environment,
-            describe_selector(&args)
+            describe_selector(args)
         )));
     }
     let role_fact = service.config().role_fact.as_str();
@@ -84,18 +114,8 @@ pub fn plan(service: &Service, args: Args) -> Result<String> {
     };
     let edges = state.iter().flat_map(|s| s.graph.edges());
     let plan = rollout::plan(&members, edges, &Options { order, given: &given, batch }).map_err(refused)?;
-    let answer = Answer {
-        environment: &args.environment,
-        roles: &args.roles,
-        clauses: &args.clauses,
-        unmatched_roles: unmatched,
-        order: plan.order,
-        batch: plan.batch,
-        groups: &plan.groups,
-        cycles: &plan.cycles,
-        totals: plan.totals,
-    };
-    serde_json::to_string(&answer).map_err(|e| Error::Io(format!("{NAME}: {e}")))
+    let unmatched = unmatched.into_iter().map(String::from).collect();
+    Ok((plan, unmatched))
 }
 
 fn refused(error: RolloutError) -> Error {

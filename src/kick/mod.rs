@@ -29,7 +29,7 @@ pub use service::{
     MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE,
 };
 pub use ssh::{SshConfigError, SshSettings, SshTransport};
-pub use transport::{classify, Agent, McoTransport, Transport};
+pub use transport::{classify, last_run_of, Agent, LastRun, McoTransport, Server, Transport};
 pub use wire::parse_report;
 
 use serde::{Deserialize, Serialize};

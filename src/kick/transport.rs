@@ -3,11 +3,14 @@
 //! the original did).
 
 use super::planner::{Dispatch, Outcome};
+use super::{Millis, RunStatus};
 use crate::mcollective::marshal::Value;
 use crate::mcollective::Client;
 use std::time::Duration;
 
-/// Sends one `runonce`; implemented over mcollective, SSH, and by tests.
+/// Sends one `runonce`; implemented over mcollective, SSH, and by tests. A rollout
+/// also holds agents off and lets them go, and asks how their last run went: a
+/// transport that can says so with [`Transport::controls_agents`].
 pub trait Transport: Send + Sync {
     fn runonce(&self, dispatch: &Dispatch) -> Outcome;
 
@@ -15,6 +18,78 @@ pub trait Transport: Send + Sync {
     /// of its own); 1, one after the other, unless the transport says otherwise.
     fn max_parallel(&self) -> usize {
         1
+    }
+
+    /// Whether [`Transport::disable`], [`Transport::enable`] and
+    /// [`Transport::last_run`] work: without them there is no rollout.
+    fn controls_agents(&self) -> bool {
+        false
+    }
+
+    /// Disables Puppet on `target` with `message` (`puppet agent --disable`): no
+    /// scheduled run starts until it is enabled. An agent already disabled is an
+    /// error (someone else's hold is not taken over).
+    fn disable(&self, target: &Server<'_>, message: &str) -> Result<(), String> {
+        let _ = (target, message);
+        Err(self.no_control())
+    }
+
+    /// Enables Puppet on `target` again (`puppet agent --enable`).
+    fn enable(&self, target: &Server<'_>) -> Result<(), String> {
+        let _ = target;
+        Err(self.no_control())
+    }
+
+    /// How `target`'s last run went (`last_run_summary`).
+    fn last_run(&self, target: &Server<'_>) -> Result<LastRun, String> {
+        let _ = target;
+        Err(self.no_control())
+    }
+
+    /// Why a transport without agent control refuses.
+    fn no_control(&self) -> String {
+        "this kick transport cannot disable, enable or ask a server's agent for its last run".to_string()
+    }
+}
+
+/// A server as a transport reaches it: its certname and its environment (which
+/// decides its mcollective collective).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Server<'a> {
+    pub certname: &'a str,
+    pub environment: &'a str,
+}
+
+/// How a server's last Puppet run went, as its agent says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastRun {
+    /// When the run ended, on the server's clock (`time.last_run`); `None`: it never
+    /// ran.
+    pub at: Option<Millis>,
+    /// `failed` when a resource or an event failed, or when the summary has no
+    /// resources (the catalog itself failed); else `changed` when a resource
+    /// changed; else `unchanged`.
+    pub status: RunStatus,
+}
+
+impl LastRun {
+    /// Reads `last_run_summary`'s counts: failed and changed resources, failed
+    /// events, and whether the summary has resources at all.
+    pub fn from_counts(
+        at: Option<Millis>,
+        has_resources: bool,
+        failed: i64,
+        failed_events: i64,
+        changed: i64,
+    ) -> LastRun {
+        let status = if !has_resources || failed > 0 || failed_events > 0 {
+            RunStatus::Failed
+        } else if changed > 0 {
+            RunStatus::Changed
+        } else {
+            RunStatus::Unchanged
+        };
+        LastRun { at, status }
     }
 }
 
@@ -73,7 +148,61 @@ impl McoTransport {
     }
 }
 
+impl McoTransport {
+    /// One directed request of the agent's `action` to `target`: its reply, or why
+    /// none (no reply, a request error, a failed action with its message).
+    fn call(&self, target: &Server<'_>, action: &str, inputs: &[(String, Value)]) -> Result<Value, String> {
+        let collective = self.collective_for(target.environment);
+        let nodes = [target.certname.to_string()];
+        let outcome = self
+            .client
+            .rpc_directed(&collective, self.agent.name(), action, inputs, &nodes, self.timeout)
+            .map_err(|e| format!("mcollective: {e}"))?;
+        let reply = outcome
+            .replies
+            .into_iter()
+            .find(|r| r.sender == target.certname)
+            .ok_or_else(|| format!("no reply to {}#{action}", self.agent.name()))?;
+        if reply.statuscode != 0 {
+            return Err(format!("{} (status {})", reply.statusmsg, reply.statuscode));
+        }
+        Ok(reply.data)
+    }
+}
+
 impl Transport for McoTransport {
+    fn controls_agents(&self) -> bool {
+        matches!(self.agent, Agent::Puppet { .. })
+    }
+
+    fn no_control(&self) -> String {
+        "kick.agent puppetd (the legacy agent) cannot disable with a message nor give its last run summary: \
+         use kick.agent puppet"
+            .to_string()
+    }
+
+    fn disable(&self, target: &Server<'_>, message: &str) -> Result<(), String> {
+        if !self.controls_agents() {
+            return Err(self.no_control());
+        }
+        self.call(target, "disable", &[("message".to_string(), Value::str(message))]).map(|_| ())
+    }
+
+    fn enable(&self, target: &Server<'_>) -> Result<(), String> {
+        if !self.controls_agents() {
+            return Err(self.no_control());
+        }
+        self.call(target, "enable", &[]).map(|_| ())
+    }
+
+    fn last_run(&self, target: &Server<'_>) -> Result<LastRun, String> {
+        if !self.controls_agents() {
+            return Err(self.no_control());
+        }
+        let data = self.call(target, "last_run_summary", &[])?;
+        Ok(last_run_of(&data))
+    }
+
     fn runonce(&self, dispatch: &Dispatch) -> Outcome {
         let collective = self.collective_for(&dispatch.environment);
         let nodes = [dispatch.target.clone()];
@@ -97,6 +226,22 @@ impl Transport for McoTransport {
             Err(e) => Outcome::Failed(format!("mcollective: {e}")),
         }
     }
+}
+
+/// A `last_run_summary` reply's data (mcollective-puppet-agent's outputs).
+pub fn last_run_of(data: &Value) -> LastRun {
+    let int = |v: Option<&Value>| v.and_then(Value::as_int).unwrap_or(0);
+    let at = int(data.get_sym("lastrun"));
+    let summary = data.get_sym("summary");
+    let resources = summary.and_then(|s| s.get_str("resources")).filter(|r| r.as_hash().is_some_and(|h| !h.is_empty()));
+    let failed_events = int(summary.and_then(|s| s.get_str("events")).and_then(|e| e.get_str("failure")));
+    LastRun::from_counts(
+        (at > 0).then(|| at.saturating_mul(1000)),
+        resources.is_some() || data.get_sym("total_resources").is_some_and(|t| t.as_int().unwrap_or(0) > 0),
+        int(data.get_sym("failed_resources")),
+        failed_events,
+        int(data.get_sym("changed_resources")),
+    )
 }
 
 /// mcollective's codes for a request the agent refuses as such (unknown action,
@@ -159,5 +304,58 @@ mod tests {
         );
         // A String, as `mco puppetd runonce --forcerun` sends it, not a Boolean.
         assert_eq!(Agent::Puppetd.inputs(), vec![("forcerun".to_string(), Value::str("true"))]);
+    }
+}
+
+#[cfg(test)]
+mod last_run_tests {
+    use super::*;
+
+    fn sym(name: &str, value: Value) -> (Value, Value) {
+        (Value::sym(name), value)
+    }
+
+    fn summary(resources: &[(&str, i64)], failures: i64) -> Value {
+        let counts =
+            |pairs: &[(&str, i64)]| Value::Hash(pairs.iter().map(|(k, v)| (Value::str(*k), Value::Int(*v))).collect());
+        Value::Hash(vec![
+            (Value::str("resources"), counts(resources)),
+            (Value::str("events"), counts(&[("failure", failures), ("success", 1)])),
+            (Value::str("time"), counts(&[("last_run", 1_795_000_000)])),
+        ])
+    }
+
+    fn reply(lastrun: i64, failed: i64, changed: i64, summary: Value) -> Value {
+        Value::Hash(vec![
+            sym("lastrun", Value::Int(lastrun)),
+            sym("failed_resources", Value::Int(failed)),
+            sym("changed_resources", Value::Int(changed)),
+            sym("total_resources", Value::Int(7)),
+            sym("summary", summary),
+        ])
+    }
+
+    #[test]
+    fn a_last_run_summary_says_when_the_run_ended_and_how() {
+        let ok = reply(1_795_000_000, 0, 0, summary(&[("total", 7), ("changed", 0)], 0));
+        assert_eq!(last_run_of(&ok), LastRun { at: Some(1_795_000_000_000), status: RunStatus::Unchanged });
+        let changed = reply(1_795_000_000, 0, 2, summary(&[("total", 7), ("changed", 2)], 0));
+        assert_eq!(last_run_of(&changed).status, RunStatus::Changed);
+        let failed = reply(1_795_000_000, 1, 2, summary(&[("total", 7), ("failed", 1)], 0));
+        assert_eq!(last_run_of(&failed).status, RunStatus::Failed, "a failed resource fails the run, changes or not");
+        let event = reply(1_795_000_000, 0, 0, summary(&[("total", 7)], 1));
+        assert_eq!(last_run_of(&event).status, RunStatus::Failed);
+    }
+
+    #[test]
+    fn a_summary_without_resources_is_a_failed_catalog_and_none_at_all_never_ran() {
+        // Puppet writes a summary with no resources when the catalog failed to compile.
+        let no_catalog = Value::Hash(vec![
+            sym("lastrun", Value::Int(1_795_000_000)),
+            sym("summary", Value::Hash(vec![(Value::str("version"), Value::Hash(vec![]))])),
+        ]);
+        assert_eq!(last_run_of(&no_catalog).status, RunStatus::Failed);
+        let never = Value::Hash(vec![sym("lastrun", Value::Int(0)), sym("summary", Value::Hash(vec![]))]);
+        assert_eq!(last_run_of(&never).at, None);
     }
 }

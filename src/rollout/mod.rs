@@ -10,5 +10,7 @@
 //! kick state; docs/rollouts.md states the rules for operators.
 
 mod plan;
+mod run;
 
 pub use plan::{plan, Cycle, Group, Member, Options, Order, Plan, RolloutError, Totals, CYCLE_RULE, NO_ROLE};
+pub use run::{Batch, Line, Phase, Progress, Rollout, ServerState, STEP_CALLS};

@@ -215,6 +215,12 @@ impl Service {
         Ok(self.kick_service()?.status())
     }
 
+    /// A transport of its own for `puppet kicker rollout run` (the dispatcher's stays
+    /// the dispatcher's), as `kick.transport` names it.
+    pub fn kick_transport(&self) -> std::result::Result<Box<dyn Transport>, NoTransport> {
+        self.transport()
+    }
+
     /// The transport `kick.transport` names, built from its settings.
     fn transport(&self) -> std::result::Result<Box<dyn Transport>, NoTransport> {
         let kick = &self.config().kick;

@@ -6,7 +6,8 @@ require_relative '../../../puppet_kicker/face_rollout'
 Puppet::Face.define(:kicker, '1.0.0') do
   action(:rollout) do
     summary "Ordered rollouts: `plan` shows in which order servers would run, by the kick graph's roles."
-    arguments 'plan [--roles ROLES | --facts CLAUSE [CLAUSE ...]] [--batch N] [--order graph|given]'
+    arguments '(plan | run | status) [--roles ROLES | --facts CLAUSE [CLAUSE ...]] [--batch N] [--order graph|given] ' \
+              '[--continue-on-failure] [--timeout-per-batch S] [--resume]'
     description <<-DESCRIPTION
       `plan` shows the order in which the servers of the environment given by
       `--environment` (Puppet's `environment` setting) would run Puppet, and changes
@@ -25,7 +26,15 @@ Puppet::Face.define(:kicker, '1.0.0') do
       group "(no role)". Within a group, certnames are sorted and cut into batches of
       `--batch N` (default: the whole group in one batch).
 
-      `run` and `status` are not available yet. See docs/rollouts.md.
+      `run` carries the plan out through `kick.transport` (a transport that can
+      disable, enable and read the last run: mcollective's `puppet` agent): it
+      disables Puppet on every server with a message naming the rollout, then per
+      batch enables each server, runs it once and waits until its last-run summary
+      shows the run ended (changed, unchanged or failed), and stops at the first batch
+      with a failure unless `--continue-on-failure`. At the end, on an error, Ctrl-C
+      or SIGTERM, it enables every server it disabled and did not run. Its state is
+      saved in the cache dir after each step: `run --resume` continues a rollout a
+      crash interrupted, and `status` shows it. See docs/rollouts.md.
     DESCRIPTION
     examples <<-EXAMPLES
       $ puppet kicker rollout plan
@@ -33,6 +42,9 @@ Puppet::Face.define(:kicker, '1.0.0') do
       $ puppet kicker rollout plan --roles haproxy,node --order given
       $ puppet kicker rollout plan --facts 'os.family=Debian' 'os.release.major=12' --environment staging
       $ puppet kicker rollout plan --render-as json
+      $ puppet kicker rollout run --roles db,node,haproxy --batch 5 --timeout-per-batch 900
+      $ puppet kicker rollout run --resume
+      $ puppet kicker rollout status
     EXAMPLES
     returns 'The groups in order with their batches, the kick cycles and how each was broken, and totals ' \
             '(with --render-as json or yaml).'
@@ -49,16 +61,42 @@ Puppet::Face.define(:kicker, '1.0.0') do
     option '--order ORDER' do
       summary 'graph (default: the kick graph\'s dependency order) or given (the order of --roles).'
     end
+    option '--continue-on-failure' do
+      summary 'run: go on past a batch with a failure.'
+    end
+    option '--timeout-per-batch SECONDS' do
+      summary 'run: how long a batch may take until each of its runs is confirmed (default 1800).'
+    end
+    option '--resume' do
+      summary 'run: continue the saved rollout (after a crash) instead of planning a new one.'
+    end
 
     # (|*args|: Puppet's wrapper passes the options last, and needs arity -1 for that.)
     when_invoked do |*args|
       options = args.pop
-      request = PuppetKicker::FaceRollout.request(args, options, PuppetKicker::Face.environment)
-      PuppetKicker.command('rollout_plan', request)
+      rollout = PuppetKicker::FaceRollout
+      case rollout.subcommand(args.first)
+      when 'plan'
+        PuppetKicker.command('rollout_plan', rollout.request(args, options, PuppetKicker::Face.environment))
+      when 'status'
+        PuppetKicker.command('rollout_status', {})
+      else
+        command = ->(name, request) { PuppetKicker.command(name, request) }
+        start = command.call('rollout_run', rollout.run_request(args, options, PuppetKicker::Face.environment))
+        log = ->(warning, text) { warning ? Puppet.warning("rollout: #{text}") : Puppet.notice("rollout: #{text}") }
+        answer = rollout.run_loop(command, start, log: log, tty: $stderr.tty? ? $stderr : nil)
+        failed = answer['progress']['failed'].positive? || answer['rollout']['phase']['phase'] != 'finished'
+        PuppetKicker::Face.exit_code = 2 if failed
+        answer
+      end
     end
 
     when_rendering :console do |answer|
-      PuppetKicker::FaceRollout.text(answer).join("\n")
+      if answer.key?('rollout')
+        PuppetKicker::FaceRollout.rollout_text(answer).join("\n")
+      else
+        PuppetKicker::FaceRollout.text(answer).join("\n")
+      end
     end
   end
 end
