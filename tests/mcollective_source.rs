@@ -676,6 +676,9 @@ fn apply_as(stack: &Stack, identity: &str, manifest: &str) {
         .args(["apply", "--color=false", "--certname", identity])
         .arg("--vardir")
         .arg(&var)
+        // Debian's Puppet keeps publicdir (last_run_summary.yaml) outside vardir.
+        .arg("--publicdir")
+        .arg(var.join("public"))
         .arg("--confdir")
         .arg(&etc)
         .args(["-e", manifest])

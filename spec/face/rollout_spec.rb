@@ -52,8 +52,10 @@ describe 'puppet kicker rollout', type: :face do
         %w[plan --order random] => '--order "random": use graph or given',
         %w[plan --order given] => '--order given needs --roles',
         %w[plan --roles web] => 'nothing to roll out: no server of environment "production" matches --roles web',
-        %w[run] => 'puppet kicker rollout run: not available yet; use plan',
-        %w[deploy] => 'puppet kicker rollout deploy: no such subcommand; use plan',
+        %w[run] => 'puppet kicker rollout run: no kick transport: ',
+        %w[run --timeout-per-batch 15m] => '--timeout-per-batch "15m": give whole seconds',
+        %w[status] => 'puppet kicker rollout status: no rollout saved in ',
+        %w[deploy] => 'puppet kicker rollout deploy: no such subcommand; use plan, run, status',
       }.each do |args, message|
         run = kicker(@dir, 'rollout', *args)
         expect(run.exitstatus).to eq(1), run.to_s

@@ -162,7 +162,9 @@ fn path(service: &Service) -> PathBuf {
 }
 
 fn lock(service: &Service) -> Result<std::fs::File> {
-    let path = service.config().cache_dir.join(LOCK_FILE);
+    let dir = &service.config().cache_dir;
+    crate::cache_dir::ensure(dir).map_err(|e| Error::Io(format!("{NAME}: {e}")))?;
+    let path = dir.join(LOCK_FILE);
     crate::process::lock_within(&path, std::time::Duration::from_secs(30))
         .map_err(|e| Error::Io(format!("{NAME}: cannot lock {}: {e}", path.display())))?
         .ok_or_else(|| Error::Query(format!("{NAME}: another process holds {} for 30 s", path.display())))

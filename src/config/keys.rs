@@ -13,7 +13,7 @@ use super::error::Problem;
 use super::values::*;
 use super::{Config, OnNoData};
 use crate::kick::choria::{parse_brokers, MIN_TTL};
-use crate::kick::{Agent, RateLimit, TransportKind};
+use crate::kick::{Agent, ConfirmBy, RateLimit, TransportKind};
 use crate::mcollective::ConnectorKind;
 use serde_json::Value;
 use std::fmt::Debug;
@@ -450,6 +450,10 @@ keys! {
     Plain "kick.confirm_within" = Value("30m"),
         set |c, v, _| c.kick.planner.confirm_within_ms = millis(v)?,
         show |c| &c.kick.planner.confirm_within_ms;
+    /// What confirms a kick: `reports` (the target's report, through this machine's `kick` processor), `transport` (its agent's last-run summary, asked every 15 s; mcollective's `puppet` agent) or `auto` (reports, except for kicks from a masterless `puppet apply`'s report: transport)
+    Plain "kick.confirm_by" = Value("auto"),
+        set |c, v, _| c.kick.planner.confirm_by = choice(v, ConfirmBy::ALL, "'auto', 'reports' or 'transport'")?,
+        show |c| c.kick.planner.confirm_by.name();
     /// Longest causal chain
     Plain "kick.max_hops" = Value("5"),
         set |c, v, _| c.kick.planner.max_hops = usize_count(v)?,

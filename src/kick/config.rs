@@ -6,7 +6,7 @@ use super::choria::ChoriaSettings;
 use super::policy::{Policy, RateLimit};
 use super::ssh::SshSettings;
 use super::transport::Agent;
-use super::{KickConfig, ReportBudget};
+use super::{ConfirmBy, KickConfig, ReportBudget};
 use std::fmt;
 use std::time::Duration;
 
@@ -28,6 +28,15 @@ impl TransportKind {
 
     pub fn name(self) -> &'static str {
         TransportKind::ALL.iter().find(|(_, k)| *k == self).map_or("?", |(name, _)| name)
+    }
+}
+
+impl ConfirmBy {
+    pub const ALL: &'static [(&'static str, ConfirmBy)] =
+        &[("auto", ConfirmBy::Auto), ("reports", ConfirmBy::Reports), ("transport", ConfirmBy::Transport)];
+
+    pub fn name(self) -> &'static str {
+        ConfirmBy::ALL.iter().find(|(_, k)| *k == self).map_or("?", |(name, _)| name)
     }
 }
 
@@ -57,6 +66,7 @@ impl KickSettings {
                 max_attempts: 0,
                 run_timeout_ms: 0,
                 confirm_within_ms: 0,
+                confirm_by: ConfirmBy::Auto,
                 max_hops: 0,
                 policy: Policy::allow_all(),
                 environments: Policy::allow_all(),

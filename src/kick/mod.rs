@@ -21,7 +21,7 @@ pub use config::{KickSettings, ReplyTimeoutTooLong, TransportKind};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
     Awaiting, Claim, Confirmation, Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick,
-    Suppression, Target, CONFIRM_BUCKETS,
+    Suppression, Target, CONFIRM_BUCKETS, CONFIRM_POLL_MS,
 };
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{
@@ -86,6 +86,18 @@ impl RunStatus {
     }
 }
 
+/// What confirms a kick (`kick.confirm_by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfirmBy {
+    /// The target's report, through this machine's `kick` report processor.
+    Reports,
+    /// The transport's `last_run_summary` of the target, asked every 15 s.
+    Transport,
+    /// Reports, except for kicks from a masterless report (`puppet apply`): their
+    /// targets' reports stay on the targets.
+    Auto,
+}
+
 /// What the planner needs of a report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReportKicks {
@@ -119,6 +131,8 @@ pub struct KickConfig {
     /// A kick whose server has not reported a run started after it, within this
     /// long, is unconfirmed (`kick.confirm_within`).
     pub confirm_within_ms: Millis,
+    /// What confirms a kick: its server's report, or the transport's last-run summary.
+    pub confirm_by: ConfirmBy,
     /// Longest causal chain; a kick beyond it is suppressed.
     pub max_hops: usize,
     /// Which roles may kick which.

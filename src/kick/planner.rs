@@ -6,7 +6,7 @@
 use super::chain::Chain;
 use super::graph::RoleGraph;
 use super::policy::RateLedger;
-use super::{KickConfig, KickSpec, Millis, ReportKicks, RunStatus, Selector};
+use super::{ConfirmBy, KickConfig, KickSpec, Millis, ReportKicks, RunStatus, Selector};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -299,7 +299,19 @@ pub struct Awaiting {
     /// The same on the agent's clock, when its reply said.
     pub agent_started: Option<Millis>,
     pub chain: Chain,
+    /// Confirmed by the transport's last-run summary (asked every
+    /// [`CONFIRM_POLL_MS`]) rather than by a report.
+    #[serde(default)]
+    pub by_transport: bool,
+    #[serde(default)]
+    pub environment: String,
+    /// When the transport was last asked.
+    #[serde(default)]
+    pub checked_at: Millis,
 }
+
+/// How often a kick confirmed by the transport asks the server for its last run.
+pub const CONFIRM_POLL_MS: Millis = 15_000;
 
 /// How a kick ended, as the status file and `puppet kicker status` list it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -426,6 +438,10 @@ pub struct Pending {
     pub dispatched_at: Millis,
     pub chain: Chain,
     pub last_error: Option<String>,
+    /// Its run is confirmed by the transport's last-run summary, not by a report
+    /// (see `kick.confirm_by`).
+    #[serde(default)]
+    pub by_transport: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -717,7 +733,13 @@ impl Planner {
             events.push(Event::WouldKick { target: target.certname, chain: extended });
             return;
         }
-        events.push(self.enqueue(&target.certname, environment, extended, now, origin));
+        let by_transport = match self.config.confirm_by {
+            ConfirmBy::Reports => false,
+            ConfirmBy::Transport => true,
+            // A masterless report's targets report to their own machines, not here.
+            ConfirmBy::Auto => report.reporter_pid.is_some(),
+        };
+        events.push(self.enqueue(&target.certname, environment, extended, now, origin, by_transport));
     }
 
     /// Role cycles longer than this cannot happen: `max_hops` stops the chain first.
@@ -777,10 +799,18 @@ impl Planner {
                     attempt: pending.attempts,
                 };
                 target.running = Some(Running { started: now, agent_started, chain: pending.chain.clone() });
+                let environment = target.environment.clone();
                 self.state.counters.sent = self.state.counters.sent.saturating_add(1);
                 self.record(now, target_name, "started".into(), &pending.chain);
                 let mut events = vec![event];
-                let awaiting = Awaiting { kicked_at: now, agent_started, chain: pending.chain.clone() };
+                let awaiting = Awaiting {
+                    kicked_at: now,
+                    agent_started,
+                    chain: pending.chain.clone(),
+                    by_transport: pending.by_transport,
+                    environment,
+                    checked_at: now,
+                };
                 // One before it still unconfirmed (its report later than run_timeout,
                 // and confirm_within longer still): it ends unconfirmed, so that every
                 // kick started ends once, confirmed or not.
@@ -858,6 +888,7 @@ impl Planner {
                 _ => None,
             })
             .chain(self.state.awaiting.values().map(|a| a.kicked_at.saturating_add(self.config.confirm_within_ms)))
+            .chain(self.state.awaiting.values().filter(|a| a.by_transport).map(|a| a.checked_at + CONFIRM_POLL_MS))
             .min()
     }
 
@@ -971,6 +1002,42 @@ impl Planner {
         }
     }
 
+    /// Kicks to confirm by the transport whose server is due to be asked again, as
+    /// (certname, environment); each is marked asked now.
+    pub fn to_ask(&mut self, now: Millis) -> Vec<(String, String)> {
+        let mut ask = Vec::new();
+        for (name, awaiting) in self.state.awaiting.iter_mut() {
+            if awaiting.by_transport && now.saturating_sub(awaiting.checked_at) >= CONFIRM_POLL_MS {
+                awaiting.checked_at = now;
+                ask.push((name.clone(), awaiting.environment.clone()));
+            }
+        }
+        ask
+    }
+
+    /// What a server's agent says of its last run (`ended`: when it ended, on the
+    /// agent's clock): confirms the kick awaiting it if that run ended after the kick
+    /// started it (by the same rule as a report's start).
+    pub fn on_last_run(&mut self, target: &str, ended: Option<Millis>, status: RunStatus, now: Millis) -> Vec<Event> {
+        let skew = self.config.clock_skew_ms;
+        let Some(ended) = ended else { return Vec::new() };
+        let confirms = |a: &Awaiting| is_kicked_run(a.kicked_at, a.agent_started, ended, skew);
+        if !self.state.awaiting.get(target).is_some_and(confirms) {
+            return Vec::new();
+        }
+        let Some(awaiting) = self.state.awaiting.remove(target) else { return Vec::new() };
+        let after_ms = now.saturating_sub(awaiting.kicked_at).max(0);
+        self.state.counters.confirmed(Some(status), after_ms);
+        self.confirmation(now, target, status.as_str(), None, Some(after_ms), &awaiting.chain);
+        vec![Event::Confirmed {
+            target: target.to_string(),
+            chain: awaiting.chain,
+            status: Some(status),
+            run_started: ended,
+            after_ms,
+        }]
+    }
+
     /// Kicks waiting for their report: each server's, with when it was kicked.
     pub fn awaiting(&self) -> impl Iterator<Item = (&String, &Awaiting)> + '_ {
         self.state.awaiting.iter()
@@ -1001,7 +1068,15 @@ impl Planner {
     /// Queues a kick of `name`, due after the coalescing window; one already queued
     /// takes it in. An operator's kick is due now, and brings a queued one forward
     /// (a retry's backoff included): they asked for a run now.
-    fn enqueue(&mut self, name: &str, environment: &str, chain: Chain, now: Millis, origin: Origin) -> Event {
+    fn enqueue(
+        &mut self,
+        name: &str,
+        environment: &str,
+        chain: Chain,
+        now: Millis,
+        origin: Origin,
+        by_transport: bool,
+    ) -> Event {
         let due = match origin {
             Origin::Report => now + self.config.coalesce_ms,
             Origin::Operator => now,
@@ -1016,12 +1091,14 @@ impl Planner {
             dispatched_at: 0,
             chain,
             last_error: None,
+            by_transport,
         };
         let busy = target.running.is_some() || target.pending.as_ref().is_some_and(|p| p.in_flight);
         let slot = if busy { &mut target.follow_up } else { &mut target.pending };
         match slot {
             Some(existing) => {
                 existing.chain = existing.chain.merge(&chain);
+                existing.by_transport |= by_transport;
                 if origin == Origin::Operator && !existing.in_flight {
                     existing.due = existing.due.min(due);
                 }

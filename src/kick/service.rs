@@ -743,8 +743,41 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
         }
         while wakeups.try_recv().is_ok() {}
         let _ = catch_unwind(AssertUnwindSafe(|| dispatch_due(inner)));
+        let _ = catch_unwind(AssertUnwindSafe(|| confirm_by_transport(inner)));
         let _ = catch_unwind(AssertUnwindSafe(|| inner.write_status(StatusWrite::IfChanged)));
     }
+}
+
+/// Asks the servers of kicks confirmed by the transport (`kick.confirm_by`) for
+/// their last run, outside the planner's lock, and confirms those whose run ended.
+fn confirm_by_transport(inner: &Inner) {
+    let Some(transport) = inner.transport.as_ref().filter(|t| t.controls_agents()) else { return };
+    let ask = inner.transact(|planner| {
+        let ask = planner.to_ask(now_ms());
+        let changed = !ask.is_empty();
+        (ask, changed)
+    });
+    if ask.is_empty() {
+        return;
+    }
+    let answers: Vec<_> = ask
+        .into_iter()
+        .filter_map(|(certname, environment)| {
+            let server = super::transport::Server { certname: &certname, environment: &environment };
+            let last = catch_unwind(AssertUnwindSafe(|| transport.last_run(&server))).ok()?.ok()?;
+            Some((certname, last))
+        })
+        .collect();
+    inner.transact(|planner| {
+        let now = now_ms();
+        let mut changed = false;
+        for (certname, last) in answers {
+            let events = planner.on_last_run(&certname, last.at, last.status, now);
+            changed |= !events.is_empty();
+            events.iter().for_each(|e| inner.log(log_line(e)));
+        }
+        ((), changed)
+    });
 }
 
 /// Sends what is due, outside the planner's lock (a `runonce` takes a round trip).

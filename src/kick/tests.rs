@@ -914,3 +914,46 @@ fn a_noop_run_confirms_no_kick_and_confirmations_survive_a_restart() {
     let state: PlannerState = rmp_serde::from_slice(&old).unwrap_or_default();
     assert_eq!(state.awaiting.len() + state.confirmations.len(), 0);
 }
+
+#[test]
+fn a_masterless_reports_kicks_are_confirmed_by_the_targets_last_run_summary() {
+    let mut sim = Sim::new(KickConfig::default());
+    let report = ReportKicks {
+        reporter_pid: Some(4242),
+        ..report_of("node1", sim.now, vec![kick_of("Kick[lb]", Selector::Roles(vec!["haproxy".into()]), None)])
+    };
+    let lb1 = |_: &Selector, _: &str| vec![Target { certname: "lb1".into(), role: Some("haproxy".into()) }];
+    sim.planner.on_report(&report, sim.now, lb1, |_| None);
+    sim.advance(10 * SECOND);
+    let kicked = sim.now;
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    assert!(sim.planner.to_ask(sim.now).is_empty(), "not before CONFIRM_POLL_MS");
+    assert_eq!(sim.planner.next_wakeup(), Some(kicked + CONFIRM_POLL_MS));
+    sim.advance(CONFIRM_POLL_MS);
+    assert_eq!(sim.planner.to_ask(sim.now), [("lb1".to_string(), "production".to_string())]);
+    assert!(sim.planner.to_ask(sim.now).is_empty(), "asked once per poll");
+    // A summary of the run before the kick confirms nothing; the kicked run's does.
+    let before = kicked - KickConfig::default().clock_skew_ms - SECOND;
+    assert!(sim.planner.on_last_run("lb1", Some(before), RunStatus::Unchanged, sim.now).is_empty());
+    let events = sim.planner.on_last_run("lb1", Some(kicked + 12 * SECOND), RunStatus::Failed, sim.now);
+    assert!(
+        matches!(&events[..], [Event::Confirmed { status: Some(RunStatus::Failed), after_ms: 15_000, .. }]),
+        "{events:?}"
+    );
+    assert_eq!(sim.planner.state().counters.confirmed_failed, 1);
+    assert_eq!(sim.planner.awaiting().count(), 0);
+
+    // On a master (no pid: puppetserver's reports), the target's report confirms.
+    let mut sim = Sim::new(KickConfig::default());
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    sim.advance(CONFIRM_POLL_MS);
+    assert!(sim.planner.to_ask(sim.now).is_empty(), "confirm_by auto: reports");
+    let mut sim = Sim::new(KickConfig { confirm_by: ConfirmBy::Transport, ..KickConfig::default() });
+    sim.report("node1", &["haproxy"]);
+    sim.advance(10 * SECOND);
+    sim.dispatch(started);
+    sim.advance(CONFIRM_POLL_MS);
+    assert_eq!(sim.planner.to_ask(sim.now).len(), 1, "confirm_by transport");
+}
