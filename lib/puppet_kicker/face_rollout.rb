@@ -124,6 +124,7 @@ module PuppetKicker
       when 'running' then state['started'] ? 'running' : 'busy, asked again'
       when 'disabled' then 'disabled, waiting for its batch'
       when 'released' then 'not run (enabled again)'
+      when 'skipped' then 'not run (never disabled)'
       else 'not yet disabled'
       end
     end

@@ -52,7 +52,6 @@ describe 'puppet kicker rollout', type: :face do
         %w[plan --order random] => '--order "random": use graph or given',
         %w[plan --order given] => '--order given needs --roles',
         %w[plan --roles web] => 'nothing to roll out: no server of environment "production" matches --roles web',
-        %w[run] => 'puppet kicker rollout run: no kick transport: ',
         %w[run --timeout-per-batch 15m] => '--timeout-per-batch "15m": give whole seconds',
         %w[status] => 'puppet kicker rollout status: no rollout saved in ',
         %w[deploy] => 'puppet kicker rollout deploy: no such subcommand; use plan, run, status',
@@ -62,6 +61,20 @@ describe 'puppet kicker rollout', type: :face do
         expect(run.stderr).to include(message)
         expect(run.stderr).not_to match(/\.rb:\d+:in/)
       end
+    end
+  end
+
+  context 'run, with a broker that cannot be reached' do
+    before(:all) { @dir = ScratchMaster.create }
+
+    it 'stops before running anything, says why, and exits 2' do
+      run = kicker(@dir, 'rollout', 'run', '--batch', '2')
+      expect(run.exitstatus).to eq(2), run.to_s
+      expect(run.stdout).to match(/stopped: lb1.example.com could not disable Puppet: mcollective: no broker could be reached/)
+      expect(run.stdout).to include('node1.example.com: not run (never disabled)')
+      status = kicker(@dir, 'rollout', 'status', '--render-as', 'json')
+      expect(status.exitstatus).to eq(0), status.to_s
+      expect(JSON.parse(status.stdout)['rollout']['phase']['phase']).to eq('stopped')
     end
   end
 

@@ -55,6 +55,8 @@ pub enum ServerState {
     Failed { why: String },
     /// Enabled again without running (the rollout stopped first).
     Released,
+    /// Never disabled nor run (the rollout stopped while disabling).
+    Skipped,
 }
 
 /// Where the rollout stands.
@@ -358,7 +360,7 @@ impl Rollout {
         }
         for state in self.servers.values_mut() {
             if *state == ServerState::Planned {
-                *state = ServerState::Released;
+                *state = ServerState::Skipped;
             }
         }
         let failed: Vec<&str> = self
