@@ -44,7 +44,7 @@ module RolloutE2E
 
     # Each example: its own rollout state (cache dir), manifests that kick nothing,
     # node2's failing when `fail_node2`, and run counts from here on.
-    def fresh(name, fail_node2: false)
+    def fresh(name, fail_node2: false, kick: {})
       wait_for('every run to end') { SERVERS.none? { |id| running?(id) } }
       @config = File.join(@e2e, 'puppet_kicker.yaml')
       FileUtils.rm_rf(File.join(@e2e, 'cache', "rollout-#{name}")) # a rollout of an earlier run of this spec
@@ -52,6 +52,7 @@ module RolloutE2E
         'source' => 'mcollective',
         'mcollective' => { 'client_config' => @client_cfg, 'discovery_timeout' => 1 },
         'cache' => { 'dir' => File.join(@e2e, 'cache', "rollout-#{name}"), 'ttl' => 0 },
+        'kick' => { 'coalesce' => 1, 'retry_base' => 2, 'retry_max' => 4, 'exit_wait' => 60 }.merge(kick),
       }.to_yaml)
       failing = fail_node2 ? "if $facts['fqdn'] == '#{NODE2}' { exec { '/bin/false': } }\n" : ''
       File.write(File.join(@e2e, 'manifests', 'node.pp'), "notify { 'ran': }\n#{failing}")
@@ -180,6 +181,36 @@ module RolloutE2E
       release(NODE1)
       wait_for("#{NODE1}'s run to end") { runs(NODE1).first&.key?(:end) }
       expect([runs(NODE2).size, runs(LB1).size]).to eq([0, 0])
+    end
+
+    # `puppet kicker kick`'s table rows: certname, role, outcome, detail.
+    def rows(out)
+      out.lines.drop_while { |l| !l.start_with?('TARGET') }.drop(1).take_while { |l| l.include?('.example.com') }
+         .map { |l| l.split(/\s{2,}/, 4).map(&:strip) }
+    end
+
+    it "kick --wait waits for each kicked server's last-run summary: confirmed, and counted in metrics" do
+      fresh('confirm', kick: { 'confirm_by' => 'transport' })
+      out, err, status = kicker('kick', '--role', 'node', '--wait', '90')
+      expect(status.exitstatus).to eq(0), "#{out}\n#{err}"
+      expect(rows(out).map { |r| r.first(3) }).to eq([[NODE1, 'node', 'confirmed'], [NODE2, 'node', 'confirmed']])
+      expect(rows(out).map(&:last)).to all(match(/\Areported: changed, \d+ s after the kick\z/))
+      status_file = JSON.parse(File.read(File.join(@e2e, 'cache', 'rollout-confirm', 'kick-status.json')))
+      expect(status_file['confirmations'].map { |c| c.values_at('target', 'outcome') })
+        .to contain_exactly([NODE1, 'changed'], [NODE2, 'changed'])
+      metrics, = kicker('metrics')
+      expect(metrics).to include('puppet_kicker_kicks_confirmed_total{outcome="changed"} 2')
+      expect(metrics).to include('puppet_kicker_kick_to_report_seconds_count 2')
+    end
+
+    it 'a kick whose run does not end within kick.confirm_within is unconfirmed' do
+      fresh('unconfirmed', kick: { 'confirm_by' => 'transport', 'confirm_within' => '20s' })
+      hold(NODE1)
+      out, err, status = kicker('kick', '--facts', "fqdn=#{NODE1}", '--wait', '60')
+      expect(status.exitstatus).to eq(2), "#{out}\n#{err}"
+      expect(rows(out).map { |r| r.first(3) }).to eq([[NODE1, 'node', 'unconfirmed']])
+      expect(err).to include("kick of #{NODE1} UNCONFIRMED: no report of a run started after it within 20 s")
+      release(NODE1)
     end
 
     it 'after SIGKILL, --resume finishes the rollout and no server runs twice' do

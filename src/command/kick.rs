@@ -62,6 +62,9 @@ pub fn run(service: &Service, args: Args) -> Result<Value> {
         // An explicit --wait waits for each run's report too: confirmed, failed or not.
         let confirm = args.wait.is_some();
         wait_for_outcomes(service, &mut rows, since, wait, confirm)?;
+        // The status file (what `status` and `metrics` read) shows what was waited
+        // for before this process exits.
+        service.kicks()?.flush(Duration::ZERO);
     }
     let messages: Vec<String> = events.iter().filter(|e| applies_to_all(e)).map(ToString::to_string).collect();
     Ok(json!({
