@@ -151,7 +151,7 @@ module PuppetKicker
       batching = answer['batch'] ? "batches of #{answer['batch']}" : 'each group in one batch'
       lines = ["Rollout plan for #{answer['environment']} (order: #{answer['order']}, #{batching}): " \
                "#{count(totals['servers'], 'server')} in #{count(totals['groups'], 'group')}, " \
-               "#{count(totals['batches'], 'batch')}", '']
+               "#{count(totals['batches'], 'batch')}", '',]
       groups.each_with_index do |group, k|
         mark = group['cycle'] ? '  (a kick cycle: these roles run together)' : ''
         lines << "Group #{k + 1} of #{groups.size}: #{group['name']}#{mark}"

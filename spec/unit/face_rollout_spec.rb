@@ -113,7 +113,7 @@ describe PuppetKicker::FaceRollout do
     end
 
     it 'shows each group k of n with its batches, then the cycles and the rule that broke them' do
-      expect(described_class.text(answer).join("\n") + "\n").to eq(<<~TEXT)
+      expect("#{described_class.text(answer).join("\n")}\n").to eq(<<~TEXT)
         Rollout plan for production (order: graph, batches of 2): 5 servers in 3 groups, 4 batches
 
         Group 1 of 3: db
