@@ -54,9 +54,7 @@ module PuppetKicker
       request['resume'] = true if options[:resume]
       if options[:timeout_per_batch]
         text = options[:timeout_per_batch].to_s.strip
-        unless /\A\d{1,6}\z/.match?(text)
-          raise QueryError, "puppet kicker rollout run: --timeout-per-batch #{text.inspect}: give whole seconds"
-        end
+        raise QueryError, "puppet kicker rollout run: --timeout-per-batch #{text.inspect}: give whole seconds" unless /\A\d{1,6}\z/.match?(text)
 
         request['timeout_per_batch'] = text.to_i
       end
@@ -109,7 +107,7 @@ module PuppetKicker
               end
       p = answer['progress']
       lines = ["Rollout #{rollout['id']} of #{rollout['environment']}: #{where}; #{p['done']} done, #{p['failed']} failed, " \
-               "#{p['running']} running, #{p['disabled']} disabled of #{p['servers']} servers", '']
+               "#{p['running']} running, #{p['disabled']} disabled of #{p['servers']} servers", '',]
       rollout['batches'].each_with_index do |batch, i|
         lines << "batch #{i + 1} of #{rollout['batches'].size} (#{batch['group']}):"
         batch['servers'].each { |server| lines << "  #{server}: #{server_text(rollout['servers'][server])}" }

@@ -222,7 +222,7 @@ module RolloutE2E
       Process.kill('KILL', pid)
       Process.wait2(pid)
       expect(enabled).to eq(NODE1 => true, NODE2 => false, LB1 => false), 'held as the killed process left them'
-      out, err, status = kicker('rollout', 'run', *PLAN)
+      _, err, status = kicker('rollout', 'run', *PLAN)
       expect(status.exitstatus).not_to eq(0)
       expect(err).to match(/rollout [0-9TZ]+ is in progress .*: continue it with --resume/)
       release(NODE1)

@@ -43,7 +43,7 @@ describe PuppetKicker::FaceRollout do
 
     it "adds run's own options, and refuses a --timeout-per-batch that is not whole seconds" do
       request = described_class.run_request(['run'], { roles: 'db', continue_on_failure: true, timeout_per_batch: '900',
-                                                        resume: true }, 'production')
+                                                       resume: true, }, 'production')
       expect(request).to include('roles' => ['db'], 'continue_on_failure' => true, 'timeout_per_batch' => 900, 'resume' => true)
       expect { described_class.run_request(['run'], { timeout_per_batch: '15m' }, 'production') }
         .to raise_error(PuppetKicker::QueryError, /--timeout-per-batch "15m": give whole seconds/)
@@ -53,12 +53,12 @@ describe PuppetKicker::FaceRollout do
   describe '.run_loop' do
     def answer(over, lines = [], batch: 1)
       { 'over' => over, 'lines' => lines, 'rollout' => { 'phase' => { 'phase' => over ? 'finished' : 'batch' } },
-        'progress' => { 'batch' => batch, 'batches' => 2, 'done' => 1, 'failed' => 0, 'running' => 1, 'servers' => 3 } }
+        'progress' => { 'batch' => batch, 'batches' => 2, 'done' => 1, 'failed' => 0, 'running' => 1, 'servers' => 3 }, }
     end
 
     it 'steps until the rollout is over, logging each line, with a progress line only on a terminal' do
       steps = [answer(false, [{ 'warning' => false, 'text' => 'batch 1 of 2 (db): db1' }]), answer(false),
-               answer(true, [{ 'warning' => true, 'text' => 'db1: its run failed' }], batch: 2)]
+               answer(true, [{ 'warning' => true, 'text' => 'db1: its run failed' }], batch: 2),]
       calls = []
       command = lambda do |name, request|
         calls << [name, request]
