@@ -252,3 +252,55 @@ fn the_script_runs_the_puppet_it_is_given() {
         Outcome::Failed("127.0.0.1: /nonexistent/puppet is not an executable".into())
     );
 }
+
+#[test]
+fn a_rollout_disables_and_enables_the_agent_and_reads_its_last_run_summary() {
+    use puppet_kicker::kick::{LastRun, RunStatus, Server, Transport};
+    let sshd = Sshd::start("control");
+    let transport = sshd.transport(sshd.settings(), TIMEOUT);
+    assert!(transport.controls_agents());
+    let target = Server { certname: "node1.example.com", environment: "production" };
+
+    transport.disable(&target, "puppet kicker rollout 20261129T050000Z").unwrap();
+    let lock = std::fs::read_to_string(sshd.state("agent_disabled.lock")).unwrap();
+    assert_eq!(lock, r#"{"disabled_message":"puppet kicker rollout 20261129T050000Z"}"#);
+    let again = transport.disable(&target, "someone else").unwrap_err();
+    assert_eq!(again, "Already disabled: puppet kicker rollout 20261129T050000Z");
+    assert!(matches!(transport.runonce(&dispatch("node1.example.com", "production")), Outcome::Disabled(_)));
+    transport.enable(&target).unwrap();
+    assert!(!sshd.state("agent_disabled.lock").exists());
+    assert_eq!(transport.enable(&target).unwrap_err(), "Already enabled");
+    assert!(sshd.runs().is_empty(), "no run was started");
+
+    // No summary yet: never ran. Then summaries as Puppet writes them.
+    assert_eq!(transport.last_run(&target).unwrap(), LastRun { at: None, status: RunStatus::Failed });
+    let summary = |failed: u32, changed: u32, failure: u32| {
+        format!(
+            "---\nversion:\n  config: 1795926000\n  puppet: 7.23.0\nresources:\n  changed: {changed}\n  corrective_change: 0\n  \
+             failed: {failed}\n  failed_to_restart: 0\n  out_of_sync: {changed}\n  restarted: 0\n  scheduled: 0\n  skipped: 0\n  \
+             total: 8\ntime:\n  notify: 0.001\n  total: 0.5\n  last_run: 1795926007\nchanges:\n  total: {changed}\n\
+             events:\n  failure: {failure}\n  success: {changed}\n  total: {changed}\n"
+        )
+    };
+    let write = |text: String| std::fs::write(sshd.state("last_run_summary.yaml"), text).unwrap();
+    write(summary(0, 1, 0));
+    assert_eq!(
+        transport.last_run(&target).unwrap(),
+        LastRun { at: Some(1_795_926_007_000), status: RunStatus::Changed }
+    );
+    write(summary(0, 0, 0));
+    assert_eq!(transport.last_run(&target).unwrap().status, RunStatus::Unchanged);
+    write(summary(1, 0, 1));
+    assert_eq!(transport.last_run(&target).unwrap().status, RunStatus::Failed);
+    // A failed catalog: a summary with no resources.
+    write("---\nversion:\n  config: \n  puppet: 7.23.0\ntime:\n  last_run: 1795926099\n".into());
+    assert_eq!(
+        transport.last_run(&target).unwrap(),
+        LastRun { at: Some(1_795_926_099_000), status: RunStatus::Failed }
+    );
+
+    // A custom ssh.command is not the runonce script: no rollout through it.
+    let custom = sshd.transport(SshSettings { command: vec!["true".into()], ..sshd.settings() }, TIMEOUT);
+    assert!(!custom.controls_agents());
+    assert!(custom.disable(&target, "x").unwrap_err().contains("only the runonce script can"));
+}

@@ -69,7 +69,7 @@ impl Sshd {
         write_executable(
             &dir.join("bin/puppet"),
             &format!(
-                "#!/bin/sh\ncase \"$1\" in\n  config) echo \"agent_catalog_run_lockfile = {s}/agent_catalog_run.lock\"\n    echo \"agent_disabled_lockfile = {s}/agent_disabled.lock\"\n    echo \"pidfile = {s}/agent.pid\" ;;\n  agent) echo \"$*\" >> {runs} ;;\n  *) exit 1 ;;\nesac\n",
+                "#!/bin/sh\ncase \"$1\" in\n  config) echo \"agent_catalog_run_lockfile = {s}/agent_catalog_run.lock\"\n    echo \"agent_disabled_lockfile = {s}/agent_disabled.lock\"\n    echo \"pidfile = {s}/agent.pid\"\n    echo \"lastrunfile = {s}/last_run_summary.yaml\" ;;\n  agent) case \"$2\" in\n    --disable) printf '{{\"disabled_message\":\"%s\"}}' \"$3\" > {s}/agent_disabled.lock ;;\n    --enable) rm -f {s}/agent_disabled.lock ;;\n    *) echo \"$*\" >> {runs} ;;\n  esac ;;\n  *) exit 1 ;;\nesac\n",
                 s = state.display(),
                 runs = dir.join("runs").display()
             ),

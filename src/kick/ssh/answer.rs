@@ -15,35 +15,61 @@ use crate::kick::Outcome;
 pub const ANSWER: &str = "puppet-kicker runonce: ";
 
 /// POSIX sh, run as `sh -c RUNONCE_SCRIPT puppet-kicker-runonce [--puppet PATH]
-/// [--environment E]` (`--puppet`: the `puppet` command to use, else the first on
-/// the PATH).
+/// [--environment E] [--action runonce|disable|enable|last_run] [--message M]`
+/// (`--puppet`: the `puppet` command to use, else the first on the PATH). The other
+/// actions are what a rollout asks (`puppet agent --disable M`, `--enable`, and the
+/// last run's summary as `last_run END HAS_RESOURCES FAILED FAILED_EVENTS CHANGED`).
 /// Where Puppet keeps its lock files is asked of Puppet itself (`puppet config
 /// print`), so the same script works with Debian's `puppet` package and the
 /// puppetlabs/openvox AIO packages (`/opt/puppetlabs/bin` is looked in first).
 pub const RUNONCE_SCRIPT: &str = r#"answer() { echo "puppet-kicker runonce: $*"; }
-environment= puppet=
+environment= puppet= action=runonce message=
 while [ $# -gt 0 ]; do
   case $1 in
     --environment) environment=${2-} ;;
     --puppet) puppet=${2-} ;;
+    --action) action=${2-} ;;
+    --message) message=${2-} ;;
     *) answer refused "unknown argument"; exit 2 ;;
   esac
   [ $# -gt 1 ] && shift; shift
 done
 case $environment in *[!A-Za-z0-9_]*) answer refused "invalid environment"; exit 2 ;; esac
+case $action in runonce|disable|enable|last_run) ;; *) answer refused "unknown action"; exit 2 ;; esac
 PATH=/opt/puppetlabs/bin:$PATH:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 if [ -z "$puppet" ]; then puppet=$(command -v puppet) || { answer failed "no puppet command on $PATH"; exit 1; }; fi
 [ -x "$puppet" ] || { answer failed "$puppet is not an executable"; exit 1; }
-settings=$("$puppet" config print --section agent agent_catalog_run_lockfile agent_disabled_lockfile pidfile 2>&1 </dev/null) ||
+settings=$("$puppet" config print --section agent agent_catalog_run_lockfile agent_disabled_lockfile pidfile lastrunfile 2>&1 </dev/null) ||
   { answer failed "puppet config print failed: $(echo "$settings" | tail -n 1 | cut -c1-300)"; exit 1; }
 setting() { echo "$settings" | sed -n "s/^$1 = //p"; }
 lock=$(setting agent_catalog_run_lockfile); disabled=$(setting agent_disabled_lockfile); pidfile=$(setting pidfile)
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+lock_message() { sed -n 's/.*"disabled_message" *: *"\([^"]*\)".*/\1/p' "$disabled" | cut -c1-300; }
+case $action in
+  disable)
+    if [ -f "$disabled" ]; then answer refused "Already disabled: $(lock_message)"; exit 1; fi
+    "$puppet" agent --disable "$message" </dev/null >/dev/null 2>&1 || { answer failed "puppet agent --disable failed"; exit 1; }
+    answer ok "disabled"; exit 0 ;;
+  enable)
+    [ -f "$disabled" ] || { answer refused "Already enabled"; exit 1; }
+    "$puppet" agent --enable </dev/null >/dev/null 2>&1 || { answer failed "puppet agent --enable failed"; exit 1; }
+    answer ok "enabled"; exit 0 ;;
+  last_run)
+    summary=$(setting lastrunfile)
+    [ -f "$summary" ] || { answer last_run 0 0 0 0 0; exit 0; }
+    awk '/^[a-z_]+:/ { section = $1; sub(":", "", section); next }
+      /^  [a-z_]+: / { key = $1; sub(":", "", key); v = $2 + 0
+        if (section == "resources") { has = 1; if (key == "failed") f = v; if (key == "changed") c = v }
+        if (section == "events" && key == "failure") e = v
+        if (section == "time" && key == "last_run") t = v }
+      END { printf "puppet-kicker runonce: last_run %d %d %d %d %d\n", t, has, f, e, c }' "$summary"
+    exit 0 ;;
+esac
 if [ -s "$lock" ] && alive "$(cat "$lock")"; then
   answer busy "Puppet is currently applying a catalog (pid $(cat "$lock")), cannot run now"; exit 1
 fi
 if [ -f "$disabled" ]; then
-  why=$(sed -n 's/.*"disabled_message" *: *"\([^"]*\)".*/\1/p' "$disabled" | cut -c1-300)
+  why=$(lock_message)
   answer disabled "Puppet is disabled, cannot run now: ${why:-no message}"; exit 1
 fi
 if [ -s "$pidfile" ] && alive "$(cat "$pidfile")"; then
@@ -68,6 +94,26 @@ pub const REASON_BYTES: usize = 2048;
 /// The ssh client's own exit status for its failures (connection, authentication,
 /// host key); the remote command's status otherwise.
 const SSH_FAILED: i32 = 255;
+
+/// The answer to a rollout's action (`--action disable|enable|last_run`): the
+/// answer line's words after `ok` or `last_run`, or why not.
+pub fn read_control(host: &str, status: Option<i32>, stdout: &Captured, stderr: &Captured) -> Result<String, String> {
+    let out = String::from_utf8_lossy(&stdout.bytes);
+    if let Some(line) = out.lines().find_map(|l| l.strip_prefix(ANSWER)) {
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let rest = clean(rest, REASON_BYTES);
+        return match word {
+            "ok" | "last_run" => Ok(rest),
+            "refused" | "failed" => Err(rest),
+            other => Err(format!("{host}: unexpected answer {:?}", clean(other, 64))),
+        };
+    }
+    let err = clean(&String::from_utf8_lossy(&stderr.bytes), REASON_BYTES);
+    match status {
+        Some(SSH_FAILED) => Err(ssh_failure(host, &err)),
+        code => Err(format!("{host}: no answer from the runonce script (exit {code:?}): {err}")),
+    }
+}
 
 /// The planner's outcome for a finished `ssh` run to `host`: `status` is its exit
 /// code (`None`: killed by a signal).

@@ -14,7 +14,7 @@ use answer::{RUNONCE_SCRIPT, SCRIPT_NAME};
 pub use child::Captured;
 
 use super::planner::{Dispatch, Outcome};
-use super::transport::Transport;
+use super::transport::{LastRun, Server, Transport};
 use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -216,6 +216,11 @@ impl SshTransport {
 
     /// The `ssh` command for a kick of `address` in `environment` (checked).
     pub fn command(&self, address: &str, environment: &str) -> Command {
+        self.command_with(address, environment, &[])
+    }
+
+    /// The same with `extra` words after the command's (a rollout's `--action`).
+    fn command_with(&self, address: &str, environment: &str, extra: &[&str]) -> Command {
         let s = &self.settings;
         let mut command = Command::new(&self.program);
         let mut option = |o: String| {
@@ -249,8 +254,24 @@ impl SshTransport {
         if let Some(port) = s.port {
             command.arg("-p").arg(port.to_string());
         }
-        command.arg("-T").arg("--").arg(address).arg(remote_command(&s.command, environment));
+        command.arg("-T").arg("--").arg(address).arg(remote_command(&s.command, environment, extra));
         command
+    }
+
+    /// Runs the runonce script's `--action` on `target`: its answer's words, or why not.
+    fn control(&self, target: &Server<'_>, action: &[&str]) -> Result<String, String> {
+        if !self.controls_agents() {
+            return Err(self.no_control());
+        }
+        let address = self.address(target.certname).map_err(|why| format!("ssh: {:?}: {why}", target.certname))?;
+        check_environment(target.environment).map_err(|why| format!("ssh: {address}: {why}"))?;
+        let deadline = Instant::now() + self.timeout;
+        let finished = child::run(self.command_with(&address, target.environment, action), deadline, MAX_OUTPUT)
+            .map_err(|e| format!("cannot run {}: {e}", self.program.to_string_lossy()))?;
+        let Some(status) = finished.status else {
+            return Err(format!("ssh to {address}: no answer within {}s (kick.reply_timeout)", self.timeout.as_secs()));
+        };
+        answer::read_control(&address, status.code(), &finished.stdout, &finished.stderr)
     }
 }
 
@@ -283,6 +304,35 @@ impl Transport for SshTransport {
 
     fn max_parallel(&self) -> usize {
         self.settings.max_parallel
+    }
+
+    /// Only the runonce script knows the rollout's actions: a custom `ssh.command`
+    /// (a forced command, a wrapper) may not.
+    fn controls_agents(&self) -> bool {
+        self.settings.command.last().is_some_and(|word| word == SCRIPT_NAME)
+    }
+
+    fn no_control(&self) -> String {
+        "a custom ssh.command cannot be asked to disable, enable or give the last run: only the runonce script can"
+            .to_string()
+    }
+
+    fn disable(&self, target: &Server<'_>, message: &str) -> Result<(), String> {
+        self.control(target, &["--action", "disable", "--message", message]).map(drop)
+    }
+
+    fn enable(&self, target: &Server<'_>) -> Result<(), String> {
+        self.control(target, &["--action", "enable"]).map(drop)
+    }
+
+    fn last_run(&self, target: &Server<'_>) -> Result<LastRun, String> {
+        let words = self.control(target, &["--action", "last_run"])?;
+        let numbers: Vec<i64> = words.split_whitespace().map(|w| w.parse().unwrap_or(0)).collect();
+        let [at, has_resources, failed, failed_events, changed] = numbers[..] else {
+            return Err(format!("ssh: {}: unreadable last run {words:?}", target.certname));
+        };
+        let at = (at > 0).then(|| at.saturating_mul(1000));
+        Ok(LastRun::from_counts(at, has_resources != 0, failed, failed_events, changed))
     }
 }
 
@@ -320,13 +370,15 @@ pub fn check_environment(environment: &str) -> Result<(), String> {
     }
 }
 
-/// The one string ssh sends for the remote shell: `command` and the environment
-/// (`--environment E` when there is one), each word quoted for a POSIX shell.
-pub fn remote_command(command: &[String], environment: &str) -> String {
+/// The one string ssh sends for the remote shell: `command`, the environment
+/// (`--environment E` when there is one), then `extra`, each word quoted for a
+/// POSIX shell.
+pub fn remote_command(command: &[String], environment: &str, extra: &[&str]) -> String {
     let mut words: Vec<&str> = command.iter().map(String::as_str).collect();
     if !environment.is_empty() {
         words.extend(["--environment", environment]);
     }
+    words.extend(extra);
     words.iter().map(|w| shell_quoted(w)).collect::<Vec<_>>().join(" ")
 }
 

@@ -168,10 +168,13 @@ fn the_short_socket_dir_is_made_private_and_refused_when_someone_else_could_ente
 #[test]
 fn the_remote_command_reaches_the_remote_shell_word_for_word() {
     let command: Vec<String> = ["printf", "%s|", "it's", "a b", "$HOME", "`id`", "", "ok"].map(String::from).to_vec();
-    let line = remote_command(&command, "prod_1");
+    let line = remote_command(&command, "prod_1", &["--message", "rollout 'x' $(id)"]);
     // What sshd does with it: the login shell's `-c`.
     let out = std::process::Command::new("/bin/sh").arg("-c").arg(&line).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "it's|a b|$HOME|`id`||ok|--environment|prod_1|");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "it's|a b|$HOME|`id`||ok|--environment|prod_1|--message|rollout 'x' $(id)|"
+    );
 }
 
 #[test]
