@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require 'tmpdir'
 require_relative 'kick_world'
 
 # Kicks end to end over Choria and over SSH, for real: the report of a real `puppet
@@ -212,6 +213,24 @@ module KickTransportsE2E
 
     context 'through ssh' do
       let(:carrier) { 'ssh' }
+
+      it 'puppet kicker rollout run: the batches in order, each server once, every agent enabled after' do
+        scenario('ssh-rollout', node_pp: '', haproxy_pp: '')
+        env = { 'PUPPET_KICKER_CONFIG' => File.join(@e2e, 'puppet_kicker.yaml'), 'RUBYLIB' => File.join(ROOT, 'lib'),
+                'PUPPET_KICKER_HELPER' => '0', }
+        Dir.mktmpdir do |puppet|
+          dirs = %w[confdir vardir logdir rundir codedir].flat_map { |name| ["--#{name}", File.join(puppet, name)] }
+          out, err, status = Open3.capture3(env, '/usr/bin/puppet', 'kicker', 'rollout', 'run', '--roles', 'node,haproxy',
+                                            '--order', 'given', '--batch', '1', '--timeout-per-batch', '120',
+                                            '--certname', 'master.example.com', *dirs, chdir: puppet)
+          expect(status.exitstatus).to eq(0), "#{out}\n#{err}"
+          expect(err).to include('rollout: batch 3 of 3 (haproxy): lb1.example.com')
+        end
+        order = [NODE1, NODE2, LB1]
+        expect(order.map { |id| runs(id).size }).to eq([1, 1, 1])
+        order.each_cons(2) { |a, b| expect(runs(b).first[:start]).to be >= runs(a).first[:end] }
+        order.each { |id| expect(File.exist?(node_file(id, 'puppet/var/state/agent_disabled.lock'))).to be(false) }
+      end
 
       it 'a target whose host key is not in known_hosts is refused, and nothing runs there' do
         @known_hosts = 'known_hosts.other'

@@ -309,7 +309,7 @@ impl Transport for SshTransport {
     /// Only the runonce script knows the rollout's actions: a custom `ssh.command`
     /// (a forced command, a wrapper) may not.
     fn controls_agents(&self) -> bool {
-        self.settings.command.last().is_some_and(|word| word == SCRIPT_NAME)
+        self.settings.command.iter().any(|word| word == RUNONCE_SCRIPT)
     }
 
     fn no_control(&self) -> String {
