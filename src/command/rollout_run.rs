@@ -18,8 +18,6 @@ use std::path::PathBuf;
 pub const STATE_FILE: &str = "rollout.json";
 /// Held while a request changes the saved rollout.
 const LOCK_FILE: &str = "rollout.lock";
-/// Largest `rollout.json` read (a rollout of 100,000 servers is a few MB).
-const MAX_STATE_BYTES: u64 = 64 << 20;
 /// `--timeout-per-batch` when not given: a Puppet run's usual bound.
 const DEFAULT_TIMEOUT_PER_BATCH: u64 = 1800;
 
@@ -172,12 +170,12 @@ fn lock(service: &Service) -> Result<std::fs::File> {
 
 fn load(service: &Service) -> Result<Option<Rollout>> {
     let path = path(service);
-    let bytes = match crate::bounded_read::read(&path, MAX_STATE_BYTES) {
+    let bytes = match crate::bounded_read::read(&path, crate::rollout::MAX_STATE_BYTES as u64) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::Io(format!("{NAME}: cannot read {}: {e}", path.display()))),
     };
-    serde_json::from_slice(&bytes)
+    crate::rollout::decode(&bytes)
         .map(Some)
         .map_err(|e| Error::Io(format!("{NAME}: {} is not a rollout's state: {e}", path.display())))
 }

@@ -13,4 +13,4 @@ mod plan;
 mod run;
 
 pub use plan::{plan, Cycle, Group, Member, Options, Order, Plan, RolloutError, Totals, CYCLE_RULE, NO_ROLE};
-pub use run::{Batch, Line, Phase, Progress, Rollout, ServerState, STEP_CALLS};
+pub use run::{decode, Batch, Line, Phase, Progress, Rollout, ServerState, MAX_STATE_BYTES, STEP_CALLS};

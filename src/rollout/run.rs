@@ -113,7 +113,47 @@ pub struct Progress {
     pub servers: usize,
 }
 
+/// Largest `rollout.json` taken: a rollout of 100,000 servers is a few MB.
+pub const MAX_STATE_BYTES: usize = 64 << 20;
+
+/// A saved rollout from `rollout.json`'s bytes, checked: every server of its batches
+/// has a state and every state a batch, once; its phase points into its batches. A
+/// file edited by hand or cut short is refused with the reason, never half used.
+pub fn decode(bytes: &[u8]) -> Result<Rollout, String> {
+    if bytes.len() > MAX_STATE_BYTES {
+        return Err(format!("{} bytes, more than {MAX_STATE_BYTES}", bytes.len()));
+    }
+    let rollout: Rollout = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    rollout.check()?;
+    Ok(rollout)
+}
+
 impl Rollout {
+    /// What [`decode`] checks.
+    pub fn check(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for server in self.batches.iter().flat_map(|b| b.servers.iter()) {
+            if !self.servers.contains_key(server) {
+                return Err(format!("server {server:?} of a batch has no state"));
+            }
+            if !seen.insert(server) {
+                return Err(format!("server {server:?} is in two batches"));
+            }
+        }
+        if let Some(extra) = self.servers.keys().find(|s| !seen.contains(s)) {
+            return Err(format!("server {extra:?} has a state but no batch"));
+        }
+        if let Phase::Batch { index, .. } = self.phase {
+            if index >= self.batches.len() {
+                return Err(format!("batch {} of {}", index + 1, self.batches.len()));
+            }
+        }
+        if self.environment.is_empty() || self.id.is_empty() {
+            return Err("no id or environment".into());
+        }
+        Ok(())
+    }
+
     /// A rollout of `batches` (in order; a server in one batch only).
     pub fn new(
         id: &str,
@@ -611,6 +651,44 @@ mod tests {
         assert!(
             matches!(&rollout.servers["db1"], ServerState::Failed { why } if why.contains("--timeout-per-batch 30 s"))
         );
+    }
+
+    #[test]
+    fn a_saved_rollout_that_does_not_hold_together_is_refused_with_the_reason() {
+        let rollout = Rollout::new("r9", "production", batches(), false, 600_000, 1_000_000);
+        let good = serde_json::to_vec(&rollout).unwrap();
+        assert_eq!(decode(&good).unwrap(), rollout);
+        let mut stray = rollout.clone();
+        stray.batches[0].servers.push("ghost".into());
+        assert_eq!(
+            decode(&serde_json::to_vec(&stray).unwrap()).unwrap_err(),
+            "server \"ghost\" of a batch has no state"
+        );
+        let mut twice = rollout.clone();
+        twice.batches[1].servers.push("db1".into());
+        assert_eq!(decode(&serde_json::to_vec(&twice).unwrap()).unwrap_err(), "server \"db1\" is in two batches");
+        let mut orphan = rollout.clone();
+        orphan.servers.insert("orphan".into(), ServerState::Planned);
+        assert!(decode(&serde_json::to_vec(&orphan).unwrap())
+            .unwrap_err()
+            .contains("\"orphan\" has a state but no batch"));
+        let mut past = rollout;
+        past.phase = Phase::Batch { index: 9, started_at: 0 };
+        assert_eq!(decode(&serde_json::to_vec(&past).unwrap()).unwrap_err(), "batch 10 of 4");
+        assert!(decode(&good[..good.len() / 2]).is_err(), "cut short");
+    }
+
+    #[test]
+    fn the_fuzz_targets_seeds_are_rollouts_it_can_carry_on() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus-seeds/rollout_state");
+        let mut seeds = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rollout = decode(&std::fs::read(&path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!rollout.is_over());
+            seeds += 1;
+        }
+        assert_eq!(seeds, 3);
     }
 
     #[test]
