@@ -19,7 +19,7 @@
 
 use puppet_kicker::config::Config;
 use puppet_kicker::kick::choria::{runonce_inputs, ChoriaTransport};
-use puppet_kicker::kick::{Chain, Dispatch, Outcome, Transport};
+use puppet_kicker::kick::{Chain, Dispatch, Outcome, RunStatus, Server, Transport};
 use puppet_kicker::{PuppetSettings, Service};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -111,6 +111,55 @@ fn a_kick_reaches_its_server_once_signed_and_the_reply_is_read() {
     assert_eq!(seen[2].data, json!({"environment": "production", "force": true, "splay": false, "splaylimit": 30}));
     // The environment is one of choria.collectives: the kick goes to its collective.
     assert_eq!(seen[2].collective, "production");
+    assert!(responder.refused().is_empty(), "{:?}", responder.refused());
+}
+
+#[test]
+fn a_rollout_disables_runs_reads_the_last_run_and_enables_through_the_puppet_agent() {
+    let nats = NatsServer::start("control", None);
+    let responder = Responder::start(&nats.broker());
+    let choria = transport(&config(&nats.broker(), json!({})));
+    assert!(choria.controls_agents());
+    let web1 = Server { certname: "web1.example.com", environment: "production" };
+
+    // Never ran: no time.
+    assert_eq!(choria.last_run(&web1).unwrap().at, None);
+    choria.disable(&web1, "puppet kicker rollout 42").unwrap();
+    assert_eq!(responder.agent("web1.example.com").disabled.as_deref(), Some("puppet kicker rollout 42"));
+    // Someone else's hold is not taken over: a second disable is the agent's refusal.
+    let again = choria.disable(&web1, "puppet kicker rollout 43").unwrap_err();
+    assert_eq!(again, "Could not disable Puppet: Already disabled (status 1)");
+    // Disabled, a kick is refused with the rollout's message.
+    match kick(&choria, "web1.example.com") {
+        Outcome::Disabled(why) => assert!(why.contains("puppet kicker rollout 42"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    choria.enable(&web1).unwrap();
+    assert_eq!(kick(&choria, "web1.example.com"), Outcome::StartedAt(1_700_000_000_000));
+    let last = choria.last_run(&web1).unwrap();
+    assert_eq!(last.status, RunStatus::Unchanged);
+    assert!(last.at.is_some_and(|at| at > 1_700_000_000_000), "{last:?}");
+    assert_eq!(choria.enable(&web1).unwrap_err(), "Could not enable Puppet: Already enabled (status 1)");
+
+    let actions: Vec<_> = responder.seen().into_iter().map(|s| (s.action, s.data)).collect();
+    let message = |m: &str| json!({"message": m});
+    assert_eq!(
+        actions,
+        [
+            ("last_run_summary".to_string(), json!({})),
+            ("disable".to_string(), message("puppet kicker rollout 42")),
+            ("disable".to_string(), message("puppet kicker rollout 43")),
+            ("runonce".to_string(), json!({"force": true, "splay": false})),
+            ("enable".to_string(), json!({})),
+            ("runonce".to_string(), json!({"force": true, "splay": false})),
+            ("last_run_summary".to_string(), json!({})),
+            ("enable".to_string(), json!({})),
+        ]
+    );
+    // A silent server: the reason, within the reply timeout.
+    let silent = Server { certname: "silent.example.com", environment: "production" };
+    let why = choria.disable(&silent, "puppet kicker rollout 42").unwrap_err();
+    assert!(why.contains("no reply from silent.example.com within 2 s"), "{why}");
     assert!(responder.refused().is_empty(), "{:?}", responder.refused());
 }
 

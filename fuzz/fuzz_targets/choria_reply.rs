@@ -1,12 +1,14 @@
-//! A Choria server's reply to a `runonce` (`kick::choria::decode_reply`), then read
-//! as the planner's outcome. The first byte picks the layer the input replaces: the
+//! A Choria server's reply (`kick::choria::decode_reply`), then read as each action
+//! reads it: a `runonce`'s outcome, a `disable`'s or `enable`'s done or reason, a
+//! `last_run_summary`'s last run. The first byte picks the layer the input replaces: the
 //! transport as the broker delivers it (most fail early), the secure reply inside a
 //! good transport, or the reply inside a good secure reply whose hash is made here
 //! as a server makes it, so that the layers behind the hash are reached.
 //!
 //! Whatever the bytes: no panic, a typed error or a reply (never past the size
 //! limit) from one of the request's two targets; a reply's outcome keeps a bounded
-//! message, and status 0 is a started run. `claimed_sender` reads the same bytes
+//! message, and status 0 is a started run; a reason for a refused `disable` is
+//! bounded too, and a last run is read from any outputs without a panic. `claimed_sender` reads the same bytes
 //! without a panic, and for an accepted reply names its sender.
 #![no_main]
 
@@ -69,6 +71,13 @@ fuzz_target!(|input: &[u8]| {
             assert!(message.chars().count() <= 240, "{} characters kept", message.chars().count());
             if reply.statuscode == 0 {
                 assert!(matches!(outcome, Outcome::Started | Outcome::StartedAt(_)), "{outcome:?}");
+            }
+            match reply.done() {
+                Ok(()) => assert_eq!(reply.statuscode, 0),
+                Err(why) => assert!(why.chars().count() <= 240, "{} characters kept", why.chars().count()),
+            }
+            if let Ok(last) = reply.last_run() {
+                assert!(last.at.is_none_or(|at| at > 0), "{last:?}");
             }
         }
         Err(e) => {

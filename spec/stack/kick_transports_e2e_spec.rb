@@ -197,6 +197,24 @@ module KickTransportsE2E
                  "#{format('%.1f', kicked[:start] - long[:end])} s after the long run ended")
         end
 
+        it 'puppet kicker rollout run: the batches in order, each server once, every agent enabled after' do
+          scenario("#{carrier}-rollout", node_pp: '', haproxy_pp: '')
+          env = { 'PUPPET_KICKER_CONFIG' => File.join(@e2e, 'puppet_kicker.yaml'), 'RUBYLIB' => File.join(ROOT, 'lib'),
+                  'PUPPET_KICKER_HELPER' => '0', }
+          Dir.mktmpdir do |puppet|
+            dirs = %w[confdir vardir logdir rundir codedir].flat_map { |name| ["--#{name}", File.join(puppet, name)] }
+            out, err, status = Open3.capture3(env, '/usr/bin/puppet', 'kicker', 'rollout', 'run', '--roles', 'node,haproxy',
+                                              '--order', 'given', '--batch', '1', '--timeout-per-batch', '120',
+                                              '--certname', 'master.example.com', *dirs, chdir: puppet)
+            expect(status.exitstatus).to eq(0), "#{out}\n#{err}"
+            expect(err).to include('rollout: batch 3 of 3 (haproxy): lb1.example.com')
+          end
+          order = [NODE1, NODE2, LB1]
+          expect(order.map { |id| runs(id).size }).to eq([1, 1, 1])
+          order.each_cons(2) { |a, b| expect(runs(b).first[:start]).to be >= runs(a).first[:end] }
+          order.each { |id| expect(File.exist?(node_file(id, 'puppet/var/state/agent_disabled.lock'))).to be(false) }
+        end
+
         it 'a disabled load balancer answers disabled with its message, and does not run' do
           agent(LB1, '--disable', 'maintenance window 42')
           begin
@@ -213,24 +231,6 @@ module KickTransportsE2E
 
     context 'through ssh' do
       let(:carrier) { 'ssh' }
-
-      it 'puppet kicker rollout run: the batches in order, each server once, every agent enabled after' do
-        scenario('ssh-rollout', node_pp: '', haproxy_pp: '')
-        env = { 'PUPPET_KICKER_CONFIG' => File.join(@e2e, 'puppet_kicker.yaml'), 'RUBYLIB' => File.join(ROOT, 'lib'),
-                'PUPPET_KICKER_HELPER' => '0', }
-        Dir.mktmpdir do |puppet|
-          dirs = %w[confdir vardir logdir rundir codedir].flat_map { |name| ["--#{name}", File.join(puppet, name)] }
-          out, err, status = Open3.capture3(env, '/usr/bin/puppet', 'kicker', 'rollout', 'run', '--roles', 'node,haproxy',
-                                            '--order', 'given', '--batch', '1', '--timeout-per-batch', '120',
-                                            '--certname', 'master.example.com', *dirs, chdir: puppet)
-          expect(status.exitstatus).to eq(0), "#{out}\n#{err}"
-          expect(err).to include('rollout: batch 3 of 3 (haproxy): lb1.example.com')
-        end
-        order = [NODE1, NODE2, LB1]
-        expect(order.map { |id| runs(id).size }).to eq([1, 1, 1])
-        order.each_cons(2) { |a, b| expect(runs(b).first[:start]).to be >= runs(a).first[:end] }
-        order.each { |id| expect(File.exist?(node_file(id, 'puppet/var/state/agent_disabled.lock'))).to be(false) }
-      end
 
       it 'a target whose host key is not in known_hosts is refused, and nothing runs there' do
         @known_hosts = 'known_hosts.other'

@@ -450,7 +450,7 @@ keys! {
     Plain "kick.confirm_within" = Value("30m"),
         set |c, v, _| c.kick.planner.confirm_within_ms = millis(v)?,
         show |c| &c.kick.planner.confirm_within_ms;
-    /// What confirms a kick: `reports` (the target's report, through this machine's `kick` processor), `transport` (its agent's last-run summary, asked every 15 s; mcollective's `puppet` agent) or `auto` (reports, except for kicks from a masterless `puppet apply`'s report: transport)
+    /// What confirms a kick: `reports` (the target's report, through this machine's `kick` processor), `transport` (its agent's last-run summary, asked every 15 s; the `puppet` agent over mcollective or Choria, or SSH's runonce script) or `auto` (reports, except for kicks from a masterless `puppet apply`'s report: transport)
     Plain "kick.confirm_by" = Value("auto"),
         set |c, v, _| c.kick.planner.confirm_by = choice(v, ConfirmBy::ALL, "'auto', 'reports' or 'transport'")?,
         show |c| c.kick.planner.confirm_by.name();

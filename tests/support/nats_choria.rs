@@ -132,6 +132,8 @@ pub fn behaviour(identity: &str) -> &str {
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub identity: String,
+    /// `runonce`, or a rollout's `disable`, `enable`, `last_run_summary`.
+    pub action: String,
     pub callerid: String,
     pub collective: String,
     pub requestid: String,
@@ -142,6 +144,16 @@ pub struct Seen {
 pub struct Log {
     seen: Arc<Mutex<Vec<Seen>>>,
     refused: Arc<Mutex<Vec<String>>>,
+    agents: Arc<Mutex<std::collections::HashMap<String, Agent>>>,
+}
+
+/// One server's puppet agent, as the `puppet` agent's actions see it.
+#[derive(Clone, Debug, Default)]
+pub struct Agent {
+    /// The `disable` message while disabled.
+    pub disabled: Option<String>,
+    /// When its last run (a `runonce` taken) ended, Unix seconds; 0: never ran.
+    pub last_run: i64,
 }
 
 /// A Choria server's side of `puppet#runonce` for every identity of every collective
@@ -178,7 +190,7 @@ impl Responder {
                             kept.seen.lock().unwrap().push(seen.clone());
                             // Not flushed one by one: the client writes out what it
                             // buffered at once, as a fleet's servers answer in parallel.
-                            if let Some(reply) = reply_for(&seen) {
+                            if let Some(reply) = kept.reply_for(&seen) {
                                 client.publish(reply_to, reply.into()).await.unwrap();
                             }
                         }
@@ -197,6 +209,11 @@ impl Responder {
 
     pub fn refused(&self) -> Vec<String> {
         self.log.refused.lock().unwrap().clone()
+    }
+
+    /// The puppet agent of `identity` as the actions left it.
+    pub fn agent(&self, identity: &str) -> Agent {
+        self.log.agents.lock().unwrap().get(identity).cloned().unwrap_or_default()
     }
 }
 
@@ -285,11 +302,14 @@ pub fn check_request(payload: &[u8], collective: &str, identity: &str) -> Result
     }
     let rpc: Value = serde_json::from_slice(&unbase64(text(&request, "message")?, "message")?)
         .map_err(|e| format!("RPC request not JSON: {e}"))?;
-    if text(&rpc, "agent")? != "puppet" || text(&rpc, "action")? != "runonce" || text(envelope, "agent")? != "puppet" {
-        return Err("not puppet#runonce".into());
+    let action = text(&rpc, "action")?;
+    let actions = ["runonce", "disable", "enable", "last_run_summary"];
+    if text(&rpc, "agent")? != "puppet" || !actions.contains(&action) || text(envelope, "agent")? != "puppet" {
+        return Err(format!("not one of the puppet agent's {actions:?}"));
     }
     let seen = Seen {
         identity: identity.to_string(),
+        action: action.to_string(),
         callerid: callerid.to_string(),
         collective: text(envelope, "collective")?.to_string(),
         requestid: requestid.to_string(),
@@ -306,33 +326,88 @@ pub fn sha256_base64(text: &str) -> String {
     BASE64.encode(ring::digest::digest(&ring::digest::SHA256, text.as_bytes()))
 }
 
-/// The server's reply, as go-choria builds one; `None`: this server stays silent.
-pub fn reply_for(seen: &Seen) -> Option<Vec<u8>> {
-    let (statuscode, statusmsg, data) = match behaviour(&seen.identity) {
-        "silent" => return None,
-        "busy" => (1, "Puppet is currently applying a catalog, cannot run now", json!({})),
-        _ => (0, "OK", json!({"summary": "Signalled the running Puppet Daemon", "initiated_at": 1_700_000_000})),
-    };
-    let rpc = json!({"statuscode": statuscode, "statusmsg": statusmsg, "data": data}).to_string();
-    let requestid = match behaviour(&seen.identity) {
-        "otherid" => "0123456789abcdef0123456789abcdef".to_string(),
-        _ => seen.requestid.clone(),
-    };
-    let reply = json!({
-        "protocol": "choria:reply:1",
-        "message": rpc,
-        "envelope": {"requestid": requestid, "senderid": seen.identity, "agent": "puppet", "time": unix_now()},
-    })
-    .to_string();
-    let hash = match behaviour(&seen.identity) {
-        "badhash" => sha256_base64(&format!("{reply} ")),
-        _ => sha256_base64(&reply),
-    };
-    let secure = json!({"protocol": "choria:secure:reply:1", "message": reply, "hash": hash}).to_string();
-    let transport = json!({
-        "protocol": "choria:transport:1",
-        "data": BASE64.encode(secure),
-        "headers": {"mc_sender": seen.identity},
-    });
-    Some(transport.to_string().into_bytes())
+impl Log {
+    /// The server's reply, as go-choria builds one; `None`: this server stays silent.
+    /// The agent's state is kept as choria-plugins/puppet-agent keeps it: a disabled
+    /// agent refuses `runonce` and a second `disable`; a `runonce` is a run that ends
+    /// at once, unchanged.
+    fn reply_for(&self, seen: &Seen) -> Option<Vec<u8>> {
+        let mut agents = self.agents.lock().unwrap();
+        let agent = agents.entry(seen.identity.clone()).or_default();
+        let (statuscode, statusmsg, data) = match (behaviour(&seen.identity), seen.action.as_str()) {
+            ("silent", _) => return None,
+            ("busy", "runonce") => (1, "Puppet is currently applying a catalog, cannot run now".into(), json!({})),
+            (_, "runonce") => match &agent.disabled {
+                Some(why) => (
+                    1,
+                    format!("Puppet is disabled: '{why}'"),
+                    json!({"summary": format!("Puppet is disabled: '{why}'")}),
+                ),
+                None => {
+                    agent.last_run = unix_now();
+                    (
+                        0,
+                        "OK".into(),
+                        json!({"summary": "Signalled the running Puppet Daemon", "initiated_at": 1_700_000_000}),
+                    )
+                }
+            },
+            (_, "disable") => match &agent.disabled {
+                Some(_) => (
+                    1,
+                    "Could not disable Puppet: Already disabled".into(),
+                    json!({"status": "Could not disable Puppet: Already disabled", "enabled": false}),
+                ),
+                None => {
+                    let message = seen.data["message"].as_str().unwrap_or("").to_string();
+                    agent.disabled = Some(message.clone());
+                    (
+                        0,
+                        "OK".into(),
+                        json!({"status": format!("Succesfully locked the Puppet agent: {message}"), "enabled": false}),
+                    )
+                }
+            },
+            (_, "enable") => match agent.disabled.take() {
+                Some(_) => (0, "OK".into(), json!({"status": "Succesfully enabled the Puppet agent", "enabled": true})),
+                None => (
+                    1,
+                    "Could not enable Puppet: Already enabled".into(),
+                    json!({"status": "Could not enable Puppet: Already enabled", "enabled": true}),
+                ),
+            },
+            _ => (
+                0,
+                "OK".into(),
+                json!({
+                    "lastrun": agent.last_run, "failed_resources": 0, "changed_resources": 0, "total_resources": 3,
+                    "summary": {"resources": {"total": 3, "failed": 0, "changed": 0}, "events": {"failure": 0},
+                                "time": {"last_run": agent.last_run}},
+                }),
+            ),
+        };
+        drop(agents);
+        let rpc = json!({"statuscode": statuscode, "statusmsg": statusmsg, "data": data}).to_string();
+        let requestid = match behaviour(&seen.identity) {
+            "otherid" => "0123456789abcdef0123456789abcdef".to_string(),
+            _ => seen.requestid.clone(),
+        };
+        let reply = json!({
+            "protocol": "choria:reply:1",
+            "message": rpc,
+            "envelope": {"requestid": requestid, "senderid": seen.identity, "agent": "puppet", "time": unix_now()},
+        })
+        .to_string();
+        let hash = match behaviour(&seen.identity) {
+            "badhash" => sha256_base64(&format!("{reply} ")),
+            _ => sha256_base64(&reply),
+        };
+        let secure = json!({"protocol": "choria:secure:reply:1", "message": reply, "hash": hash}).to_string();
+        let transport = json!({
+            "protocol": "choria:transport:1",
+            "data": BASE64.encode(secure),
+            "headers": {"mc_sender": seen.identity},
+        });
+        Some(transport.to_string().into_bytes())
+    }
 }

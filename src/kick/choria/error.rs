@@ -43,7 +43,7 @@ impl fmt::Display for CredentialError {
 
 impl std::error::Error for CredentialError {}
 
-/// A `runonce` request that cannot be built as asked.
+/// A request that cannot be built as asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RequestError {
@@ -56,6 +56,9 @@ pub enum RequestError {
     /// The `environment` input is not what the `puppet` agent's DDL accepts
     /// (`puppet_variable`: word characters, at most 50).
     BadEnvironment(String),
+    /// `disable`'s `message` is not what the DDL accepts (`shellsafe`: none of
+    /// `` ` `` `$` `;` `|` `&&` `>` `<`, no control character; at most 120 characters).
+    BadMessage(String),
     /// The operating system gave no randomness for a request id.
     NoRandomness,
     /// A request id that is not 32 lowercase hex digits.
@@ -78,6 +81,10 @@ impl fmt::Display for RequestError {
             RequestError::BadEnvironment(env) => {
                 write!(f, "environment {env:?} is not a Puppet environment name the puppet agent accepts")
             }
+            RequestError::BadMessage(message) => write!(
+                f,
+                "disable message {message:?} is not one the puppet agent accepts (at most 120 characters, none of ` $ ; | && > <)"
+            ),
             RequestError::NoRandomness => write!(f, "no randomness from the operating system for a Choria request id"),
             RequestError::BadRequestId(id) => write!(f, "Choria request id {id:?} is not 32 lowercase hex digits"),
             RequestError::Signing(e) => write!(f, "{e}"),

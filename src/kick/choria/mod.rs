@@ -1,5 +1,6 @@
-//! Choria's protocol version 1, as the kick transport speaks it: a `puppet#runonce`
-//! request directed to one server, and that server's reply, as bytes. Pure and
+//! Choria's protocol version 1, as the kick transport speaks it: a request to the
+//! `puppet` agent (`runonce`; a rollout's `disable`, `enable` and `last_run_summary`)
+//! directed to one or more servers, and each server's reply, as bytes. Pure and
 //! synchronous: no network here (the NATS connection is the transport's job), so every
 //! rule below is tested on its own, and the reply decoder is fuzzed
 //! (`fuzz/fuzz_targets/choria_reply.rs`).
@@ -63,6 +64,11 @@
 //!   Failures come as a non-zero `statuscode` with the agent's message: they are read
 //!   as the mcollective transport reads them ([`crate::kick::classify`]), so every
 //!   transport maps to the planner's outcomes alike.
+//! - `disable` (`message`: `shellsafe`, at most 120 characters), `enable` and
+//!   `last_run_summary` (outputs `lastrun`, `failed_resources`, `changed_resources`,
+//!   `total_resources` and the `summary` itself): the same DDL; the agent answers
+//!   an agent already disabled, or already enabled, with `statuscode` 1 and its
+//!   reason in `status`.
 //!
 //! Nothing from the peer is trusted: a reply is refused past [`MAX_REPLY_BYTES`]
 //! before it is parsed, its hash is checked, and its request id and sender must be
@@ -79,10 +85,10 @@ mod transport;
 
 pub use credentials::Credentials;
 pub use error::{CredentialError, ReplyError, RequestError};
-pub use reply::{claimed_sender, decode_reply, Expected, RunOnceReply, MAX_REPLY_BYTES};
+pub use reply::{claimed_sender, decode_reply, ActionReply, Expected, MAX_REPLY_BYTES};
 pub use request::{
-    directed_subject, reply_subject, runonce_request, Caller, Destination, DirectedRequest, RequestId, RunOnce, AGENT,
-    MAX_TARGETS, MIN_TTL,
+    directed_request, directed_subject, reply_subject, Action, Caller, Destination, DirectedRequest, RequestId,
+    RunOnce, AGENT, MAX_TARGETS, MIN_TTL,
 };
 pub use settings::{parse_brokers, runonce_inputs, Broker, ChoriaSettings, SetupError, DEFAULT_NATS_PORT};
 pub use transport::ChoriaTransport;

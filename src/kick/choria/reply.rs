@@ -1,19 +1,21 @@
-//! A server's reply to a `runonce`, from the bytes the broker delivered: bounded,
-//! its hash checked, its request id and sender ours, then read as the planner's
-//! outcome.
+//! A server's reply to a request of the `puppet` agent, from the bytes the broker
+//! delivered: bounded, its hash checked, its request id and sender ours; then read
+//! as the planner's outcome (`runonce`), as done or refused (`disable`, `enable`), or
+//! as the last run (`last_run_summary`).
 
 use super::error::{clip, ReplyError};
 use super::request::{RequestId, AGENT};
 use super::{REPLY_V1, SECURE_REPLY_V1, TRANSPORT_V1};
-use crate::kick::{classify, Outcome};
+use crate::kick::{classify, LastRun, Outcome};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use ring::digest::{digest, SHA256};
 use serde::Deserialize;
 use serde_json::Value;
 
-/// A `runonce` reply is a few hundred bytes (its summary quotes the agent's command);
-/// anything past this is refused before it is parsed.
+/// A `runonce` reply is a few hundred bytes (its summary quotes the agent's command),
+/// a `last_run_summary` a few kilobytes (the summary, and the count of each resource
+/// type); anything past this is refused before it is parsed.
 pub const MAX_REPLY_BYTES: usize = 64 * 1024;
 /// At most this many characters of the agent's message are kept in an outcome.
 const MAX_MESSAGE_CHARS: usize = 200;
@@ -26,9 +28,9 @@ pub struct Expected<'a> {
     pub targets: &'a [&'a str],
 }
 
-/// A checked `runonce` reply.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunOnceReply {
+/// A checked reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ActionReply {
     /// The target that sent it (the envelope's `senderid`).
     pub sender: String,
     /// The reply envelope's `time`: Unix seconds on the server's clock.
@@ -37,31 +39,47 @@ pub struct RunOnceReply {
     /// 4 invalid data, 5 unknown error.
     pub statuscode: i64,
     pub statusmsg: String,
-    /// `data.summary`: what the agent did ("Signalled the running Puppet Daemon").
-    pub summary: Option<String>,
-    /// `data.initiated_at`: Unix seconds on the server's clock when it started the run.
-    pub initiated_at: Option<i64>,
+    /// The action's outputs (`Null` when the reply has none).
+    pub data: Value,
 }
 
-impl RunOnceReply {
-    /// The planner's outcome, read as every transport reads it ([`classify`]); a
-    /// started run carries the server's clock (`initiated_at`, else the reply's time),
-    /// so its report is told from an earlier run whatever the skew between clocks.
-    pub fn outcome(&self) -> Outcome {
-        let message = match (self.statusmsg.as_str(), self.summary.as_deref()) {
+impl ActionReply {
+    /// `data.summary` of a `runonce`: what the agent did ("Signalled the running
+    /// Puppet Daemon").
+    pub fn summary(&self) -> Option<&str> {
+        self.data.get("summary").and_then(Value::as_str)
+    }
+
+    /// `data.initiated_at` of a `runonce`: Unix seconds on the server's clock when it
+    /// started the run. Ruby's `Time.now.to_i`: an integer; a float is taken whole.
+    pub fn initiated_at(&self) -> Option<i64> {
+        let v = self.data.get("initiated_at")?;
+        v.as_i64().or_else(|| v.as_f64().filter(|f| f.is_finite()).map(|f| f as i64))
+    }
+
+    /// The agent's message, bounded: `statusmsg`, with `summary` where it says more.
+    fn message(&self) -> String {
+        let message = match (self.statusmsg.as_str(), self.summary()) {
             ("", Some(summary)) => summary.to_string(),
             (msg, Some(summary)) if !summary.is_empty() && summary != msg && self.statuscode != 0 => {
                 format!("{msg}: {summary}")
             }
             (msg, _) => msg.to_string(),
         };
-        let message = match message.char_indices().nth(MAX_MESSAGE_CHARS) {
+        match message.char_indices().nth(MAX_MESSAGE_CHARS) {
             Some((at, _)) => format!("{}...", &message[..at]),
             None => message,
-        };
-        match classify(self.statuscode, &message) {
+        }
+    }
+
+    /// A `runonce` reply as the planner's outcome, read as every transport reads it
+    /// ([`classify`]); a started run carries the server's clock (`initiated_at`,
+    /// else the reply's time), so its report is told from an earlier run whatever
+    /// the skew between clocks.
+    pub fn outcome(&self) -> Outcome {
+        match classify(self.statuscode, &self.message()) {
             Outcome::Started => {
-                let at = self.initiated_at.filter(|&t| t > 0).or(Some(self.time).filter(|&t| t > 0));
+                let at = self.initiated_at().filter(|&t| t > 0).or(Some(self.time).filter(|&t| t > 0));
                 match at {
                     Some(seconds) => Outcome::StartedAt(seconds.saturating_mul(1000)),
                     None => Outcome::Started,
@@ -69,6 +87,37 @@ impl RunOnceReply {
             }
             outcome => outcome,
         }
+    }
+
+    /// A `disable` or `enable` reply: done, or the agent's reason ("Could not
+    /// disable Puppet: Already disabled").
+    pub fn done(&self) -> Result<(), String> {
+        if self.statuscode == 0 {
+            Ok(())
+        } else {
+            let status = self.data.get("status").and_then(Value::as_str).filter(|s| !s.is_empty());
+            let said = status.map_or_else(|| self.message(), clip);
+            Err(format!("{said} (status {})", self.statuscode))
+        }
+    }
+
+    /// A `last_run_summary` reply as the last run: `lastrun` (0: never ran), the
+    /// failed and changed resources, and the summary's failed events and resources.
+    pub fn last_run(&self) -> Result<LastRun, String> {
+        self.done()?;
+        let int = |v: Option<&Value>| v.and_then(Value::as_i64).unwrap_or(0);
+        let summary = self.data.get("summary");
+        let resources =
+            summary.and_then(|s| s.get("resources")).and_then(Value::as_object).is_some_and(|r| !r.is_empty());
+        let failed_events = int(summary.and_then(|s| s.get("events")).and_then(|e| e.get("failure")));
+        let at = int(self.data.get("lastrun"));
+        Ok(LastRun::from_counts(
+            (at > 0).then(|| at.saturating_mul(1000)),
+            resources || int(self.data.get("total_resources")) > 0,
+            int(self.data.get("failed_resources")),
+            failed_events,
+            int(self.data.get("changed_resources")),
+        ))
     }
 }
 
@@ -80,7 +129,7 @@ impl RunOnceReply {
 /// The RPC reply is taken as JSON text, as go-choria writes it, or as base64 of it
 /// (as the request's is): a JSON object starts with `{`, which base64 never does,
 /// so the two cannot be mistaken for each other.
-pub fn decode_reply(bytes: &[u8], expected: &Expected<'_>) -> Result<RunOnceReply, ReplyError> {
+pub fn decode_reply(bytes: &[u8], expected: &Expected<'_>) -> Result<ActionReply, ReplyError> {
     if bytes.len() > MAX_REPLY_BYTES {
         return Err(ReplyError::TooLarge { len: bytes.len(), limit: MAX_REPLY_BYTES });
     }
@@ -120,19 +169,12 @@ pub fn decode_reply(bytes: &[u8], expected: &Expected<'_>) -> Result<RunOnceRepl
         base64_text("message", &reply.message)?
     };
     let rpc: RpcReplyIn = parse("RPC reply", rpc_json.as_bytes())?;
-    let data = rpc.data.as_ref();
-    let summary = data.and_then(|d| d.get("summary")).and_then(Value::as_str).map(str::to_string);
-    let initiated_at = data.and_then(|d| d.get("initiated_at")).and_then(|v| {
-        // Ruby's `Time.now.to_i`: an integer; a float is taken whole.
-        v.as_i64().or_else(|| v.as_f64().filter(|f| f.is_finite()).map(|f| f as i64))
-    });
-    Ok(RunOnceReply {
+    Ok(ActionReply {
         sender: envelope.senderid,
         time: envelope.time,
         statuscode: rpc.statuscode,
         statusmsg: rpc.statusmsg,
-        summary,
-        initiated_at,
+        data: rpc.data.unwrap_or(Value::Null),
     })
 }
 

@@ -1,5 +1,6 @@
-//! A `puppet#runonce` request directed to one or more servers, as the bytes to
-//! publish and the subjects to publish them to and hear the replies on.
+//! A request to the `puppet` agent (`runonce`, and a rollout's `disable`, `enable`
+//! and `last_run_summary`) directed to one or more servers, as the bytes to publish
+//! and the subjects to publish them to and hear the replies on.
 //!
 //! Several servers share one request as go-choria's direct mode shares it: one
 //! signed message, its identity filter naming every target, published unchanged to
@@ -25,6 +26,8 @@ pub const MIN_TTL: u32 = 30;
 const MAX_NAME: usize = 255;
 /// The `puppet` DDL's `maxlength` of `environment`.
 const MAX_ENVIRONMENT: usize = 50;
+/// The `puppet` DDL's `maxlength` of `disable`'s `message`.
+const MAX_MESSAGE: usize = 120;
 /// The most targets one request names: its identity filter (about 30 bytes each,
 /// sent to every target) stays a few kilobytes.
 pub const MAX_TARGETS: usize = 64;
@@ -40,6 +43,67 @@ pub struct RunOnce {
     pub splaylimit: Option<u32>,
     /// The Puppet environment to run in.
     pub environment: Option<String>,
+}
+
+/// An action of the `puppet` agent, with its inputs (`puppet.json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action<'a> {
+    RunOnce(&'a RunOnce),
+    /// Holds scheduled runs off; `message` says why (`puppet agent --disable MSG`).
+    Disable {
+        message: &'a str,
+    },
+    Enable,
+    /// The last run's summary (the agent's `load_summary`), without its logs.
+    LastRunSummary,
+}
+
+impl Action<'_> {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::RunOnce(_) => "runonce",
+            Action::Disable { .. } => "disable",
+            Action::Enable => "enable",
+            Action::LastRunSummary => "last_run_summary",
+        }
+    }
+
+    /// The RPC request's `data`, checked against the DDL; its keys sorted as Go
+    /// writes a map's.
+    fn data(&self) -> Result<serde_json::Value, RequestError> {
+        let mut data = serde_json::Map::new();
+        match self {
+            Action::RunOnce(inputs) => {
+                if let Some(env) = &inputs.environment {
+                    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+                    if env.is_empty() || env.len() > MAX_ENVIRONMENT || !env.bytes().all(word) {
+                        return Err(RequestError::BadEnvironment(super::error::clip(env)));
+                    }
+                    data.insert("environment".into(), env.as_str().into());
+                }
+                if let Some(force) = inputs.force {
+                    data.insert("force".into(), force.into());
+                }
+                if let Some(splay) = inputs.splay {
+                    data.insert("splay".into(), splay.into());
+                }
+                if let Some(limit) = inputs.splaylimit {
+                    data.insert("splaylimit".into(), limit.into());
+                }
+            }
+            Action::Disable { message } => {
+                // The DDL's `shellsafe` validator, and its length.
+                let unsafe_text = ["`", "$", ";", "|", "&&", ">", "<"].iter().any(|s| message.contains(s))
+                    || message.chars().any(char::is_control);
+                if message.chars().count() > MAX_MESSAGE || unsafe_text {
+                    return Err(RequestError::BadMessage(super::error::clip(message)));
+                }
+                data.insert("message".into(), (*message).into());
+            }
+            Action::Enable | Action::LastRunSummary => {}
+        }
+        Ok(serde_json::Value::Object(data))
+    }
 }
 
 /// Who asks: the envelope's `senderid` and `callerid`, the transport's `mc_sender`.
@@ -130,13 +194,13 @@ pub struct Destination<'a> {
     pub targets: &'a [&'a str],
 }
 
-/// `puppet#runonce` to each of `to`'s targets, signed with `credentials`, valid `ttl` seconds from
-/// `now` (Unix seconds, this host's clock).
-pub fn runonce_request(
+/// `puppet#<action>` to each of `to`'s targets, signed with `credentials`, valid `ttl`
+/// seconds from `now` (Unix seconds, this host's clock).
+pub fn directed_request(
     credentials: &Credentials,
     caller: &Caller,
     to: Destination<'_>,
-    inputs: &RunOnce,
+    action: Action<'_>,
     id: RequestId,
     ttl: u32,
     now: i64,
@@ -155,23 +219,7 @@ pub fn runonce_request(
     if ttl < MIN_TTL {
         return Err(RequestError::TtlTooShort(ttl));
     }
-    if let Some(env) = &inputs.environment {
-        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
-        if env.is_empty() || env.len() > MAX_ENVIRONMENT || !env.bytes().all(word) {
-            return Err(RequestError::BadEnvironment(super::error::clip(env)));
-        }
-    }
-
-    let rpc = RpcRequest {
-        agent: AGENT,
-        action: "runonce",
-        data: RunOnceData {
-            environment: inputs.environment.as_deref(),
-            force: inputs.force,
-            splay: inputs.splay,
-            splaylimit: inputs.splaylimit,
-        },
-    };
+    let rpc = RpcRequest { agent: AGENT, action: action.name(), data: action.data()? };
     let caller_id = caller.caller_id();
     let request = Request {
         protocol: REQUEST_V1,
@@ -236,20 +284,7 @@ fn json<T: Serialize>(value: &T) -> String {
 struct RpcRequest<'a> {
     agent: &'a str,
     action: &'a str,
-    data: RunOnceData<'a>,
-}
-
-/// Sorted as Go writes a map's keys.
-#[derive(Serialize)]
-struct RunOnceData<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    environment: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    force: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    splay: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    splaylimit: Option<u32>,
+    data: serde_json::Value,
 }
 
 #[derive(Serialize)]

@@ -4,7 +4,7 @@
 
 use super::credentials::Credentials;
 use super::error::CredentialError;
-use super::request::{runonce_request, Caller, Destination, RequestId, RunOnce, MIN_TTL};
+use super::request::{directed_request, Action, Caller, Destination, RequestId, RunOnce, MIN_TTL};
 use crate::puppet_settings::PuppetSettings;
 use std::fmt;
 use std::io::Read;
@@ -116,7 +116,7 @@ impl ChoriaSettings {
         // Every name, the ttl and the key are checked once now, by building a request.
         let id = RequestId::random().map_err(|e| SetupError::Request(e.to_string()))?;
         let probe = Destination { collective: &self.collective, targets: &["probe.invalid"] };
-        runonce_request(&credentials, &caller, probe, &RunOnce::default(), id, self.ttl, 0)
+        directed_request(&credentials, &caller, probe, Action::RunOnce(&RunOnce::default()), id, self.ttl, 0)
             .map_err(|e| SetupError::Request(e.to_string()))?;
         for collective in &self.collectives {
             super::request::directed_subject(collective, "probe.invalid")

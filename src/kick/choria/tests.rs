@@ -2,7 +2,7 @@
 //! tests/fixtures/choria (made by its make-fixtures.sh with openssl).
 
 use super::*;
-use crate::kick::Outcome;
+use crate::kick::{LastRun, Outcome, RunStatus};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use ring::digest::{digest, SHA256};
@@ -40,7 +40,7 @@ fn to() -> Destination<'static> {
 }
 
 fn build(inputs: &RunOnce) -> DirectedRequest {
-    runonce_request(&credentials(), &caller(), to(), inputs, id(), 60, NOW).unwrap()
+    directed_request(&credentials(), &caller(), to(), Action::RunOnce(inputs), id(), 60, NOW).unwrap()
 }
 
 fn object<'a>(value: &'a Value, what: &str) -> &'a serde_json::Map<String, Value> {
@@ -125,7 +125,7 @@ fn a_runonce_goes_to_the_target_and_its_reply_to_our_private_subject() {
 fn one_request_for_several_targets_goes_to_each_with_every_target_in_its_filter() {
     let targets = ["web1.example.com", "web2.example.com", "db1.example.com"];
     let to = Destination { collective: "production", targets: &targets };
-    let request = runonce_request(&credentials(), &caller(), to, &inputs(), id(), 60, NOW).unwrap();
+    let request = directed_request(&credentials(), &caller(), to, Action::RunOnce(&inputs()), id(), 60, NOW).unwrap();
     assert_eq!(
         request.subjects,
         ["production.node.web1.example.com", "production.node.web2.example.com", "production.node.db1.example.com"]
@@ -157,7 +157,7 @@ fn one_request_for_several_targets_goes_to_each_with_every_target_in_its_filter(
 fn a_request_names_1_to_64_targets_none_twice() {
     let build = |targets: &[&str]| {
         let to = Destination { collective: "production", targets };
-        runonce_request(&credentials(), &caller(), to, &inputs(), id(), 60, NOW)
+        directed_request(&credentials(), &caller(), to, Action::RunOnce(&inputs()), id(), 60, NOW)
     };
     assert_eq!(build(&[]).unwrap_err(), RequestError::TargetCount { count: 0, limit: MAX_TARGETS });
     let names: Vec<String> = (0..=MAX_TARGETS).map(|i| format!("web{i}.example.com")).collect();
@@ -245,7 +245,7 @@ fn the_same_request_is_the_same_bytes() {
 fn names_that_cannot_be_subjects_are_refused_by_name() {
     let bad = |collective: &str, target: &str| {
         let to = Destination { collective, targets: &[target] };
-        runonce_request(&credentials(), &caller(), to, &inputs(), id(), 60, NOW).unwrap_err()
+        directed_request(&credentials(), &caller(), to, Action::RunOnce(&inputs()), id(), 60, NOW).unwrap_err()
     };
     for target in ["", "web 1", "web*", "web.>", "web..example", ".web", "web.", "web\n1"] {
         assert_eq!(bad("production", target), RequestError::BadName { what: "target", value: target.into() });
@@ -257,18 +257,19 @@ fn names_that_cannot_be_subjects_are_refused_by_name() {
     assert!(matches!(bad("production", &long), RequestError::BadName { what: "target", .. }));
 
     let sender = Caller { sender: "my host".into(), ..caller() };
-    let err = runonce_request(&credentials(), &sender, to(), &inputs(), id(), 60, NOW).unwrap_err();
+    let err = directed_request(&credentials(), &sender, to(), Action::RunOnce(&inputs()), id(), 60, NOW).unwrap_err();
     assert!(matches!(err, RequestError::BadName { what: "sender", .. }), "{err}");
 }
 
 #[test]
 fn a_short_ttl_and_an_environment_the_agent_rejects_are_refused() {
-    let err = runonce_request(&credentials(), &caller(), to(), &inputs(), id(), 29, NOW).unwrap_err();
+    let err = directed_request(&credentials(), &caller(), to(), Action::RunOnce(&inputs()), id(), 29, NOW).unwrap_err();
     assert_eq!(err, RequestError::TtlTooShort(29));
-    assert!(runonce_request(&credentials(), &caller(), to(), &inputs(), id(), MIN_TTL, NOW).is_ok());
+    assert!(directed_request(&credentials(), &caller(), to(), Action::RunOnce(&inputs()), id(), MIN_TTL, NOW).is_ok());
     for env in ["", "prod-1", "a b", &"e".repeat(51)] {
         let inputs = RunOnce { environment: Some(env.to_string()), ..inputs() };
-        let err = runonce_request(&credentials(), &caller(), to(), &inputs, id(), 60, NOW).unwrap_err();
+        let err =
+            directed_request(&credentials(), &caller(), to(), Action::RunOnce(&inputs), id(), 60, NOW).unwrap_err();
         assert!(matches!(err, RequestError::BadEnvironment(_)), "{env:?}: {err}");
     }
 }
@@ -340,7 +341,7 @@ fn started() -> Value {
            "data": {"summary": "Signalled the running Puppet Daemon", "initiated_at": NOW + 4}})
 }
 
-fn decode(reply: &ServerReply) -> Result<RunOnceReply, ReplyError> {
+fn decode(reply: &ServerReply) -> Result<ActionReply, ReplyError> {
     let id = id();
     decode_reply(&reply.bytes(), &Expected { request_id: &id, targets: &[TARGET] })
 }
@@ -349,8 +350,8 @@ fn decode(reply: &ServerReply) -> Result<RunOnceReply, ReplyError> {
 fn a_started_run_is_read_with_the_servers_clock() {
     let reply = decode(&ServerReply::ok(started())).unwrap();
     assert_eq!(reply.statuscode, 0);
-    assert_eq!(reply.summary.as_deref(), Some("Signalled the running Puppet Daemon"));
-    assert_eq!(reply.initiated_at, Some(NOW + 4));
+    assert_eq!(reply.summary(), Some("Signalled the running Puppet Daemon"));
+    assert_eq!(reply.initiated_at(), Some(NOW + 4));
     assert_eq!(reply.outcome(), Outcome::StartedAt((NOW + 4) * 1000));
 
     // Without `initiated_at` (an older agent): the reply's own time, also the server's.
@@ -444,5 +445,86 @@ fn errors_name_the_input_at_fault() {
     assert_eq!(
         CredentialError::KeyNotCertificates.to_string(),
         "the Choria client certificate is not the client key's (their public keys differ)"
+    );
+}
+
+#[test]
+fn a_rollouts_actions_are_requests_of_the_puppet_agent_with_the_ddls_inputs() {
+    let sent = |action: Action<'_>| {
+        let request = directed_request(&credentials(), &caller(), to(), action, id(), 60, NOW).unwrap();
+        let transport: Value = serde_json::from_slice(&request.payload).unwrap();
+        let secure: Value = serde_json::from_slice(&BASE64.decode(string(&transport, "data")).unwrap()).unwrap();
+        let request: Value = serde_json::from_str(string(&secure, "message")).unwrap();
+        let rpc: Value = serde_json::from_slice(&BASE64.decode(string(&request, "message")).unwrap()).unwrap();
+        (string(&rpc, "action").to_string(), rpc["data"].clone())
+    };
+    let message = "puppet kicker rollout 20261129-0700";
+    assert_eq!(sent(Action::Disable { message }), ("disable".into(), json!({"message": message})));
+    assert_eq!(sent(Action::Enable), ("enable".into(), json!({})));
+    assert_eq!(sent(Action::LastRunSummary), ("last_run_summary".into(), json!({})));
+
+    // `disable`'s message as the DDL validates it: shellsafe, at most 120 characters.
+    for bad in ["rollout; rm -rf /", "a `b`", "$HOME", "a\nb", &"x".repeat(121)] {
+        let err = directed_request(&credentials(), &caller(), to(), Action::Disable { message: bad }, id(), 60, NOW)
+            .unwrap_err();
+        assert!(matches!(err, RequestError::BadMessage(_)), "{bad:?}: {err}");
+        assert!(err.to_string().starts_with("disable message "), "{err}");
+    }
+    assert!(directed_request(
+        &credentials(),
+        &caller(),
+        to(),
+        Action::Disable { message: &"x".repeat(120) },
+        id(),
+        60,
+        NOW
+    )
+    .is_ok());
+}
+
+#[test]
+fn disable_and_enable_replies_say_done_or_the_agents_reason() {
+    let done = json!({"statuscode": 0, "statusmsg": "OK",
+                      "data": {"status": "Succesfully locked the Puppet agent: puppet kicker rollout 1", "enabled": false}});
+    assert_eq!(decode(&ServerReply::ok(done)).unwrap().done(), Ok(()));
+    let refused = json!({"statuscode": 1, "statusmsg": "Could not disable Puppet: Already disabled",
+                         "data": {"status": "Could not disable Puppet: Already disabled", "enabled": false}});
+    assert_eq!(
+        decode(&ServerReply::ok(refused)).unwrap().done(),
+        Err("Could not disable Puppet: Already disabled (status 1)".into())
+    );
+    // Without `status`, the RPC reply's own message.
+    let bare = json!({"statuscode": 5, "statusmsg": "boom"});
+    assert_eq!(decode(&ServerReply::ok(bare)).unwrap().done(), Err("boom (status 5)".into()));
+}
+
+#[test]
+fn a_last_run_summary_reply_is_read_as_the_last_run() {
+    let summary = |failed: i64, changed: i64, failure: i64| {
+        json!({"statuscode": 0, "statusmsg": "OK", "data": {
+            "lastrun": NOW - 60, "since_lastrun": 60, "failed_resources": failed, "changed_resources": changed,
+            "total_resources": 7, "out_of_sync_resources": changed, "config_version": "1700000000",
+            "summary": {"version": {"config": "1700000000", "puppet": "7.23.0"},
+                        "resources": {"changed": changed, "failed": failed, "total": 7},
+                        "time": {"last_run": NOW - 60}, "events": {"failure": failure, "success": changed, "total": changed + failure}}}})
+    };
+    let read = |rpc: Value| decode(&ServerReply::ok(rpc)).unwrap().last_run().unwrap();
+    let at = Some((NOW - 60) * 1000);
+    assert_eq!(read(summary(0, 0, 0)), LastRun { at, status: RunStatus::Unchanged });
+    assert_eq!(read(summary(0, 2, 0)), LastRun { at, status: RunStatus::Changed });
+    assert_eq!(read(summary(1, 2, 0)), LastRun { at, status: RunStatus::Failed });
+    assert_eq!(read(summary(0, 2, 1)), LastRun { at, status: RunStatus::Failed });
+    // A catalog that failed to compile leaves a summary without resources.
+    let no_catalog = json!({"statuscode": 0, "statusmsg": "OK", "data": {
+        "lastrun": NOW - 60, "total_resources": 0, "summary": {"time": {"last_run": NOW - 60}, "version": {"puppet": "7.23.0"}}}});
+    assert_eq!(read(no_catalog), LastRun { at, status: RunStatus::Failed });
+    // No run yet: the agent's empty summary says last_run 0.
+    let never = json!({"statuscode": 0, "statusmsg": "OK", "data": {"lastrun": 0, "summary": {}}});
+    assert_eq!(read(never).at, None);
+    // An agent that failed to answer: its reason, not a run.
+    let failed = json!({"statuscode": 5, "statusmsg": "Could not load the summary"});
+    assert_eq!(
+        decode(&ServerReply::ok(failed)).unwrap().last_run(),
+        Err("Could not load the summary (status 5)".into())
     );
 }

@@ -1,5 +1,7 @@
 //! The Choria kick transport: `puppet#runonce` over NATS to the servers kicked,
-//! their replies read as the planner's outcomes.
+//! their replies read as the planner's outcomes; and, for a rollout and for
+//! confirming kicks, `puppet#disable`, `enable` and `last_run_summary`, one server
+//! at a time.
 //!
 //! The NATS client is async-nats, on a current-thread tokio runtime of the
 //! transport's own, driven by one Rust thread (`puppet-kicker-choria`) for the
@@ -30,10 +32,10 @@
 //! dispatcher, and no message carries the key's contents: only the files' paths.
 
 use super::error::ReplyError;
-use super::reply::{claimed_sender, decode_reply, Expected};
-use super::request::{runonce_request, DirectedRequest, RequestId, RunOnce, MAX_TARGETS};
+use super::reply::{claimed_sender, decode_reply, ActionReply, Expected};
+use super::request::{directed_request, Action, DirectedRequest, RequestId, RunOnce, MAX_TARGETS};
 use super::settings::{Broker, ChoriaSettings, Resolved, SetupError};
-use crate::kick::{Dispatch, Outcome, Transport};
+use crate::kick::{Dispatch, LastRun, Outcome, Server, Transport};
 use crate::mcollective::tls::{Setting, TlsSettings};
 use crate::puppet_settings::PuppetSettings;
 use futures_util::StreamExt;
@@ -69,12 +71,15 @@ struct Shared {
     signing: Mutex<()>,
 }
 
-/// A kick on its way: where its outcome goes.
+/// A request's target on its way: where its reply, or why none, goes.
 struct Kick {
     target: String,
     environment: String,
-    outcome: SyncSender<Outcome>,
+    answer: SyncSender<Answer>,
 }
+
+/// A target's reply, or why there is none.
+type Answer = Result<ActionReply, String>;
 
 #[derive(Clone)]
 struct Connection {
@@ -154,10 +159,35 @@ impl Drop for ChoriaTransport {
     }
 }
 
+impl ChoriaTransport {
+    /// The bound on waiting for the runtime's answer: every broker's connect timeout,
+    /// the reply timeout, and a margin.
+    fn bound(&self) -> Duration {
+        let settings = &self.shared.resolved.settings;
+        let brokers = u32::try_from(settings.brokers.len()).unwrap_or(u32::MAX);
+        settings.connect_timeout.saturating_mul(brokers) + self.shared.reply_timeout + HANDOFF_MARGIN
+    }
+
+    /// One `action` to `target` alone, in a request of its own: its reply, or why none.
+    fn call(&self, target: &Server<'_>, action: Action<'_>) -> Answer {
+        let (sent, answer) = sync_channel(1);
+        let kick =
+            Kick { target: target.certname.to_string(), environment: target.environment.to_string(), answer: sent };
+        let Some(request) = self.shared.request(action, vec![kick]) else {
+            return answer.try_recv().unwrap_or_else(|_| Err(format!("choria: no request for {}", target.certname)));
+        };
+        let shared = self.shared.clone();
+        self.runtime.spawn(async move { shared.send(&request.0, request.1).await });
+        answer
+            .recv_timeout(self.bound())
+            .unwrap_or_else(|_| Err(format!("choria: no answer for {} from the transport's thread", target.certname)))
+    }
+}
+
 impl Transport for ChoriaTransport {
     fn runonce(&self, dispatch: &Dispatch) -> Outcome {
-        let (sent, outcome) = sync_channel(1);
-        let kick = Kick { target: dispatch.target.clone(), environment: dispatch.environment.clone(), outcome: sent };
+        let (sent, answer) = sync_channel(1);
+        let kick = Kick { target: dispatch.target.clone(), environment: dispatch.environment.clone(), answer: sent };
         crate::unpoisoned::lock(&self.shared.queued).push(kick);
         {
             // Signed here, on the dispatcher's sending threads, one at a time: the
@@ -167,20 +197,37 @@ impl Transport for ChoriaTransport {
             let batch = std::mem::take(&mut *crate::unpoisoned::lock(&self.shared.queued));
             for (request, kicks) in self.shared.requests(batch) {
                 let shared = self.shared.clone();
-                self.runtime.spawn(async move { shared.runonce(&request, kicks).await });
+                self.runtime.spawn(async move { shared.send(&request, kicks).await });
             }
         }
-        let settings = &self.shared.resolved.settings;
-        let brokers = u32::try_from(settings.brokers.len()).unwrap_or(u32::MAX);
-        let bound = settings.connect_timeout.saturating_mul(brokers) + self.shared.reply_timeout + HANDOFF_MARGIN;
         // A task that panicked drops its senders: an error here, never a panic.
-        outcome.recv_timeout(bound).unwrap_or_else(|_| {
-            Outcome::Failed(format!("choria: no outcome for {} from the transport's thread", dispatch.target))
-        })
+        match answer.recv_timeout(self.bound()) {
+            Ok(Ok(reply)) => reply.outcome(),
+            Ok(Err(why)) => Outcome::Failed(why),
+            Err(_) => {
+                Outcome::Failed(format!("choria: no outcome for {} from the transport's thread", dispatch.target))
+            }
+        }
     }
 
     fn max_parallel(&self) -> usize {
         self.shared.resolved.settings.max_parallel
+    }
+
+    fn controls_agents(&self) -> bool {
+        true
+    }
+
+    fn disable(&self, target: &Server<'_>, message: &str) -> Result<(), String> {
+        self.call(target, Action::Disable { message })?.done()
+    }
+
+    fn enable(&self, target: &Server<'_>) -> Result<(), String> {
+        self.call(target, Action::Enable)?.done()
+    }
+
+    fn last_run(&self, target: &Server<'_>) -> Result<LastRun, String> {
+        self.call(target, Action::LastRunSummary)?.last_run()
     }
 }
 
@@ -210,43 +257,56 @@ impl Shared {
                 None => groups.push((collective, environment, vec![kick])),
             }
         }
-        let mut requests = Vec::with_capacity(groups.len());
-        for (collective, environment, kicks) in groups {
-            let inputs = RunOnce { environment, ..self.inputs.clone() };
-            let targets: Vec<&str> = kicks.iter().map(|k| k.target.as_str()).collect();
-            let to = super::Destination { collective: &collective, targets: &targets };
-            let request = RequestId::random().and_then(|id| {
-                runonce_request(
-                    &self.resolved.credentials,
-                    &self.resolved.caller,
-                    to,
-                    &inputs,
-                    id,
-                    settings.ttl,
-                    unix_now(),
-                )
-            });
-            match request {
-                Ok(request) => requests.push((request, kicks)),
-                Err(e) => {
-                    for kick in kicks {
-                        let why = format!("choria: no request for {}: {e}", kick.target);
-                        let _ = kick.outcome.send(Outcome::Failed(why));
-                    }
-                }
-            }
-        }
-        requests
+        groups
+            .into_iter()
+            .filter_map(|(_, environment, kicks)| {
+                let inputs = RunOnce { environment, ..self.inputs.clone() };
+                self.request(Action::RunOnce(&inputs), kicks)
+            })
+            .collect()
     }
 
-    /// Sends `request` to its targets and hands each kick its outcome.
-    async fn runonce(&self, request: &DirectedRequest, kicks: Vec<Kick>) {
+    /// The signed request of `action` to `kicks`' targets (one collective: the first
+    /// kick's), or `None` when it cannot be made: each kick then has its failure.
+    fn request(&self, action: Action<'_>, kicks: Vec<Kick>) -> Option<(DirectedRequest, Vec<Kick>)> {
+        let settings = &self.resolved.settings;
+        let environment = &kicks.first()?.environment;
+        let collective = if settings.collectives.contains(environment) {
+            environment.as_str()
+        } else {
+            settings.collective.as_str()
+        };
+        let targets: Vec<&str> = kicks.iter().map(|k| k.target.as_str()).collect();
+        let to = super::Destination { collective, targets: &targets };
+        let request = RequestId::random().and_then(|id| {
+            directed_request(
+                &self.resolved.credentials,
+                &self.resolved.caller,
+                to,
+                action,
+                id,
+                settings.ttl,
+                unix_now(),
+            )
+        });
+        match request {
+            Ok(request) => Some((request, kicks)),
+            Err(e) => {
+                for kick in kicks {
+                    let _ = kick.answer.send(Err(format!("choria: no request for {}: {e}", kick.target)));
+                }
+                None
+            }
+        }
+    }
+
+    /// Sends `request` to its targets and hands each its reply, or why none.
+    async fn send(&self, request: &DirectedRequest, kicks: Vec<Kick>) {
         let connection = match self.connection().await {
             Ok(connection) => connection,
             Err(why) => {
                 for kick in kicks {
-                    let _ =
-                        kick.outcome.send(Outcome::Failed(format!("choria: kick of {} not sent: {why}", kick.target)));
+                    let _ = kick.answer.send(Err(format!("choria: kick of {} not sent: {why}", kick.target)));
                 }
                 return;
             }
@@ -310,13 +370,13 @@ impl Shared {
     }
 
     /// Subscribes, publishes to each target, and waits for a reply the codec
-    /// accepts from each; every kick gets its outcome. True when the connection was
-    /// found lost.
+    /// accepts from each; every target gets its reply or why none. True when the
+    /// connection was found lost.
     async fn exchange(&self, connection: &Connection, request: &DirectedRequest, kicks: Vec<Kick>) -> bool {
         let broker = &connection.broker;
         let fail_all = |kicks: Vec<Kick>, why: &dyn Fn(&str) -> String| {
             for kick in kicks {
-                let _ = kick.outcome.send(Outcome::Failed(why(&kick.target)));
+                let _ = kick.answer.send(Err(why(&kick.target)));
             }
         };
         let client = &connection.client;
@@ -366,7 +426,7 @@ impl Shared {
                         // A second reply from a target already answered is ignored.
                         if let Some(slot) = waiting.iter_mut().find(|k| k.is_some_and(|k| k.target == reply.sender)) {
                             if let Some(kick) = slot.take() {
-                                let _ = kick.outcome.send(reply.outcome());
+                                let _ = kick.answer.send(Ok(reply));
                                 left_to_answer -= 1;
                             }
                         }
@@ -400,7 +460,7 @@ impl Shared {
                     format!("choria: no reply from {target} within {seconds} s via broker {broker}{said}")
                 }
             };
-            let _ = kick.outcome.send(Outcome::Failed(reason));
+            let _ = kick.answer.send(Err(reason));
         }
         lost
     }
