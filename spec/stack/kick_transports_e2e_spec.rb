@@ -199,6 +199,7 @@ module KickTransportsE2E
 
         it 'puppet kicker rollout run: the batches in order, each server once, every agent enabled after' do
           scenario("#{carrier}-rollout", node_pp: '', haproxy_pp: '')
+          started = Time.now.to_f
           env = { 'PUPPET_KICKER_CONFIG' => File.join(@e2e, 'puppet_kicker.yaml'), 'RUBYLIB' => File.join(ROOT, 'lib'),
                   'PUPPET_KICKER_HELPER' => '0', }
           Dir.mktmpdir do |puppet|
@@ -213,6 +214,12 @@ module KickTransportsE2E
           expect(order.map { |id| runs(id).size }).to eq([1, 1, 1])
           order.each_cons(2) { |a, b| expect(runs(b).first[:start]).to be >= runs(a).first[:end] }
           order.each { |id| expect(File.exist?(node_file(id, 'puppet/var/state/agent_disabled.lock'))).to be(false) }
+          next unless carrier == 'choria'
+
+          # Each server was held off, then let go and run, through the puppet agent's actions.
+          seen = File.readlines(File.join(@stack, 'choria', 'responder.log')).map { |line| JSON.parse(line) }
+          actions = ->(id) { seen.select { |r| r['at'] >= started && r['identity'] == id }.map { |r| [r['action'], r['statuscode']] } }
+          order.each { |id| expect(actions[id].first(3)).to eq([['disable', 0], ['enable', 0], ['runonce', 0]]), actions[id].inspect }
         end
 
         it 'a disabled load balancer answers disabled with its message, and does not run' do

@@ -27,7 +27,8 @@ Puppet::Face.define(:kicker, '1.0.0') do
       `--batch N` (default: the whole group in one batch).
 
       `run` carries the plan out through `kick.transport` (a transport that can
-      disable, enable and read the last run: mcollective's `puppet` agent): it
+      disable, enable and read the last run: the `puppet` agent over mcollective or
+      Choria, or SSH's runonce script): it
       disables Puppet on every server with a message naming the rollout, then per
       batch enables each server, runs it once and waits until its last-run summary
       shows the run ended (changed, unchanged or failed), and stops at the first batch
