@@ -1002,6 +1002,12 @@ impl Planner {
         }
     }
 
+    /// Whether [`Planner::to_ask`] would name a server now: a look that changes
+    /// nothing, so the dispatcher takes the state file's lock only when it would.
+    pub fn any_to_ask(&self, now: Millis) -> bool {
+        self.state.awaiting.values().any(|a| a.by_transport && now.saturating_sub(a.checked_at) >= CONFIRM_POLL_MS)
+    }
+
     /// Kicks to confirm by the transport whose server is due to be asked again, as
     /// (certname, environment); each is marked asked now.
     pub fn to_ask(&mut self, now: Millis) -> Vec<(String, String)> {

@@ -752,6 +752,12 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
 /// their last run, outside the planner's lock, and confirms those whose run ended.
 fn confirm_by_transport(inner: &Inner) {
     let Some(transport) = inner.transport.as_ref().filter(|t| t.controls_agents()) else { return };
+    // Most loops have nobody to ask: they take neither the file lock nor a stat, which
+    // a report's transaction would wait for. (The loop's `dispatch_due` has just
+    // brought the planner up to date with the state file.)
+    if !lock(&inner.planner).any_to_ask(now_ms()) {
+        return;
+    }
     let ask = inner.transact(|planner| {
         let ask = planner.to_ask(now_ms());
         let changed = !ask.is_empty();
