@@ -239,11 +239,7 @@ impl Shared {
         let settings = &self.resolved.settings;
         let mut groups: Vec<(String, Option<String>, Vec<Kick>)> = Vec::new();
         for kick in batch {
-            let collective = if settings.collectives.contains(&kick.environment) {
-                kick.environment.clone()
-            } else {
-                settings.collective.clone()
-            };
+            let collective = self.collective_for(&kick.environment).to_string();
             let environment = settings.send_environment.then(|| kick.environment.clone());
             // A target already in the group is kicked in a request of its own.
             let fits = |(c, e, kicks): &&mut (String, Option<String>, Vec<Kick>)| {
@@ -266,16 +262,22 @@ impl Shared {
             .collect()
     }
 
+    /// The collective a server of `environment` is reached in: its environment's
+    /// when that is one of `choria.collectives`, else `choria.collective`.
+    fn collective_for<'a>(&'a self, environment: &'a str) -> &'a str {
+        let settings = &self.resolved.settings;
+        if settings.collectives.iter().any(|c| c == environment) {
+            environment
+        } else {
+            &settings.collective
+        }
+    }
+
     /// The signed request of `action` to `kicks`' targets (one collective: the first
     /// kick's), or `None` when it cannot be made: each kick then has its failure.
     fn request(&self, action: Action<'_>, kicks: Vec<Kick>) -> Option<(DirectedRequest, Vec<Kick>)> {
         let settings = &self.resolved.settings;
-        let environment = &kicks.first()?.environment;
-        let collective = if settings.collectives.contains(environment) {
-            environment.as_str()
-        } else {
-            settings.collective.as_str()
-        };
+        let collective = self.collective_for(&kicks.first()?.environment);
         let targets: Vec<&str> = kicks.iter().map(|k| k.target.as_str()).collect();
         let to = super::Destination { collective, targets: &targets };
         let request = RequestId::random().and_then(|id| {
