@@ -561,9 +561,21 @@ fn a_kicked_servers_report_confirms_its_kick_in_the_background_and_another_proce
     assert_eq!(master.flush(Duration::from_secs(5)), 0);
     assert_eq!(master.status()["awaiting_confirmation"][0]["target"], "lb1");
 
-    // The report's call returns at once; the dispatcher takes it in and saves it.
+    // The report's call neither takes the state's file lock nor confirms: with the
+    // lock held by another process (here, this test), it returns at once, and the
+    // dispatcher takes the report in once the lock is free.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(puppet_kicker::kick::STATE_FILE).with_extension("lock"))
+        .unwrap();
+    lock.lock().unwrap();
     let lines = master.report(&run_report("failed"), |_, _| Vec::new(), |_| None);
     assert!(lines.iter().all(|l| !l.message.contains("reported")), "not on the report's thread: {lines:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(puppet_kicker::kick::load_state(&dir).unwrap().confirmations.is_empty(), "saved under another's lock");
+    drop(lock);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let saved = loop {
         let state = puppet_kicker::kick::load_state(&dir).unwrap();
