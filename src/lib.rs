@@ -34,6 +34,7 @@ pub mod store;
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
 pub mod time;
+pub mod tls_files;
 pub mod unpoisoned;
 pub mod yaml;
 

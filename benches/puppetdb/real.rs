@@ -12,10 +12,11 @@
 use puppet_kicker::config::{Config, PuppetSettings};
 use puppet_kicker::source::puppetdb::client::{Client, Session};
 use puppet_kicker::source::puppetdb::PuppetdbSettings;
-use puppet_kicker::source::puppetdb::{decode, query, tls, PuppetdbSource};
+use puppet_kicker::source::puppetdb::{decode, query, PuppetdbSource};
 use puppet_kicker::source::Source;
 use puppet_kicker::store::Builder;
 use puppet_kicker::time::now;
+use puppet_kicker::tls_files as tls;
 use puppet_kicker::Index;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -52,7 +53,7 @@ pub fn run(url: String, [cert, key, ca]: [PathBuf; 3]) {
     };
     let mut settings = Config::defaults(&puppet).sources.puppetdb;
     settings.server_urls = Some(vec![url.clone()]);
-    let files = tls::TlsFiles { ca, cert, key, crl: None };
+    let files = tls::TlsFiles { prefix: "puppetdb", check_name: true, ca, cert, key, crl: None };
     let tls = tls::client_config(&files).expect("the TLS files");
     let agent = ureq::AgentBuilder::new().tls_config(tls).timeout(Duration::from_secs(60)).build();
     let real = Real { settings, url, agent };
@@ -77,6 +78,8 @@ fn refresh(source: &PuppetdbSource, previous: Option<&Index>) -> Index {
 impl Real {
     fn client(&self, max_answer_bytes: usize) -> Client {
         let files = tls::TlsFiles {
+            prefix: "puppetdb",
+            check_name: true,
             ca: self.settings.ca.clone().unwrap(),
             cert: self.settings.cert.clone().unwrap(),
             key: self.settings.key.clone().unwrap(),

@@ -13,6 +13,7 @@ mod planner;
 mod policy;
 mod service;
 pub mod ssh;
+mod store;
 mod transport;
 mod wire;
 
@@ -25,10 +26,11 @@ pub use planner::{
 };
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{
-    decode_state, load_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, Progress,
-    MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE,
+    load_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, Progress, MAX_LOG_LINES_PER_REPORT,
+    STATE_FILE, STATUS_FILE,
 };
 pub use ssh::{SshConfigError, SshSettings, SshTransport};
+pub use store::{decode_state, read_state, Begun, FileStore, Health, Outage, StateError, StateStore, MAX_STATE_SIZE};
 pub use transport::{classify, last_run_of, Agent, LastRun, McoTransport, Server, Transport};
 pub use wire::parse_report;
 

@@ -8,20 +8,20 @@
 //! thread, at most every [`STATUS_INTERVAL`] while kicks go out, and not synced.
 
 use super::planner::{Claim, Event, Planner, PlannerState, Resolved, Target};
+use super::store::{FileStore, Health, StateError, StateStore};
 use super::transport::Transport;
 use super::{KickConfig, Millis, ReportKicks, RunStatus, Selector};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use serde::Deserialize;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::mpsc::{SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 pub use crate::log::{Level, LogLine};
 pub use crate::time::now_ms;
@@ -29,12 +29,6 @@ use crate::unpoisoned::lock;
 
 pub const STATE_FILE: &str = "kicks.msgpack";
 pub const STATUS_FILE: &str = "kick-status.json";
-/// `kicks.msgpack` holds one entry per kicked server plus bounded history: far below
-/// this even for 100,000 servers. A larger file is not ours to trust.
-pub const MAX_STATE_FILE_SIZE: u64 = 64 << 20;
-/// The state is a few levels deep; rmp's default (1024) would let a hostile file
-/// recurse far enough to overflow a small thread stack.
-const MAX_STATE_NESTING: usize = 16;
 /// Lines kept for the bindings to log; a flood beyond this is counted, not kept.
 const MAX_LOG_LINES: usize = 1000;
 /// Lines one report logs; the rest are counted in one more line (the status file
@@ -50,15 +44,13 @@ pub const HOLD_POLL: Duration = Duration::from_secs(1);
 /// and at the latest this long after the state changed.
 pub const STATUS_INTERVAL: Duration = Duration::from_millis(200);
 
-/// What the kick service could not do: start, or read `kicks.msgpack`. Each names
-/// the file when there is one.
+/// What the kick service could not do: start, or read the kick state. Each names
+/// the file or the database when there is one.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum KickError {
-    /// The state file exists but could not be read, or is over [`MAX_STATE_FILE_SIZE`].
-    ReadState { path: PathBuf, source: io::Error },
-    /// The state file does not decode (corrupt, another format, nested too deep).
-    UnreadableState { path: PathBuf, source: rmp_serde::decode::Error },
+    /// The kick state could not be read.
+    State(StateError),
     /// The dispatcher thread could not be started.
     StartDispatcher { source: io::Error },
 }
@@ -66,10 +58,7 @@ pub enum KickError {
 impl fmt::Display for KickError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KickError::ReadState { path, source } => write!(f, "cannot read kick state {}: {source}", path.display()),
-            KickError::UnreadableState { path, source } => {
-                write!(f, "unreadable kick state {}: {source}", path.display())
-            }
+            KickError::State(e) => e.fmt(f),
             KickError::StartDispatcher { source } => write!(f, "cannot start the kick dispatcher: {source}"),
         }
     }
@@ -78,9 +67,15 @@ impl fmt::Display for KickError {
 impl std::error::Error for KickError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            KickError::ReadState { source, .. } | KickError::StartDispatcher { source } => Some(source),
-            KickError::UnreadableState { source, .. } => Some(source),
+            KickError::State(e) => e.source(),
+            KickError::StartDispatcher { source } => Some(source),
         }
+    }
+}
+
+impl From<StateError> for KickError {
+    fn from(e: StateError) -> KickError {
+        KickError::State(e)
     }
 }
 
@@ -132,14 +127,18 @@ struct Inner {
     /// A change this process could not save yet: kept, merged with what other
     /// processes write meanwhile, and saved again (see `transact`).
     unsaved: Mutex<Option<Unsaved>>,
-    /// What this process last wrote or read of the state file, to notice when
-    /// another process (a concurrent `puppet apply`) changed it.
-    seen: Mutex<Option<FileStamp>>,
+    /// Where the state is kept; held for a transaction (before the planner's lock).
+    store: Mutex<Box<dyn StateStore>>,
+    /// What the store said of itself after the last transaction.
+    health: Mutex<Health>,
+    /// The shared store's clock minus this host's, in milliseconds (see [`Health`]).
+    clock_offset: AtomicI64,
     transport: Option<Box<dyn Transport>>,
     before_dispatch: Box<dyn Fn() + Send + Sync>,
     /// Why there is no transport, for the log.
     transport_error: Option<String>,
-    state_path: PathBuf,
+    /// The store's description, for messages.
+    store_name: String,
     status_path: PathBuf,
     log: Mutex<Log>,
     /// Hosts whose reports this process took in. In a `puppet apply` that host's run
@@ -181,20 +180,34 @@ enum Change {
 }
 
 impl KickService {
-    /// Loads the persisted state from `cache_dir` and starts the dispatcher.
+    /// Loads the persisted state from `cache_dir` (`kicks.msgpack`) and starts the
+    /// dispatcher.
     pub fn start(
         config: KickConfig,
         cache_dir: &Path,
         transport: Result<Box<dyn Transport>, NoTransport>,
         before_dispatch: Box<dyn Fn() + Send + Sync>,
     ) -> Result<KickService, KickError> {
-        let state_path = cache_dir.join(STATE_FILE);
         let mut warnings = Vec::new();
         // kicks.lock is opened before anything else writes to a new cache dir
         if let Err(e) = crate::cache_dir::ensure(cache_dir) {
             warnings.push(format!("kick state cannot be kept: {e}"));
         }
-        let state = read_state(&state_path).unwrap_or_else(|e| {
+        let store = Box::new(FileStore::new(cache_dir.join(STATE_FILE)));
+        KickService::start_with(config, cache_dir, store, warnings, transport, before_dispatch)
+    }
+
+    /// Starts the dispatcher over `store` (the kick state's), with `warnings` to log
+    /// first; `cache_dir` holds `kick-status.json`.
+    pub fn start_with(
+        config: KickConfig,
+        cache_dir: &Path,
+        mut store: Box<dyn StateStore>,
+        mut warnings: Vec<String>,
+        transport: Result<Box<dyn Transport>, NoTransport>,
+        before_dispatch: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<KickService, KickError> {
+        let state = store.load().unwrap_or_else(|e| {
             warnings.push(format!("{e}; starting without it"));
             PlannerState::default()
         });
@@ -207,12 +220,14 @@ impl KickService {
             planner: Mutex::new(planner),
             config,
             unsaved: Mutex::new(None),
-            seen: Mutex::new(FileStamp::of(&state_path)),
+            health: Mutex::new(store.health()),
+            clock_offset: AtomicI64::new(store.health().clock_offset_ms),
+            store_name: store.describe(),
+            store: Mutex::new(store),
             transport,
             before_dispatch,
             transport_error,
             status_path: cache_dir.join(STATUS_FILE),
-            state_path,
             log: Mutex::new(Log {
                 lines: warnings.into_iter().map(|m| LogLine { level: Level::Warning, message: m }).collect(),
                 left_out: 0,
@@ -253,13 +268,13 @@ impl KickService {
         // one write. Nothing is lost: a kick that a report queues, and anything that
         // reads the state, goes through a transaction, which takes them in first.
         if report.kicks.is_empty() {
-            lock(&self.inner.endings).push((report.clone(), now_ms()));
+            lock(&self.inner.endings).push((report.clone(), self.inner.now()));
             let _ = self.wake.send(());
             return self.take_log();
         }
         let resolved = Planner::resolve(&self.inner.config, report, resolve, role_of);
         let events = self.inner.transact(|planner| {
-            let events = planner.on_resolved(report, resolved, now_ms());
+            let events = planner.on_resolved(report, resolved, self.inner.now());
             // Nothing happened (no kick, no kicked run ended): nothing to write.
             let changed = !events.is_empty() || !report.kicks.is_empty();
             (events, changed)
@@ -290,7 +305,7 @@ impl KickService {
     /// queued target's kick had made before (it may have joined one in backoff).
     pub fn operator(&self, report: &ReportKicks, resolved: Resolved) -> (Vec<Event>, BTreeMap<String, u32>) {
         let (events, attempts) = self.inner.transact(|planner| {
-            let events = planner.on_operator(report, resolved, now_ms());
+            let events = planner.on_operator(report, resolved, self.inner.now());
             let attempts = planner
                 .state()
                 .targets
@@ -348,7 +363,7 @@ impl KickService {
     /// It does not wait for a kick of a host whose report this process took in: that
     /// host's agent is busy with this very run until the process exits.
     pub fn flush(&self, timeout: Duration) -> usize {
-        let deadline = now_ms() + timeout.as_millis() as Millis;
+        let deadline = self.inner.now() + timeout.as_millis() as Millis;
         // This process's reports with no kick are taken in now: it may exit next.
         if !lock(&self.inner.endings).is_empty() {
             self.inner.transact(|_| ((), false));
@@ -361,14 +376,14 @@ impl KickService {
                 let busy = planner.state().targets.iter().any(|(name, t)| {
                     t.pending.as_ref().is_some_and(|p| {
                         let stale_after = planner.config().in_flight_timeout_ms;
-                        let sending = p.in_flight && now_ms() - p.dispatched_at < stale_after;
+                        let sending = p.in_flight && self.inner.now() - p.dispatched_at < stale_after;
                         let held = reporters.contains(name) || planner.state().holds.contains_key(name);
                         sending || (t.running.is_none() && p.due <= deadline && !held)
                     })
                 });
                 (busy, planner.undelivered())
             };
-            if !busy || now_ms() >= deadline {
+            if !busy || self.inner.now() >= deadline {
                 // A `puppet apply` exits next: the status shows where it left off.
                 self.inner.write_status(StatusWrite::IfChanged);
                 return undelivered;
@@ -383,7 +398,7 @@ impl KickService {
         if !lock(&self.inner.endings).is_empty() {
             self.inner.transact(|_| ((), false));
         }
-        status_json(&lock(&self.inner.planner), now_ms(), self.inner.helper())
+        status_json(&lock(&self.inner.planner), self.inner.now(), self.inner.helper())
     }
 
     /// Kicks not yet started: pending (due, scheduled for a retry, in flight,
@@ -439,63 +454,82 @@ impl KickService {
 }
 
 impl Inner {
-    /// Changes the planner's state as one step across processes: under an exclusive
-    /// lock on `kicks.lock`, re-reads the state file if another process wrote it,
-    /// applies `change`, and writes the state back if `change` says it changed it
-    /// (most reports change nothing, and a write is an fsync) or an earlier change
-    /// is still unsaved.
+    /// Changes the planner's state as one step across processes: under the store's
+    /// lock (`kicks.lock`, or the row of the shared state), takes in what another
+    /// process saved, applies `change`, and saves the state if `change` says it
+    /// changed it (most reports change nothing, and a save is an fsync) or an earlier
+    /// change is still unsaved.
     ///
-    /// Another process's write is noticed by the file's stamp (inode, length, mtime:
-    /// each write renames a new file into place) or by the generation at its start,
-    /// which every save bumps (a reused inode, an equal length and a coarse mtime
-    /// can make a stamp look the same). Only then is the whole file read and taken
-    /// in: a state this process just wrote is not read back. A change that could not
-    /// be saved is kept: what another process wrote meanwhile is merged into it
-    /// rather than replacing it, and the save is tried again.
+    /// A change that could not be saved is kept: what another process saved
+    /// meanwhile is merged into it rather than replacing it, and the save is tried
+    /// again. So are the changes made during an outage of the shared store.
     fn transact<R>(&self, change: impl FnOnce(&mut Planner) -> (R, bool)) -> R {
-        let lock_file = self.state_path.with_extension("lock");
-        let file_lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_file);
-        let held = file_lock.as_ref().map(|f| f.lock()).is_ok_and(|r| r.is_ok());
-        if !held {
-            self.log(LogLine {
-                level: Level::Warning,
-                message: format!(
-                    "cannot lock {}; kick state is not shared safely between processes",
-                    lock_file.display()
-                ),
-            });
-        }
+        let mut store = lock(&self.store);
         let mut planner = lock(&self.planner);
+        let begun = store.begin(planner.state().generation);
+        begun.warnings.into_iter().for_each(|message| self.log(LogLine { level: Level::Warning, message }));
+        self.took_health(store.health());
         let unsaved = lock(&self.unsaved).is_some();
-        let on_disk = FileStamp::of(&self.state_path);
-        let unchanged = on_disk.is_some()
-            && on_disk == *lock(&self.seen)
-            && leading_generation(&self.state_path) == Some(planner.state().generation);
-        if on_disk.is_some() && !unchanged {
-            match crate::bounded_read::read(&self.state_path, MAX_STATE_FILE_SIZE) {
-                Ok(bytes) => {
-                    match decode_state(&self.state_path, &bytes) {
-                        Ok(theirs) if unsaved => planner.merge_unsaved(theirs),
-                        Ok(theirs) => planner.replace_state(theirs),
-                        Err(e) => self.log(LogLine { level: Level::Warning, message: e.to_string() }),
-                    }
-                    *lock(&self.seen) = on_disk;
-                }
-                Err(e) => self.log(LogLine {
-                    level: Level::Warning,
-                    message: format!("cannot read kick state {}: {e}", self.state_path.display()),
-                }),
+        if let Some(theirs) = begun.theirs {
+            if unsaved || begun.merge {
+                planner.merge_unsaved(theirs);
+            } else {
+                planner.replace_state(theirs);
             }
         }
         let ended = self.take_endings(&mut planner);
         let (result, changed) = change(&mut planner);
-        if changed || unsaved || ended {
-            self.persist(&mut planner);
-            *lock(&self.seen) = FileStamp::of(&self.state_path);
+        if changed || unsaved || ended || begun.merge {
+            self.persist(&mut **store, &mut planner);
+            self.took_health(store.health());
+        } else {
+            store.release();
         }
         drop(planner);
-        drop(file_lock);
+        drop(store);
         result
+    }
+
+    /// Keeps what the store said of itself; logs an outage of the shared store when
+    /// it begins and when it ends.
+    fn took_health(&self, health: Health) {
+        self.clock_offset.store(health.clock_offset_ms, Ordering::Relaxed);
+        let mut known = lock(&self.health);
+        match (&known.outage, &health.outage) {
+            (None, Some(outage)) => self.log(LogLine {
+                level: Level::Warning,
+                message: format!(
+                    "shared kick state {} unreachable: {}; kicks are kept in this host's cache dir and merged when it is back (next try in {}s); due kicks wait for it",
+                    self.store_name,
+                    outage.reason,
+                    ((outage.retry_at - outage.since).max(0) + 999) / 1000
+                ),
+            }),
+            (Some(outage), None) => self.log(LogLine {
+                level: Level::Notice,
+                message: format!(
+                    "shared kick state {} is back after {}s; what was kept meanwhile is merged into it",
+                    self.store_name,
+                    ((now_ms() - outage.since).max(0) + 999) / 1000
+                ),
+            }),
+            _ => {}
+        }
+        if known.outage.is_some() && health.outage.is_some() {
+            // The same outage: its start is the first failure's.
+            let since = known.outage.as_ref().map_or(0, |o| o.since);
+            *known = health;
+            if let Some(o) = known.outage.as_mut() {
+                o.since = since;
+            }
+        } else {
+            *known = health;
+        }
+    }
+
+    /// The time by the shared store's clock (this host's when the state is local).
+    fn now(&self) -> Millis {
+        now_ms() + self.clock_offset.load(Ordering::Relaxed)
     }
 
     /// Takes in the reports with no kick queued by `KickService::report`, in the
@@ -541,7 +575,7 @@ impl Inner {
                 continue;
             }
             let answers = self.transact(|planner| {
-                let now = now_ms();
+                let now = self.now();
                 let mut changed = false;
                 let answers: Vec<_> = batch
                     .into_iter()
@@ -585,15 +619,13 @@ impl Inner {
     }
 
     /// Saves the state as the next generation (the status file follows: see
-    /// [`Self::write_status`]). A failure is logged once, and remembered so the next
-    /// transaction (at the latest after `SAVE_RETRY`) tries again.
-    fn persist(&self, planner: &mut Planner) {
+    /// [`Self::write_status`]) and ends the store's transaction. A failure is logged
+    /// once, and remembered so the next transaction (at the latest after
+    /// `SAVE_RETRY`) tries again.
+    fn persist(&self, store: &mut dyn StateStore, planner: &mut Planner) {
         let previous = planner.state().generation;
         planner.saved_as(planner.next_generation());
-        let saved = match rmp_serde::to_vec_named(planner.state()) {
-            Ok(bytes) => crate::atomic_file::write(&self.state_path, &[&bytes]).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let saved = store.commit(planner.state());
         let mut unsaved = lock(&self.unsaved);
         match (saved, unsaved.as_mut()) {
             (Ok(()), None) => {}
@@ -602,8 +634,7 @@ impl Inner {
                     level: Level::Notice,
                     message: format!(
                         "kick state saved to {} again, after {} failed attempt(s)",
-                        self.state_path.display(),
-                        failed.attempts
+                        self.store_name, failed.attempts
                     ),
                 });
                 *unsaved = None;
@@ -617,7 +648,7 @@ impl Inner {
                             level: Level::Err,
                             message: format!(
                                 "cannot save kick state to {}: {e}; kept in memory, retrying every {}s",
-                                self.state_path.display(),
+                                self.store_name,
                                 SAVE_RETRY.as_secs()
                             ),
                         });
@@ -651,7 +682,7 @@ impl Inner {
         self.status_dirty.store(false, Ordering::Release);
         let status = {
             let planner = lock(&self.planner);
-            serde_json::to_vec_pretty(&status_json(&planner, now_ms(), self.helper())).unwrap_or_default()
+            serde_json::to_vec_pretty(&status_json(&planner, self.now(), self.helper())).unwrap_or_default()
         };
         let _ = crate::atomic_file::write_unsynced(&self.status_path, &[&status, b"\n"]);
         *written = Some(Instant::now());
@@ -724,7 +755,7 @@ struct Unsaved {
 
 fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
     loop {
-        let now = now_ms();
+        let now = inner.now();
         let mut wait = lock(&inner.planner).next_wakeup().map_or(IDLE_WAKEUP, |at| {
             Duration::from_millis((at - now).clamp(0, IDLE_WAKEUP.as_millis() as i64) as u64)
         });
@@ -755,11 +786,11 @@ fn confirm_by_transport(inner: &Inner) {
     // Most loops have nobody to ask: they take neither the file lock nor a stat, which
     // a report's transaction would wait for. (The loop's `dispatch_due` has just
     // brought the planner up to date with the state file.)
-    if !lock(&inner.planner).any_to_ask(now_ms()) {
+    if !lock(&inner.planner).any_to_ask(inner.now()) {
         return;
     }
     let ask = inner.transact(|planner| {
-        let ask = planner.to_ask(now_ms());
+        let ask = planner.to_ask(inner.now());
         let changed = !ask.is_empty();
         (ask, changed)
     });
@@ -775,7 +806,7 @@ fn confirm_by_transport(inner: &Inner) {
         })
         .collect();
     inner.transact(|planner| {
-        let now = now_ms();
+        let now = inner.now();
         let mut changed = false;
         for (certname, last) in answers {
             let events = planner.on_last_run(&certname, last.at, last.status, now);
@@ -793,8 +824,8 @@ fn confirm_by_transport(inner: &Inner) {
 /// line must be in the log by the time the outcome is visible.
 fn dispatch_due(inner: &Inner) {
     let dispatches = inner.transact(|planner| {
-        let released = planner.release_exited(now_ms(), crate::process::alive);
-        let (dispatches, events) = planner.due(now_ms());
+        let released = planner.release_exited(inner.now(), crate::process::alive);
+        let (dispatches, events) = planner.due(inner.now());
         events.iter().for_each(|e| inner.log(log_line(e)));
         let changed = released || !dispatches.is_empty() || !events.is_empty();
         (dispatches, changed)
@@ -837,60 +868,10 @@ fn dispatch_due(inner: &Inner) {
     std::iter::from_fn(next).for_each(send);
 }
 
-/// Which file is at a path (device and inode), its size and modification time:
-/// enough to notice another writer, since each write renames a new file into place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileStamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    modified: SystemTime,
-}
-
-impl FileStamp {
-    fn of(path: &Path) -> Option<FileStamp> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).ok()?;
-        Some(FileStamp { dev: meta.dev(), ino: meta.ino(), len: meta.len(), modified: meta.modified().ok()? })
-    }
-}
-
-/// The generation a state file starts with, read from its first bytes: the state
-/// is saved as a map whose first entry is `generation` (see [`PlannerState`]).
-/// `None` when the file does not start so (a file of an earlier version).
-fn leading_generation(path: &Path) -> Option<u64> {
-    use std::io::Read;
-    let mut head = [0u8; 32];
-    let mut file = std::fs::File::open(path).ok()?;
-    let mut len = 0;
-    while len < head.len() {
-        match file.read(&mut head[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    }
-    let mut rest = &head[..len];
-    rmp::decode::read_map_len(&mut rest).ok().filter(|n| *n > 0)?;
-    let mut key = [0u8; 16];
-    let key = rmp::decode::read_str(&mut rest, &mut key).ok()?;
-    (key == "generation").then_some(())?;
-    rmp::decode::read_int(&mut rest).ok()
-}
-
 /// The kick state saved in `cache_dir`, read without starting a service (no
 /// dispatcher, nothing sent or written); empty when there is none yet.
 pub fn load_state(cache_dir: &Path) -> Result<PlannerState, KickError> {
-    read_state(&cache_dir.join(STATE_FILE))
-}
-
-fn read_state(path: &Path) -> Result<PlannerState, KickError> {
-    match crate::bounded_read::read(path, MAX_STATE_FILE_SIZE) {
-        Ok(bytes) => decode_state(path, &bytes),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PlannerState::default()),
-        Err(source) => Err(KickError::ReadState { path: path.to_path_buf(), source }),
-    }
+    Ok(super::store::read_state(&cache_dir.join(STATE_FILE))?)
 }
 
 /// At most `cap` of `lines`, the most severe ones (a budget cut, a suppression) before
@@ -910,15 +891,6 @@ fn most_severe_first(lines: Vec<LogLine>, cap: usize) -> Vec<LogLine> {
     let mut keep = vec![false; lines.len()];
     order.into_iter().take(cap).for_each(|i| keep[i] = true);
     lines.into_iter().zip(keep).filter(|(_, keep)| *keep).map(|(line, _)| line).collect()
-}
-
-/// The kick state in `bytes`, as the service reads `kicks.msgpack`; `path` names it in
-/// errors. Bounded: 16 levels of nesting at most.
-pub fn decode_state(path: &Path, bytes: &[u8]) -> Result<PlannerState, KickError> {
-    let mut decoder = rmp_serde::Deserializer::from_read_ref(bytes);
-    decoder.set_max_depth(MAX_STATE_NESTING);
-    PlannerState::deserialize(&mut decoder)
-        .map_err(|source| KickError::UnreadableState { path: path.to_path_buf(), source })
 }
 
 fn log_line(event: &Event) -> LogLine {
@@ -989,54 +961,12 @@ mod tests {
     use crate::snapshot::tests::tempdir;
 
     #[test]
-    fn a_state_file_at_the_size_limit_is_read_and_one_byte_over_is_refused() {
-        let dir = tempdir("kick-state-size");
-        let path = dir.join(STATE_FILE);
-        let state = rmp_serde::to_vec_named(&PlannerState::default()).unwrap();
-        // Trailing bytes after the state are ignored by the decoder, so padding the
-        // file to the limit keeps it readable: only the size decides.
-        let mut bytes = state.clone();
-        bytes.resize(MAX_STATE_FILE_SIZE as usize, 0);
-        std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(read_state(&path).unwrap(), PlannerState::default());
-        bytes.push(0);
-        std::fs::write(&path, &bytes).unwrap();
-        let error = read_state(&path).unwrap_err();
-        assert!(matches!(&error, KickError::ReadState { path: p, .. } if *p == path), "{error:?}");
-        let message = error.to_string();
-        assert!(
-            message.contains(&path.display().to_string()) && message.contains("over the 64 MiB limit"),
-            "{message}"
-        );
-        assert!(std::error::Error::source(&error).is_some_and(|s| s.is::<io::Error>()));
-    }
-
-    #[test]
-    fn a_deeply_nested_state_file_is_refused_not_a_stack_overflow() {
-        let dir = tempdir("kick-state-depth");
-        let path = dir.join(STATE_FILE);
-        // 100,000 nested one-element arrays, then nil: decoding recursed once per level.
-        let mut bytes = vec![0x91u8; 100_000];
-        bytes.push(0xc0);
-        std::fs::write(&path, &bytes).unwrap();
-        let error = std::thread::Builder::new()
-            .stack_size(256 << 10)
-            .spawn(move || read_state(&path))
-            .unwrap()
-            .join()
-            .expect("decoding overflowed the stack")
-            .unwrap_err();
-        assert!(matches!(error, KickError::UnreadableState { .. }), "{error:?}");
-        assert!(error.to_string().starts_with("unreadable kick state "), "{error}");
-    }
-
-    #[test]
     fn an_unreadable_state_file_is_a_warning_naming_it_and_the_service_starts_empty() {
         let dir = tempdir("kick-state-corrupt");
         let path = dir.join(STATE_FILE);
         std::fs::write(&path, b"\xc1").unwrap();
-        let err = decode_state(&path, b"\xc1").unwrap_err();
-        assert!(matches!(err, KickError::UnreadableState { .. }), "{err:?}");
+        let err = crate::kick::decode_state(&path, b"\xc1").unwrap_err();
+        assert!(matches!(err, StateError::Unreadable { .. }), "{err:?}");
         assert!(std::error::Error::source(&err).is_some_and(|s| s.is::<rmp_serde::decode::Error>()));
 
         let service = KickService::start(KickConfig::default(), &dir, Err(NoTransport::DryRun), Box::new(|| {}))

@@ -21,13 +21,13 @@ pub mod conf;
 pub mod decode;
 pub mod query;
 mod state;
-pub mod tls;
 
 use super::{Changes, IncrementalBase, Memo, Source, SourceRead};
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::puppet_settings::PuppetSettings;
 use crate::store::{Builder, Tables};
+use crate::tls_files as tls;
 use crate::unpoisoned::lock;
 use client::{Client, Session};
 use decode::Entry;
@@ -118,6 +118,8 @@ impl PuppetdbSource {
             file.clone().ok_or(SourceError::MissingSetting { key, puppet_setting })
         };
         let files = tls::TlsFiles {
+            prefix: "puppetdb",
+            check_name: true,
             ca: file(&settings.ca, "puppetdb.ca", "localcacert")?,
             cert: file(&settings.cert, "puppetdb.cert", "hostcert")?,
             key: file(&settings.key, "puppetdb.key", "hostprivkey")?,
@@ -431,10 +433,10 @@ mod tests {
             message.starts_with("source: puppetdb: puppetdb.ca: cannot read ") && message.contains("missing-ca.pem")
         );
         let Error::SourceUnusable(e) = &err else { panic!("{err:?}") };
-        let Some(SourceError::Tls(tls::TlsError::Read { setting: "puppetdb.ca", path, .. })) = e.downcast_ref() else {
+        let Some(SourceError::Tls(tls::TlsError::Read { setting, path, .. })) = e.downcast_ref() else {
             panic!("{err:?}")
         };
-        assert!(path.ends_with("missing-ca.pem"));
+        assert!(path.ends_with("missing-ca.pem") && setting == "puppetdb.ca");
         assert!(std::error::Error::source(&err).is_some_and(|s| s.is::<tls::TlsError>()));
     }
 
