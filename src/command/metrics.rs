@@ -122,6 +122,13 @@ pub fn from_status(answer: &Value) -> Vec<Metric> {
             samples: Vec::new(),
         },
         kick_to_report(answer),
+        Metric {
+            name: "kick_state_reachable",
+            help: "0 while the shared kick state (kick.state: postgresql) is unreachable and kicks are kept locally, else 1.",
+            kind: Gauge,
+            value: if answer["kicks"]["document"]["state"]["outage"].is_object() { 0.0 } else { 1.0 },
+            samples: Vec::new(),
+        },
     ]
 }
 
@@ -283,8 +290,13 @@ mod tests {
                 ("kicks_confirmed_total", 3.0),
                 ("kicks_unconfirmed_total", 1.0),
                 ("kick_to_report_seconds", 3.0),
+                ("kick_state_reachable", 1.0),
             ]
         );
+        let mut outage = answer.clone();
+        outage["kicks"]["document"]["state"] = serde_json::json!({"outage": {"reason": "connection refused"}});
+        let reachable = from_status(&outage).into_iter().find(|m| m.name == "kick_state_reachable").unwrap();
+        assert_eq!(reachable.value, 0.0, "an outage of the shared state");
         let text = render(&from_status(&answer));
         for line in [
             "puppet_kicker_kicks_confirmed_total{outcome=\"changed\"} 2",
@@ -305,7 +317,8 @@ mod tests {
         let nothing = from_status(&serde_json::json!({"index": {"servers": 0}, "last_refresh": null, "kicks": null}));
         assert_eq!(nothing.len(), values.len(), "the same metrics, always");
         assert_eq!(nothing[1].value, f64::INFINITY);
-        assert!(nothing.iter().filter(|m| m.name != "index_age_seconds").all(|m| m.value == 0.0));
+        let known_only = |m: &&Metric| !["index_age_seconds", "kick_state_reachable"].contains(&m.name);
+        assert!(nothing.iter().filter(known_only).all(|m| m.value == 0.0));
     }
 
     #[test]

@@ -73,7 +73,10 @@ pub fn run(service: &Service, args: Args) -> Result<Value> {
             "failures": last_refresh.as_ref().map_or(0, |r| r.failures),
             "retry_at_ms": last_refresh.as_ref().and_then(|r| r.retry_at_ms).filter(|at| *at > now),
         },
-        "kicks": kicks(&config.cache_dir),
+        "kicks": match service.shared_kick_status() {
+            Some(document) => summarize(document),
+            None => kicks(&config.cache_dir),
+        },
         "helper": crate::helper_presence::describe(&config.cache_dir),
         "max_age_seconds": args.max_age,
         "stale": stale,
@@ -93,6 +96,14 @@ fn kicks(cache_dir: &Path) -> Value {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Value::Null,
         Err(e) => return json!({"unreadable": format!("{}: {e}", path.display())}),
     };
+    summarize(document)
+}
+
+/// The summary of a kick status document, and the document.
+fn summarize(document: Value) -> Value {
+    if document.get("unreadable").is_some() {
+        return document;
+    }
     let list = |key: &str| document[key].as_array().map_or(&[][..], Vec::as_slice);
     let pending = list("pending");
     let outcomes = list("recent_outcomes");

@@ -13,6 +13,7 @@ use super::error::Problem;
 use super::values::*;
 use super::{Config, OnNoData};
 use crate::kick::choria::{parse_brokers, MIN_TTL};
+use crate::kick::postgresql::{valid_schema, SslMode, StateKind};
 use crate::kick::{Agent, ConfirmBy, RateLimit, TransportKind};
 use crate::mcollective::ConnectorKind;
 use serde_json::Value;
@@ -403,6 +404,66 @@ keys! {
         set |c, v, _| c.kick.ssh.address_fact = text(v, "a fact name")?,
         show |c| &c.kick.ssh.address_fact;
 
+    /// Where the kick state is kept: `local` (`kicks.msgpack` in `cache.dir`, shared by the processes
+    /// of one host) or `postgresql` (one state for several compilers: coalescing, rate limits, loops
+    /// and dispatch as one; the `kick.postgresql.*` keys, docs/shared-state.md).
+    Plain "kick.state" = Value("local"),
+        set |c, v, _| c.kick.state = choice(v, StateKind::ALL, "'local' or 'postgresql'")?,
+        show |c| c.kick.state.name();
+    /// A libpq connection string or `postgresql://` URL; when set, it gives the host, port, database
+    /// and user. It may hold a password: it is never shown or logged.
+    Secret "kick.postgresql.connection" = Described("none: the keys below"),
+        set |c, v, _| c.kick.postgresql.connection = Some(text(v, "a connection string")?),
+        show |c| &c.kick.postgresql.connection;
+    /// The server (a host name, an IP address, or a Unix socket's directory: no TLS there), and the
+    /// schema of the module's tables (created and migrated by the module; nothing outside it).
+    Plain "kick.postgresql.host" = Value("localhost"),
+        set |c, v, _| c.kick.postgresql.host = text(v, "a host")?,
+        show |c| &c.kick.postgresql.host;
+    Plain "kick.postgresql.port" = Value("5432"),
+        set |c, v, _| c.kick.postgresql.port = v.as_u64().and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0).ok_or(expected("a port (1 to 65535)"))?,
+        show |c| &c.kick.postgresql.port;
+    Plain "kick.postgresql.database" = Value("puppet_kicker"),
+        set |c, v, _| c.kick.postgresql.database = text(v, "a database name")?,
+        show |c| &c.kick.postgresql.database;
+    Plain "kick.postgresql.user" = Value("puppet_kicker"),
+        set |c, v, _| c.kick.postgresql.user = text(v, "a user name")?,
+        show |c| &c.kick.postgresql.user;
+    Plain "kick.postgresql.schema" = Value("puppet_kicker"),
+        set |c, v, _| c.kick.postgresql.schema = text(v, "a schema name").and_then(|s| if valid_schema(&s) { Ok(s) } else { Err(expected("a schema name of lower case letters, digits and _")) })?,
+        show |c| &c.kick.postgresql.schema;
+    /// TLS, always on over TCP: `verify-full` (the server's certificate checked against the CA and
+    /// the host name) or `verify-ca` (the CA only); the CA, and the client certificate and key
+    /// presented, as PuppetDB's own PostgreSQL setups use them (files relative to this file).
+    Plain "kick.postgresql.sslmode" = Value("verify-full"),
+        set |c, v, _| c.kick.postgresql.sslmode = choice(v, SslMode::ALL, "'verify-full' or 'verify-ca'")?,
+        show |c| c.kick.postgresql.sslmode.name();
+    Plain "kick.postgresql.ca" = Described("Puppet's `localcacert`"),
+        set |c, v, base| c.kick.postgresql.ca = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.postgresql.ca;
+    Plain "kick.postgresql.cert" = Described("Puppet's `hostcert`"),
+        set |c, v, base| c.kick.postgresql.cert = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.postgresql.cert;
+    Plain "kick.postgresql.key" = Described("Puppet's `hostprivkey`"),
+        set |c, v, base| c.kick.postgresql.key = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.postgresql.key;
+    /// A file whose first line is the password (relative to this file).
+    Plain "kick.postgresql.password_file" = Described("none"),
+        set |c, v, base| c.kick.postgresql.password_file = Some(base.join(text(v, "a file")?)),
+        show |c| &c.kick.postgresql.password_file;
+    /// Connections each process keeps open at most; each statement's bound (the wait for another
+    /// compiler's transaction included: a compiler stopped mid-transaction loses its session after
+    /// four times this); the connection's.
+    Plain "kick.postgresql.pool_size" = Value("2"),
+        set |c, v, _| c.kick.postgresql.pool_size = at_most(usize_count(v)?, 64)?,
+        show |c| &c.kick.postgresql.pool_size;
+    Plain "kick.postgresql.statement_timeout" = Value("5s"),
+        set |c, v, _| c.kick.postgresql.statement_timeout = Duration::from_secs(positive_seconds(v, "a duration (5s)")?),
+        show |c| &c.kick.postgresql.statement_timeout;
+    Plain "kick.postgresql.connect_timeout" = Value("5s"),
+        set |c, v, _| c.kick.postgresql.connect_timeout = Duration::from_secs(positive_seconds(v, "a duration (5s)")?),
+        show |c| &c.kick.postgresql.connect_timeout;
+
     /// How kicks reach the servers: `mcollective` (`runonce` of the mcollective `kick.agent`, the
     /// `mcollective.*` keys), `choria` (the `choria.*` keys; docs/choria.md) or `ssh` (the system's
     /// OpenSSH client; the `ssh.*` keys, docs/ssh.md).
@@ -610,14 +671,14 @@ mod tests {
 
     #[test]
     fn debug_shows_every_key_but_no_secret() {
-        let yaml = "mcollective:\n  user: broker-login\n  password: pw-s3cret\n  psk: psk-s3cret\n  pool:\n    - {host: mq1, user: u, password: pool-s3cret}\n    - mq2\nkick:\n  coalesce: 30s\n";
+        let yaml = "mcollective:\n  user: broker-login\n  password: pw-s3cret\n  psk: psk-s3cret\n  pool:\n    - {host: mq1, user: u, password: pool-s3cret}\n    - mq2\nkick:\n  coalesce: 30s\n  postgresql:\n    connection: postgresql://k:conn-s3cret@db/kicks\n";
         let config =
             Config::parse(yaml, Path::new("/etc/puppet/puppet_kicker.yaml"), &PuppetSettings::default()).unwrap();
         let debug = format!(
             "{config:?} {config:#?} {:?} {:?}",
             config.sources.mcollective, config.sources.mcollective.overrides
         );
-        for secret in ["pw-s3cret", "psk-s3cret", "pool-s3cret"] {
+        for secret in ["pw-s3cret", "psk-s3cret", "pool-s3cret", "conn-s3cret"] {
             assert!(!debug.contains(secret), "{secret} in {debug}");
         }
         assert!(debug.contains(r#""mcollective.password": <redacted>"#), "{debug}");
@@ -629,6 +690,6 @@ mod tests {
         let unset = format!("{:?}", Config::defaults(&PuppetSettings::default()));
         assert!(unset.contains(r#""mcollective.psk": None"#), "{unset}");
         let secret_keys: Vec<_> = KEYS.iter().filter(|k| k.secret).map(|k| k.name).collect();
-        assert_eq!(secret_keys, ["mcollective.password", "mcollective.psk"]);
+        assert_eq!(secret_keys, ["mcollective.password", "mcollective.psk", "kick.postgresql.connection"]);
     }
 }

@@ -4,6 +4,7 @@
 
 use super::choria::ChoriaSettings;
 use super::policy::{Policy, RateLimit};
+use super::postgresql::{PgSettings, StateKind};
 use super::ssh::SshSettings;
 use super::transport::Agent;
 use super::{ConfirmBy, KickConfig, ReportBudget};
@@ -53,6 +54,10 @@ pub struct KickSettings {
     pub exit_wait: Duration,
     /// The `ssh.*` keys, for `kick.transport: ssh`.
     pub ssh: SshSettings,
+    /// Where the kick state is kept (`kick.state`).
+    pub state: StateKind,
+    /// The `kick.postgresql.*` keys, for `kick.state: postgresql`.
+    pub postgresql: PgSettings,
 }
 
 impl KickSettings {
@@ -84,6 +89,8 @@ impl KickSettings {
             reply_timeout: Duration::ZERO,
             exit_wait: Duration::ZERO,
             ssh: SshSettings::unset(),
+            state: StateKind::Local,
+            postgresql: PgSettings::unset(),
         }
     }
 

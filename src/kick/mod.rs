@@ -11,6 +11,7 @@ mod config;
 mod graph;
 mod planner;
 mod policy;
+pub mod postgresql;
 mod service;
 pub mod ssh;
 mod store;
@@ -21,13 +22,13 @@ pub use chain::Chain;
 pub use config::{KickSettings, ReplyTimeoutTooLong, TransportKind};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
-    Awaiting, Claim, Confirmation, Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved, ResolvedKick,
-    Suppression, Target, CONFIRM_BUCKETS, CONFIRM_POLL_MS,
+    merge_states, Awaiting, Claim, Confirmation, Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved,
+    ResolvedKick, Suppression, Target, CONFIRM_BUCKETS, CONFIRM_POLL_MS,
 };
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{
-    load_state, now_ms, KickError, KickService, Level, LogLine, NoTransport, Progress, MAX_LOG_LINES_PER_REPORT,
-    STATE_FILE, STATUS_FILE,
+    load_state, now_ms, status_document, KickError, KickService, Level, LogLine, NoTransport, Progress,
+    MAX_LOG_LINES_PER_REPORT, STATE_FILE, STATUS_FILE,
 };
 pub use ssh::{SshConfigError, SshSettings, SshTransport};
 pub use store::{decode_state, read_state, Begun, FileStore, Health, Outage, StateError, StateStore, MAX_STATE_SIZE};

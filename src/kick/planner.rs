@@ -907,25 +907,7 @@ impl Planner {
     /// outcomes; this process's own view wins where both know a server. Nothing of
     /// either is lost; at worst a kick is sent twice, never not at all.
     pub fn merge_unsaved(&mut self, theirs: PlannerState) {
-        let ours = &mut self.state;
-        ours.generation = ours.generation.max(theirs.generation);
-        ours.counters = ours.counters.max(theirs.counters);
-        for (name, target) in theirs.targets {
-            ours.targets.entry(name).or_insert(target);
-        }
-        for (name, awaiting) in theirs.awaiting {
-            ours.awaiting.entry(name).or_insert(awaiting);
-        }
-        let mut confirmations: Vec<Confirmation> = ours.confirmations.drain(..).chain(theirs.confirmations).collect();
-        confirmations.sort_by(|a, b| (a.at, &a.target, &a.outcome).cmp(&(b.at, &b.target, &b.outcome)));
-        confirmations.dedup();
-        let keep = confirmations.len().saturating_sub(self.config.keep_outcomes);
-        ours.confirmations = confirmations.into_iter().skip(keep).collect();
-        let mut outcomes: Vec<OutcomeRecord> = ours.outcomes.drain(..).chain(theirs.outcomes).collect();
-        outcomes.sort_by(|a, b| (a.at, &a.target, &a.result).cmp(&(b.at, &b.target, &b.result)));
-        outcomes.dedup();
-        let keep = outcomes.len().saturating_sub(self.config.keep_outcomes);
-        ours.outcomes = outcomes.into_iter().skip(keep).collect();
+        merge_states(&mut self.state, theirs, self.config.keep_outcomes);
     }
 
     /// The generation the next save writes.
@@ -1168,4 +1150,27 @@ fn duration_text(ms: Millis) -> String {
         (h, 0, _) => format!("{h} h"),
         (h, m, _) => format!("{h} h {m} min"),
     }
+}
+
+/// Merges `theirs` into `ours` as [`Planner::merge_unsaved`] does: `ours` wins where
+/// both know a server; of the bounded histories, the latest `keep` entries stay.
+pub fn merge_states(ours: &mut PlannerState, theirs: PlannerState, keep: usize) {
+    ours.generation = ours.generation.max(theirs.generation);
+    ours.counters = ours.counters.max(theirs.counters);
+    for (name, target) in theirs.targets {
+        ours.targets.entry(name).or_insert(target);
+    }
+    for (name, awaiting) in theirs.awaiting {
+        ours.awaiting.entry(name).or_insert(awaiting);
+    }
+    let mut confirmations: Vec<Confirmation> = ours.confirmations.drain(..).chain(theirs.confirmations).collect();
+    confirmations.sort_by(|a, b| (a.at, &a.target, &a.outcome).cmp(&(b.at, &b.target, &b.outcome)));
+    confirmations.dedup();
+    let skip = confirmations.len().saturating_sub(keep);
+    ours.confirmations = confirmations.into_iter().skip(skip).collect();
+    let mut outcomes: Vec<OutcomeRecord> = ours.outcomes.drain(..).chain(theirs.outcomes).collect();
+    outcomes.sort_by(|a, b| (a.at, &a.target, &a.result).cmp(&(b.at, &b.target, &b.result)));
+    outcomes.dedup();
+    let skip = outcomes.len().saturating_sub(keep);
+    ours.outcomes = outcomes.into_iter().skip(skip).collect();
 }

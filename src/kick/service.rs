@@ -398,7 +398,8 @@ impl KickService {
         if !lock(&self.inner.endings).is_empty() {
             self.inner.transact(|_| ((), false));
         }
-        status_json(&lock(&self.inner.planner), self.inner.now(), self.inner.helper())
+        let store = self.inner.state_json();
+        status_json(&lock(&self.inner.planner), self.inner.now(), self.inner.helper(), &store)
     }
 
     /// Kicks not yet started: pending (due, scheduled for a retry, in flight,
@@ -479,7 +480,7 @@ impl Inner {
         }
         let ended = self.take_endings(&mut planner);
         let (result, changed) = change(&mut planner);
-        if changed || unsaved || ended || begun.merge {
+        if changed || unsaved || ended || begun.save {
             self.persist(&mut **store, &mut planner);
             self.took_health(store.health());
         } else {
@@ -525,6 +526,17 @@ impl Inner {
         } else {
             *known = health;
         }
+    }
+
+    /// Where the state is kept and whether it can be reached, for the status.
+    fn state_json(&self) -> serde_json::Value {
+        state_json(&self.store_name, &lock(&self.health))
+    }
+
+    /// The shared store is unreachable: due kicks wait (their claims could not be
+    /// seen by the other compilers).
+    fn in_outage(&self) -> bool {
+        lock(&self.health).outage.is_some()
     }
 
     /// The time by the shared store's clock (this host's when the state is local).
@@ -580,6 +592,8 @@ impl Inner {
                 let answers: Vec<_> = batch
                     .into_iter()
                     .map(|(change, done)| match change {
+                        // Not claimed where the other compilers would see it: not sent.
+                        Change::Claim(_) if self.in_outage() => (done, false),
                         Change::Claim(dispatch) => match planner.claim(&dispatch, now) {
                             Claim::Held => (done, true),
                             Claim::Renewed => {
@@ -681,8 +695,9 @@ impl Inner {
         // Cleared before the status is built: a change made meanwhile sets it again.
         self.status_dirty.store(false, Ordering::Release);
         let status = {
+            let store = self.state_json();
             let planner = lock(&self.planner);
-            serde_json::to_vec_pretty(&status_json(&planner, self.now(), self.helper())).unwrap_or_default()
+            serde_json::to_vec_pretty(&status_json(&planner, self.now(), self.helper(), &store)).unwrap_or_default()
         };
         let _ = crate::atomic_file::write_unsynced(&self.status_path, &[&status, b"\n"]);
         *written = Some(Instant::now());
@@ -762,6 +777,12 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
         if lock(&inner.unsaved).is_some() {
             wait = wait.min(SAVE_RETRY);
         }
+        // The shared store is tried again (and what was kept merged) when its backoff ends.
+        if let Some(outage) = &lock(&inner.health).outage {
+            let until =
+                Duration::from_millis((outage.retry_at - now_ms()).clamp(0, SAVE_RETRY.as_millis() as i64) as u64);
+            wait = wait.min(until);
+        }
         if lock(&inner.planner).holds().next().is_some() {
             wait = wait.min(HOLD_POLL);
         }
@@ -825,6 +846,9 @@ fn confirm_by_transport(inner: &Inner) {
 fn dispatch_due(inner: &Inner) {
     let dispatches = inner.transact(|planner| {
         let released = planner.release_exited(inner.now(), crate::process::alive);
+        if inner.in_outage() {
+            return (Vec::new(), released);
+        }
         let (dispatches, events) = planner.due(inner.now());
         events.iter().for_each(|e| inner.log(log_line(e)));
         let changed = released || !dispatches.is_empty() || !events.is_empty();
@@ -912,7 +936,29 @@ fn log_line(event: &Event) -> LogLine {
     LogLine { level, message: event.to_string() }
 }
 
-fn status_json(planner: &Planner, now: Millis, helper: serde_json::Value) -> serde_json::Value {
+/// The status document of `state` (as `kick-status.json` holds it), for a process
+/// that read the state without starting a service (`puppet kicker status` with a
+/// shared state); `store` as [`StateStore::describe`] says, `health` as it stands.
+pub fn status_document(config: &KickConfig, state: PlannerState, store: &str, health: &Health) -> serde_json::Value {
+    let now = now_ms() + health.clock_offset_ms;
+    status_json(&Planner::new(config.clone(), state), now, serde_json::Value::Null, &state_json(store, health))
+}
+
+/// Where the state is kept, and whether it can be reached, for the status document.
+fn state_json(store: &str, health: &Health) -> serde_json::Value {
+    json!({
+        "store": store,
+        "shared": health.shared,
+        "outage": health.outage.as_ref().map(|o| json!({"reason": o.reason, "since": o.since, "retry_at": o.retry_at})),
+    })
+}
+
+fn status_json(
+    planner: &Planner,
+    now: Millis,
+    helper: serde_json::Value,
+    store: &serde_json::Value,
+) -> serde_json::Value {
     let state = planner.state();
     let pending: Vec<_> = state
         .targets
@@ -952,6 +998,7 @@ fn status_json(planner: &Planner, now: Millis, helper: serde_json::Value) -> ser
         "confirmations": state.confirmations,
         "holds": state.holds.iter().map(|(target, h)| json!({"target": target, "pid": h.pid, "since": h.since})).collect::<Vec<_>>(),
         "helper": helper,
+        "state": store,
     })
 }
 

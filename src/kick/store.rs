@@ -58,8 +58,11 @@ pub struct Begun {
     pub theirs: Option<PlannerState>,
     /// `theirs` is to be merged with this process's state rather than replace it:
     /// this process holds changes the shared state has not seen (made during an
-    /// outage of the shared store). The merge is then saved.
+    /// outage of the shared store).
     pub merge: bool,
+    /// Save the state at the end of this transaction even if nothing changes: what
+    /// was kept during an outage goes into the shared state.
+    pub save: bool,
     /// Lines for the log (a lock that cannot be taken, a state that does not read).
     pub warnings: Vec<String>,
 }

@@ -6,10 +6,12 @@ use crate::config::PuppetSettings;
 use crate::error::{Error, Result};
 use crate::index::{Index, RoleSelector, ServerRef};
 use crate::kick::choria::{self, ChoriaTransport};
+use crate::kick::postgresql::{PgStore, SharedStore, StateKind};
 use crate::kick::{
     Event, KickError, KickService, McoTransport, NoTransport, Planner, PlannerState, Progress, ReportKicks, Resolved,
     Selector, SshTransport, Target, Transport, TransportKind,
 };
+use crate::kick::{StateError, StateStore};
 use crate::log::{Level, LogLine};
 use std::collections::BTreeMap;
 use std::ops::Deref;
@@ -118,10 +120,59 @@ impl Service {
         Ok(progress)
     }
 
-    /// The kick state as saved in the cache dir, read without starting the kick
-    /// service (for `puppet kicker graph`: works offline, sends nothing).
+    /// The kick state as saved (in the cache dir, or the shared state), read without
+    /// starting the kick service (for `puppet kicker graph`: sends nothing).
     pub fn kick_state(&self) -> Result<PlannerState> {
-        crate::kick::load_state(&self.config().cache_dir).map_err(|e| Error::Kick(Arc::new(e)))
+        let config = self.config();
+        let loaded = match config.kick.state {
+            StateKind::Local => crate::kick::load_state(&config.cache_dir),
+            StateKind::Postgresql => self.shared_store().and_then(|mut store| store.load().map_err(KickError::State)),
+        };
+        loaded.map_err(|e| Error::Kick(Arc::new(e)))
+    }
+
+    /// With `kick.state: postgresql`, the status document of the shared state, read
+    /// now (the one in the cache dir is this compiler's view as of its last
+    /// transaction): `{"unreadable": WHY, "document": {"state": ...}}` when it cannot
+    /// be read, the outage in `state`. `None` with a local state.
+    pub fn shared_kick_status(&self) -> Option<serde_json::Value> {
+        let config = self.config();
+        if config.kick.state != StateKind::Postgresql {
+            return None;
+        }
+        let mut store = match self.shared_store() {
+            Ok(store) => store,
+            Err(e) => return Some(serde_json::json!({"unreadable": e.to_string()})),
+        };
+        let document = match store.load() {
+            Ok(state) => crate::kick::status_document(&config.kick.planner, state, &store.describe(), &store.health()),
+            Err(e) => serde_json::json!({
+                "unreadable": e.to_string(),
+                "document": {"state": crate::kick::status_document(&config.kick.planner, PlannerState::default(),
+                    &store.describe(), &store.health())["state"]},
+            }),
+        };
+        Some(document)
+    }
+
+    /// The shared kick state of `kick.state: postgresql`. A configuration the server
+    /// refuses (a password, a certificate, a schema newer than this module) is an
+    /// error; an unreachable server is not: the store keeps kicks in the cache dir
+    /// until it is back.
+    fn shared_store(&self) -> std::result::Result<SharedStore, KickError> {
+        let config = self.config();
+        let settings = &config.kick.postgresql;
+        let shared_error = |store: String, reason: String| KickError::State(StateError::Shared { store, reason });
+        let connection = settings
+            .connection(&self.index.settings)
+            .map_err(|e| shared_error("kick.postgresql".into(), e.to_string()))?;
+        let writer = format!("{} pid {}", crate::process::host_name(), std::process::id());
+        let mut pg = PgStore::new(connection, &settings.schema, settings.pool_size, &writer);
+        match pg.check() {
+            Err(e) if !e.outage => return Err(shared_error(pg.name(), e.reason)),
+            _ => {}
+        }
+        Ok(SharedStore::new(pg, &config.cache_dir, config.kick.planner.keep_outcomes))
     }
 
     fn resolve_operator(&self, report: &ReportKicks) -> Result<Resolved> {
@@ -259,8 +310,22 @@ impl Service {
             // A kicked server must see what changed: refresh the index before each
             // dispatch (bounded), so its compile (here, or from the snapshot) is fresh.
             let before_dispatch = Box::new(self.index.refresher(Duration::from_secs(config.cold_start_timeout)));
-            KickService::start(config.kick.planner.clone(), &config.cache_dir, transport, before_dispatch)
-                .map_err(Arc::new)
+            match config.kick.state {
+                StateKind::Local => {
+                    KickService::start(config.kick.planner.clone(), &config.cache_dir, transport, before_dispatch)
+                }
+                StateKind::Postgresql => self.shared_store().and_then(|store| {
+                    KickService::start_with(
+                        config.kick.planner.clone(),
+                        &config.cache_dir,
+                        Box::new(store),
+                        Vec::new(),
+                        transport,
+                        before_dispatch,
+                    )
+                }),
+            }
+            .map_err(Arc::new)
         });
         started.as_ref().map_err(|e| Error::Kick(e.clone()))
     }

@@ -1,0 +1,97 @@
+//! The shared state's schema, created and migrated by the module: `schema_version`
+//! (one row per migration applied) and `kick_state` (the one row of the state).
+//!
+//! Compilers starting together migrate one at a time (a transaction-scoped advisory
+//! lock). A schema whose version is newer than this module's is refused: an older
+//! module must not write a state a newer one shaped. Nothing is created outside the
+//! configured schema, and the schema itself only when it does not exist (a database
+//! owner may create it beforehand and grant the module's user its tables).
+
+use super::super::planner::PlannerState;
+use std::fmt;
+
+/// The version this module's tables are at.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Each migration, from the version before to its index + 1. `{schema}` is the schema.
+const MIGRATIONS: &[&str] = &["CREATE TABLE {schema}.kick_state (
+        id smallint PRIMARY KEY CHECK (id = 1),
+        generation bigint NOT NULL,
+        state bytea NOT NULL,
+        updated_at timestamptz NOT NULL,
+        updated_by text NOT NULL
+    )"];
+
+/// Why the schema cannot be used.
+#[derive(Debug)]
+pub enum SchemaError {
+    /// A statement failed (the server's message, or why it was not reached).
+    Statement { schema: String, source: super::PgError },
+    /// The schema is at a version this module does not know.
+    Newer { schema: String, found: i32 },
+}
+
+impl fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchemaError::Statement { schema, source } => {
+                write!(f, "cannot create or migrate schema {schema}: {source}")
+            }
+            SchemaError::Newer { schema, found } => write!(
+                f,
+                "schema {schema} is at version {found}, newer than this puppet-kicker's ({SCHEMA_VERSION}): \
+                 upgrade the module on every compiler sharing it, or set kick.postgresql.schema to another schema"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SchemaError {}
+
+/// Creates the schema's tables or brings them to [`SCHEMA_VERSION`], in one
+/// transaction.
+pub fn migrate(client: &mut postgres::Client, schema: &str, writer: &str) -> Result<(), SchemaError> {
+    let fail =
+        |e: postgres::Error| SchemaError::Statement { schema: schema.to_string(), source: super::PgError::of(&e) };
+    let mut tx = client.transaction().map_err(fail)?;
+    // One compiler at a time; released at the transaction's end.
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext('puppet-kicker schema ' || $1))", &[&schema]).map_err(fail)?;
+    let exists = tx.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = $1", &[&schema]).map_err(fail)?;
+    if exists.get::<_, i64>(0) == 0 {
+        tx.batch_execute(&format!("CREATE SCHEMA {schema}")).map_err(fail)?;
+    }
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.schema_version (
+            version integer PRIMARY KEY,
+            applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            applied_by text NOT NULL
+        )"
+    ))
+    .map_err(fail)?;
+    let current: i32 = tx
+        .query_one(&format!("SELECT coalesce(max(version), 0) FROM {schema}.schema_version"), &[])
+        .map_err(fail)?
+        .get(0);
+    if current > SCHEMA_VERSION {
+        return Err(SchemaError::Newer { schema: schema.to_string(), found: current });
+    }
+    for version in current + 1..=SCHEMA_VERSION {
+        tx.batch_execute(&MIGRATIONS[(version - 1) as usize].replace("{schema}", schema)).map_err(fail)?;
+        if version == 1 {
+            let empty = rmp_serde::to_vec_named(&PlannerState::default()).unwrap_or_default();
+            tx.execute(
+                &format!(
+                    "INSERT INTO {schema}.kick_state (id, generation, state, updated_at, updated_by) VALUES (1, 0, $1, clock_timestamp(), $2)"
+                ),
+                &[&empty, &writer],
+            )
+            .map_err(fail)?;
+        }
+        tx.execute(
+            &format!("INSERT INTO {schema}.schema_version (version, applied_by) VALUES ($1, $2)"),
+            &[&version, &writer],
+        )
+        .map_err(fail)?;
+    }
+    tx.commit().map_err(fail)
+}
