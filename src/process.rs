@@ -52,6 +52,20 @@ fn open(path: &Path) -> io::Result<File> {
     OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
+/// This host's name (`gethostname`), or `unknown host`: for records of who wrote
+/// a shared state, never for a decision.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its length; POSIX gethostname writes at most
+    // that many bytes (NUL-terminated unless truncated, which the search below handles).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown host".to_string();
+    }
+    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,18 +98,4 @@ mod tests {
         assert!(lock_within(&path, Duration::from_secs(5)).unwrap().is_some());
         releaser.join().unwrap();
     }
-}
-
-/// This host's name (`gethostname`), or `unknown host`: for records of who wrote
-/// a shared state, never for a decision.
-pub fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is writable for its length; POSIX gethostname writes at most
-    // that many bytes (NUL-terminated unless truncated, which the search below handles).
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown host".to_string();
-    }
-    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..len]).into_owned()
 }

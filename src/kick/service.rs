@@ -38,6 +38,8 @@ pub const MAX_LOG_LINES_PER_REPORT: usize = 100;
 const SAVE_RETRY: Duration = Duration::from_secs(5);
 /// How long the dispatcher sleeps when nothing is scheduled.
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
+/// How often `flush` takes in the shared state while it waits.
+const FLUSH_SYNC: Duration = Duration::from_millis(250);
 /// How often the dispatcher looks whether a process holding a server's kicks exited.
 pub const HOLD_POLL: Duration = Duration::from_secs(1);
 /// `kick-status.json` is rewritten at most this often while kicks are being sent,
@@ -370,6 +372,7 @@ impl KickService {
         }
         let _ = self.wake.send(());
         let reporters = lock(&self.inner.reporters).clone();
+        let mut synced = Instant::now();
         loop {
             let (busy, undelivered) = {
                 let planner = lock(&self.inner.planner);
@@ -389,6 +392,12 @@ impl KickService {
                 return undelivered;
             }
             std::thread::sleep(Duration::from_millis(20));
+            // A kick in flight may be another process's (another compiler's): its
+            // outcome is seen only by taking in the shared state now and then.
+            if synced.elapsed() >= FLUSH_SYNC {
+                self.inner.transact(|_| ((), false));
+                synced = Instant::now();
+            }
         }
     }
 

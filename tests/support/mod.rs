@@ -4,6 +4,8 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+pub mod postgres;
+
 pub fn is_root() -> bool {
     std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
 }

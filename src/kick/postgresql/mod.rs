@@ -168,12 +168,12 @@ impl PgStore {
         let select = client
             .prepare(&format!(
                 "SELECT generation, {DB_NOW_MS}, CASE WHEN generation <> $1 AND octet_length(state) <= $2 THEN state END, octet_length(state) \
-                 FROM {schema}.kick_state WHERE id = 1 FOR UPDATE"
+                 FROM \"{schema}\".kick_state WHERE id = 1 FOR UPDATE"
             ))
             .map_err(|e| PgError::of(&e))?;
         let update = client
             .prepare(&format!(
-                "UPDATE {schema}.kick_state SET generation = $1, state = $2, updated_at = clock_timestamp(), updated_by = $3 WHERE id = 1"
+                "UPDATE \"{schema}\".kick_state SET generation = $1, state = $2, updated_at = clock_timestamp(), updated_by = $3 WHERE id = 1"
             ))
             .map_err(|e| PgError::of(&e))?;
         Ok(Session { client, select, update })

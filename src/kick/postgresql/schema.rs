@@ -13,8 +13,9 @@ use std::fmt;
 /// The version this module's tables are at.
 pub const SCHEMA_VERSION: i32 = 1;
 
-/// Each migration, from the version before to its index + 1. `{schema}` is the schema.
-const MIGRATIONS: &[&str] = &["CREATE TABLE {schema}.kick_state (
+/// Each migration, from the version before to its index + 1. `{schema}` is the schema
+/// (a name of `[a-z0-9_]`, quoted: a reserved word such as `window` works too).
+const MIGRATIONS: &[&str] = &["CREATE TABLE \"{schema}\".kick_state (
         id smallint PRIMARY KEY CHECK (id = 1),
         generation bigint NOT NULL,
         state bytea NOT NULL,
@@ -58,10 +59,10 @@ pub fn migrate(client: &mut postgres::Client, schema: &str, writer: &str) -> Res
     tx.execute("SELECT pg_advisory_xact_lock(hashtext('puppet-kicker schema ' || $1))", &[&schema]).map_err(fail)?;
     let exists = tx.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = $1", &[&schema]).map_err(fail)?;
     if exists.get::<_, i64>(0) == 0 {
-        tx.batch_execute(&format!("CREATE SCHEMA {schema}")).map_err(fail)?;
+        tx.batch_execute(&format!("CREATE SCHEMA \"{schema}\"")).map_err(fail)?;
     }
     tx.batch_execute(&format!(
-        "CREATE TABLE IF NOT EXISTS {schema}.schema_version (
+        "CREATE TABLE IF NOT EXISTS \"{schema}\".schema_version (
             version integer PRIMARY KEY,
             applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
             applied_by text NOT NULL
@@ -69,7 +70,7 @@ pub fn migrate(client: &mut postgres::Client, schema: &str, writer: &str) -> Res
     ))
     .map_err(fail)?;
     let current: i32 = tx
-        .query_one(&format!("SELECT coalesce(max(version), 0) FROM {schema}.schema_version"), &[])
+        .query_one(&format!("SELECT coalesce(max(version), 0) FROM \"{schema}\".schema_version"), &[])
         .map_err(fail)?
         .get(0);
     if current > SCHEMA_VERSION {
@@ -81,14 +82,14 @@ pub fn migrate(client: &mut postgres::Client, schema: &str, writer: &str) -> Res
             let empty = rmp_serde::to_vec_named(&PlannerState::default()).unwrap_or_default();
             tx.execute(
                 &format!(
-                    "INSERT INTO {schema}.kick_state (id, generation, state, updated_at, updated_by) VALUES (1, 0, $1, clock_timestamp(), $2)"
+                    "INSERT INTO \"{schema}\".kick_state (id, generation, state, updated_at, updated_by) VALUES (1, 0, $1, clock_timestamp(), $2)"
                 ),
                 &[&empty, &writer],
             )
             .map_err(fail)?;
         }
         tx.execute(
-            &format!("INSERT INTO {schema}.schema_version (version, applied_by) VALUES ($1, $2)"),
+            &format!("INSERT INTO \"{schema}\".schema_version (version, applied_by) VALUES ($1, $2)"),
             &[&version, &writer],
         )
         .map_err(fail)?;

@@ -1,0 +1,239 @@
+//! `kick.state: postgresql` against a real PostgreSQL 15 (tests/support/postgres.rs:
+//! a cluster of the test's own on 127.0.0.1, TLS from a test CA, a password): two
+//! kick services with two cache dirs stand for two compilers sharing one state.
+
+use puppet_kicker::config::{Config, PuppetSettings};
+use puppet_kicker::kick::postgresql::{PgStore, SharedStore};
+use puppet_kicker::kick::{Dispatch, KickConfig, KickService, Outcome, RateLimit, Selector, Target, Transport};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::postgres::{self, Postgres};
+
+mod support;
+
+/// Answers every runonce with "started" and remembers who was kicked, by which compiler.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<String>>>);
+
+impl Transport for Recorder {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        self.0.lock().unwrap().push(dispatch.target.clone());
+        Outcome::Started
+    }
+}
+
+impl Recorder {
+    fn kicked(&self) -> Vec<String> {
+        let mut kicked = self.0.lock().unwrap().clone();
+        kicked.sort();
+        kicked
+    }
+}
+
+fn cache_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pk-pgkick-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The `kick.postgresql.*` keys for `pg`, read as puppet_kicker.yaml is.
+fn yaml(pg: &Postgres, schema: &str, ca: &Path, password_file: &Path) -> String {
+    format!(
+        "kick:\n  state: postgresql\n  postgresql:\n    host: 127.0.0.1\n    port: {}\n    database: {}\n    user: {}\n    schema: {schema}\n    ca: {}\n    cert: {}\n    key: {}\n    password_file: {}\n    statement_timeout: 5s\n    connect_timeout: 2s\n",
+        pg.port,
+        postgres::DATABASE,
+        postgres::USER,
+        ca.display(),
+        pg.cert.display(),
+        pg.key.display(),
+        password_file.display()
+    )
+}
+
+fn store_with(pg: &Postgres, schema: &str, ca: &Path, password_file: &Path, dir: &Path) -> (PgStore, PathBuf) {
+    let settings = PuppetSettings::default();
+    let config =
+        Config::parse(&yaml(pg, schema, ca, password_file), Path::new("/etc/puppet/puppet_kicker.yaml"), &settings)
+            .expect("the configuration");
+    let connection = config.kick.postgresql.connection(&settings).expect("the connection settings");
+    std::fs::create_dir_all(dir).unwrap();
+    (PgStore::new(connection, schema, 2, "test"), dir.to_path_buf())
+}
+
+/// One compiler: a kick service over the shared state in `pg`'s `schema`.
+fn compiler(pg: &Postgres, schema: &str, name: &str, config: KickConfig, recorder: &Recorder) -> KickService {
+    let dir = cache_dir(name);
+    let (mut pg_store, dir) = store_with(pg, schema, &pg.ca, &pg.password_file, &dir);
+    pg_store.check().expect("the shared state is reachable");
+    let store = SharedStore::new(pg_store, &dir, config.keep_outcomes);
+    KickService::start_with(config, &dir, Box::new(store), Vec::new(), Ok(Box::new(recorder.clone())), Box::new(|| {}))
+        .unwrap()
+}
+
+fn fleet_report(service: &KickService, host: &str, role: &str) -> Vec<String> {
+    let report = support::role_kick(host, &format!("Notify[kick -> {role}]"), role);
+    let fleet = [("node1", "node"), ("node2", "node"), ("lb1", "haproxy"), ("lb2", "haproxy")];
+    let resolve = |selector: &Selector, _: &str| match selector {
+        Selector::Roles(roles) => fleet
+            .iter()
+            .filter(|(_, r)| roles.iter().any(|x| x == r))
+            .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
+            .collect(),
+        Selector::Facts(_) => Vec::new(),
+    };
+    let role_of = |host: &str| fleet.iter().find(|(n, _)| *n == host).map(|(_, r)| r.to_string());
+    service.report(&report, resolve, role_of).into_iter().map(|l| l.message).collect()
+}
+
+/// Waits until `done` holds, at most `timeout`.
+fn wait_for(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn reports_at_both_compilers_within_one_window_make_one_run_of_each_target() {
+    let pg = Postgres::start("window");
+    let recorder = Recorder::default();
+    let config = KickConfig { coalesce_ms: 2_000, ..KickConfig::default() };
+    let a = compiler(&pg, "window", "window-a", config.clone(), &recorder);
+    let b = compiler(&pg, "window", "window-b", config, &recorder);
+    fleet_report(&a, "node1", "haproxy");
+    fleet_report(&b, "node2", "haproxy");
+    let left = a.flush(Duration::from_secs(20));
+    assert_eq!(left, 0, "{:?} {:?} {}", a.take_log(), a.waiting_for(), a.status());
+    assert_eq!(b.flush(Duration::from_secs(20)), 0);
+    assert_eq!(recorder.kicked(), ["lb1", "lb2"], "each target once, by one compiler");
+    // Both compilers see the same state: the other's report is in the chain.
+    let status = b.status();
+    assert_eq!(status["state"]["shared"], true);
+    assert!(status["state"]["outage"].is_null(), "{}", status["state"]);
+    a.sync();
+    assert_eq!(a.status()["counters"]["sent"], 2);
+}
+
+#[test]
+fn a_rate_limit_holds_across_both_compilers() {
+    let pg = Postgres::start("rate");
+    let recorder = Recorder::default();
+    let config =
+        KickConfig { coalesce_ms: 0, rate_limit: RateLimit { max: 2, window_ms: 60_000 }, ..KickConfig::default() };
+    let a = compiler(&pg, "rate", "rate-a", config.clone(), &recorder);
+    let b = compiler(&pg, "rate", "rate-b", config, &recorder);
+    fleet_report(&a, "node1", "haproxy");
+    fleet_report(&b, "node1", "haproxy");
+    let third = fleet_report(&a, "node1", "haproxy");
+    assert!(
+        third.iter().any(|l| l.contains("rate limit")),
+        "the third kicking report of node1 within the window: {third:?}"
+    );
+    let fourth = fleet_report(&b, "node1", "haproxy");
+    assert!(fourth.iter().any(|l| l.contains("rate limit")), "and at the other compiler: {fourth:?}");
+    a.sync();
+    assert_eq!(a.status()["counters"]["suppressed"], 2);
+}
+
+#[test]
+fn a_loop_through_reports_split_across_compilers_is_stopped() {
+    let pg = Postgres::start("loop");
+    let recorder = Recorder::default();
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    let a = compiler(&pg, "loop", "loop-a", config.clone(), &recorder);
+    let b = compiler(&pg, "loop", "loop-b", config, &recorder);
+    // node1 (its report at compiler a) kicks the load balancers.
+    fleet_report(&a, "node1", "haproxy");
+    assert_eq!(a.flush(Duration::from_secs(10)), 0);
+    // lb1's kicked run reports to compiler b, and would kick node1 back.
+    let lines = fleet_report(&b, "lb1", "node");
+    assert!(lines.iter().any(|l| l.contains("kicked run of lb1 reported (chain node1 -> lb1)")), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains(
+            "kick of node1 by lb1 (Notify[kick -> node]) suppressed: it would close a loop: node1 -> lb1 -> node1"
+        )),
+        "the loop is seen across compilers: {lines:?}"
+    );
+    assert_eq!(b.flush(Duration::from_secs(10)), 0);
+    assert_eq!(recorder.kicked(), ["lb1", "lb2", "node2"]);
+    a.sync();
+    assert_eq!(a.status()["role_cycles"], serde_json::json!([["haproxy", "node", "haproxy"]]), "one role graph");
+}
+
+#[test]
+fn the_database_stopped_and_started_again_loses_no_kick() {
+    let pg = Postgres::start("outage");
+    let recorder = Recorder::default();
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    let a = compiler(&pg, "outage", "outage-a", config, &recorder);
+    a.sync();
+    pg.stop();
+    // A report during the outage is still taken in; its kicks wait.
+    let started = Instant::now();
+    let lines = fleet_report(&a, "node1", "haproxy");
+    assert!(started.elapsed() < Duration::from_secs(4), "the report waited {:?}", started.elapsed());
+    let log: Vec<String> = lines.into_iter().chain(a.take_log().into_iter().map(|l| l.message)).collect();
+    assert!(log.iter().any(|l| l.contains("kick queued for lb1")), "{log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("unreachable") && l.contains("merged when it is back") && l.contains("next try in")),
+        "{log:?}"
+    );
+    let status = a.status();
+    assert!(status["state"]["outage"]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{}", status["state"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(recorder.kicked().is_empty(), "nothing sent during the outage");
+    pg.run();
+    wait_for(Duration::from_secs(60), "the kicks kept during the outage sent", || recorder.kicked().len() == 2);
+    assert_eq!(recorder.kicked(), ["lb1", "lb2"]);
+    wait_for(Duration::from_secs(10), "the outage's end", || a.status()["state"]["outage"].is_null());
+    // What was kept is in the shared state: another compiler sees it.
+    let b = compiler(&pg, "outage", "outage-b", KickConfig::default(), &Recorder::default());
+    assert_eq!(b.status()["counters"]["sent"], 2);
+}
+
+#[test]
+fn a_wrong_password_or_ca_is_a_clear_error_not_an_outage() {
+    let pg = Postgres::start("refused");
+    let dir = cache_dir("refused");
+    let wrong = pg.dir.join("wrong-password");
+    std::fs::write(&wrong, "not-the-password\n").unwrap();
+    let (mut store, _) = store_with(&pg, "refused", &pg.ca, &wrong, &dir);
+    let e = store.check().unwrap_err();
+    assert!(!e.outage, "{e:?}");
+    assert!(e.reason.contains("password authentication failed for user \"kicker\""), "{}", e.reason);
+    assert!(!e.reason.contains("not-the-password"), "{}", e.reason);
+
+    let (mut store, _) = store_with(&pg, "refused", &pg.other_ca, &pg.password_file, &dir);
+    let e = store.check().unwrap_err();
+    assert!(!e.outage, "{e:?}");
+    assert!(e.reason.contains("invalid peer certificate") && e.reason.contains("UnknownIssuer"), "{}", e.reason);
+
+    // The right ones work; a schema newer than this module is refused.
+    let (mut store, _) = store_with(&pg, "refused", &pg.ca, &pg.password_file, &dir);
+    store.check().expect("the right password and CA");
+    pg.psql("INSERT INTO refused.schema_version (version, applied_by) VALUES (99, 'a newer module')");
+    let (mut store, _) = store_with(&pg, "refused", &pg.ca, &pg.password_file, &dir);
+    let e = store.check().unwrap_err();
+    assert!(!e.outage);
+    assert!(e.reason.contains("schema refused is at version 99, newer than this puppet-kicker's (1)"), "{}", e.reason);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_schema_is_created_once_and_only_in_its_schema() {
+    let pg = Postgres::start("schema");
+    let before = pg.psql("SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')");
+    assert_eq!(before, "0");
+    let recorder = Recorder::default();
+    let a = compiler(&pg, "kicks_here", "schema-a", KickConfig::default(), &recorder);
+    let b = compiler(&pg, "kicks_here", "schema-b", KickConfig::default(), &recorder);
+    drop((a, b));
+    let tables = pg.psql(
+        "SELECT string_agg(schemaname || '.' || tablename, ',' ORDER BY tablename) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')",
+    );
+    assert_eq!(tables, "kicks_here.kick_state,kicks_here.schema_version");
+    assert_eq!(pg.psql("SELECT string_agg(version::text, ',') FROM kicks_here.schema_version"), "1");
+}
