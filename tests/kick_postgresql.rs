@@ -237,3 +237,79 @@ fn the_schema_is_created_once_and_only_in_its_schema() {
     assert_eq!(tables, "kicks_here.kick_state,kicks_here.schema_version");
     assert_eq!(pg.psql("SELECT string_agg(version::text, ',') FROM kicks_here.schema_version"), "1");
 }
+
+/// Records the kick in a file, then never answers: a compiler that hangs mid-send
+/// until it is killed.
+struct Hangs(PathBuf);
+
+impl Transport for Hangs {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        std::fs::write(&self.0, &dispatch.target).unwrap();
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+}
+
+#[test]
+fn a_compiler_killed_holding_claims_loses_none_and_each_target_runs_once_or_twice() {
+    // The child: this same test, re-run with PK_PG_CHILD set, as compiler a.
+    if let Ok(spec) = std::env::var("PK_PG_CHILD") {
+        let (port, pg_dir, claimed) = {
+            let mut parts = spec.splitn(3, ' ');
+            (
+                parts.next().unwrap().parse::<u16>().unwrap(),
+                parts.next().unwrap().to_string(),
+                parts.next().unwrap().to_string(),
+            )
+        };
+        let pg = Postgres::attach(port, Path::new(&pg_dir));
+        let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+        let dir = cache_dir("killed-a");
+        let (mut store, dir) = store_with(&pg, "killed", &pg.ca, &pg.password_file, &dir);
+        store.check().unwrap();
+        let store = SharedStore::new(store, &dir, config.keep_outcomes);
+        let hangs = Box::new(Hangs(PathBuf::from(claimed)));
+        let a = KickService::start_with(config, &dir, Box::new(store), Vec::new(), Ok(hangs), Box::new(|| {})).unwrap();
+        fleet_report(&a, "node1", "haproxy");
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+    let pg = Postgres::start("killed");
+    // The schema exists before the child starts.
+    let (mut store, _) = store_with(&pg, "killed", &pg.ca, &pg.password_file, &cache_dir("killed-setup"));
+    store.check().unwrap();
+    let claimed = pg.dir.join("claimed-by-a");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_compiler_killed_holding_claims_loses_none_and_each_target_runs_once_or_twice",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("PK_PG_CHILD", format!("{} {} {}", pg.port, pg.dir.display(), claimed.display()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(30), "compiler a sending its first kick", || claimed.exists());
+    // Killed mid-send: lb1's runonce sent (and maybe run), lb2 claimed but not sent.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let first = std::fs::read_to_string(&claimed).unwrap();
+
+    let recorder = Recorder::default();
+    let lease_ms = 3_000;
+    let config = KickConfig { coalesce_ms: 0, in_flight_timeout_ms: lease_ms, ..KickConfig::default() };
+    let b = compiler(&pg, "killed", "killed-b", config, &recorder);
+    let started = Instant::now();
+    assert_eq!(b.flush(Duration::from_secs(30)), 0, "{:?}", b.waiting_for());
+    let mut runs: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    *runs.entry(first.clone()).or_default() += 1;
+    for target in recorder.kicked() {
+        *runs.entry(target).or_default() += 1;
+    }
+    assert_eq!(runs.keys().collect::<Vec<_>>(), ["lb1", "lb2"], "no kick lost: {runs:?}");
+    assert!(runs.values().all(|n| (1..=2).contains(n)), "each target once or twice: {runs:?}");
+    assert_eq!(runs[&first], 2, "the one a sent is sent again after the lease: {runs:?}");
+    assert!(started.elapsed() >= Duration::from_millis(lease_ms as u64 / 2), "not before the lease ran out");
+}

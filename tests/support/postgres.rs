@@ -159,6 +159,21 @@ impl Postgres {
         pg
     }
 
+    /// The cluster another process of this test started in `dir` (its files only:
+    /// dropping this leaves the cluster running).
+    pub fn attach(port: u16, dir: &Path) -> Postgres {
+        Postgres {
+            dir: dir.to_path_buf(),
+            port,
+            ca: dir.join("ca.pem"),
+            cert: dir.join("compiler.pem"),
+            key: dir.join("compiler.key"),
+            password_file: dir.join("password"),
+            other_ca: dir.join("other-ca.pem"),
+            data: PathBuf::new(),
+        }
+    }
+
     /// Starts the cluster (after [`Self::stop`]), waiting until it accepts connections.
     pub fn run(&self) {
         let log = self.dir.join("postgresql.log");
@@ -222,6 +237,9 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
+        if self.data.as_os_str().is_empty() {
+            return; // attached: the starter's to stop
+        }
         if let Some(pid) = self.pid() {
             unsafe { libc::kill(pid, libc::SIGQUIT) };
             let deadline = Instant::now() + Duration::from_secs(10);
