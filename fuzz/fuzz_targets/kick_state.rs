@@ -1,7 +1,9 @@
-//! The kick planner's state (`kicks.msgpack`) as found in the cache dir: decoded as
-//! the kick service reads it, then given to a planner that plans from it; its role
-//! graph (edges and kick counts) read, grown and aged; merged into a planner that
-//! holds unsaved changes (as after a full disk), which plans on.
+//! The kick planner's state (`kicks.msgpack` as found in the cache dir, or the row of
+//! the shared state in PostgreSQL: the same bytes, the same decoder): decoded as the
+//! kick service reads it, then given to a planner that plans from it, a round of
+//! due kicks at a time; its role graph (edges and kick counts) read, grown and aged;
+//! merged into a planner that holds unsaved changes (as after a full disk or an
+//! outage of the shared state), which plans on.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -18,6 +20,8 @@ fuzz_target!(|input: &[u8]| {
     let mut unsaved = Planner::new(config.kick.planner.clone(), state.clone());
     unsaved.merge_unsaved(state.clone());
     assert!(unsaved.state().outcomes.len() <= config.kick.planner.keep_outcomes);
+    let (round, _) = unsaved.due_at_most(1_700_000_000_000, 2);
+    assert!(round.len() <= 2);
     let _ = unsaved.due(1_700_000_000_000);
     let mut planner = Planner::new(config.kick.planner.clone(), state);
     std::hint::black_box((planner.undelivered(), planner.next_wakeup(), planner.state().counters));

@@ -749,6 +749,14 @@ impl Planner {
 
     /// Kicks whose time has come; they are in flight until `on_outcome`.
     pub fn due(&mut self, now: Millis) -> (Vec<Dispatch>, Vec<Event>) {
+        self.due_at_most(now, usize::MAX)
+    }
+
+    /// [`Self::due`], handing out at most `max` kicks: the rest stay due, for the next
+    /// call (or another process's: with a shared state, every compiler's dispatcher
+    /// takes a share). A sender claims only what it can send soon, so that its claims
+    /// need no renewal while the earlier ones are sent.
+    pub fn due_at_most(&mut self, now: Millis, max: usize) -> (Vec<Dispatch>, Vec<Event>) {
         let mut dispatches = Vec::new();
         let mut events = Vec::new();
         for (name, target) in self.state.targets.iter_mut() {
@@ -764,6 +772,9 @@ impl Planner {
             }
             let stale_after = self.config.in_flight_timeout_ms;
             let ready = |p: &&mut Pending| (!p.in_flight || now - p.dispatched_at >= stale_after) && p.due <= now;
+            if dispatches.len() >= max {
+                continue;
+            }
             if let Some(pending) = target.pending.as_mut().filter(ready) {
                 pending.in_flight = true;
                 pending.dispatched_at = now;

@@ -853,19 +853,40 @@ fn confirm_by_transport(inner: &Inner) {
 /// shows an outcome, and a `puppet apply` exits right after taking the log, so the
 /// line must be in the log by the time the outcome is visible.
 fn dispatch_due(inner: &Inner) {
-    let dispatches = inner.transact(|planner| {
-        let released = planner.release_exited(inner.now(), crate::process::alive);
-        if inner.in_outage() {
-            return (Vec::new(), released);
+    let workers = inner.transport.as_ref().map_or(1, |t| t.max_parallel()).max(1);
+    // Claimed a round at a time, twice what is sent at once: a claim is sent soon
+    // after it is made (no renewal needed), and with a shared state the other
+    // compilers' dispatchers take the next rounds meanwhile.
+    let round = workers.saturating_mul(2);
+    let mut refreshed = false;
+    loop {
+        let dispatches = inner.transact(|planner| {
+            let released = planner.release_exited(inner.now(), crate::process::alive);
+            if inner.in_outage() {
+                return (Vec::new(), released);
+            }
+            let (dispatches, events) = planner.due_at_most(inner.now(), round);
+            events.iter().for_each(|e| inner.log(log_line(e)));
+            let changed = released || !dispatches.is_empty() || !events.is_empty();
+            (dispatches, changed)
+        });
+        if dispatches.is_empty() {
+            return;
         }
-        let (dispatches, events) = planner.due(inner.now());
-        events.iter().for_each(|e| inner.log(log_line(e)));
-        let changed = released || !dispatches.is_empty() || !events.is_empty();
-        (dispatches, changed)
-    });
-    if !dispatches.is_empty() {
-        (inner.before_dispatch)();
+        if !refreshed {
+            (inner.before_dispatch)();
+            refreshed = true;
+        }
+        let full = dispatches.len() >= round;
+        send_all(inner, dispatches, workers);
+        if !full {
+            return;
+        }
     }
+}
+
+/// Sends `dispatches`, up to `workers` at once, each worker taking the next in order.
+fn send_all(inner: &Inner, dispatches: Vec<super::Dispatch>, workers: usize) {
     let send = |dispatch: super::Dispatch| {
         // Renewed (and saved) just before sending, so another process waits a whole
         // in-flight timeout from here, whatever came before in this batch.
@@ -879,8 +900,7 @@ fn dispatch_due(inner: &Inner) {
         };
         inner.commit(Change::Outcome(dispatch.target, outcome));
     };
-    // Up to the transport's `max_parallel` at once, each worker taking the next in order.
-    let workers = inner.transport.as_ref().map_or(1, |t| t.max_parallel()).clamp(1, dispatches.len().max(1));
+    let workers = workers.clamp(1, dispatches.len().max(1));
     if workers == 1 {
         dispatches.into_iter().for_each(send);
         return;

@@ -1,0 +1,264 @@
+//! `cargo bench --bench shared_state`: what `kick.state: postgresql` costs, side by
+//! side with the local state, in one run, against a real PostgreSQL 15 started for
+//! the run (tests/support/postgres.rs: 127.0.0.1, TLS, a password; fsync on).
+//!
+//! (1) **Per report, at 100 reports/s over two compilers.** Two kick services stand
+//!     for two compilers; reports arrive at 50 a second at each, on its own thread,
+//!     for 10 seconds. A tenth of the reports kick (a load balancer role of 10
+//!     servers, as a new web node does; each from a host of its own); the rest kick
+//!     nothing (most reports). The time is that of `KickService::report` on the
+//!     report's thread (the planner's resolve included), p50 and p99 of each kind.
+//!     Local: each compiler with its own `kicks.msgpack` (what two compilers had
+//!     before); shared: both on one state in PostgreSQL. The goal: p99 ≤ 2 ms.
+//! (2) **10,000 due kicks claimed and dispatched by two compilers.** One report
+//!     kicks a role of 10,000 servers (the budget raised for it), due one second
+//!     later; both compilers' dispatchers wake for them. The time from the due time
+//!     to every kick's outcome saved, and how many each compiler sent (each kick
+//!     once: checked). Local: one compiler alone, its own file, for comparison.
+//!
+//! Markdown on stdout; with `PK_BENCH_RESULTS`, the figures for `script/bench --report`.
+
+#[path = "support/report.rs"]
+mod report;
+#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
+use puppet_kicker::config::{Config, PuppetSettings};
+use puppet_kicker::kick::postgresql::{PgStore, SharedStore};
+use puppet_kicker::kick::{
+    Dispatch, KickConfig, KickService, Outcome, ReportBudget, ReportKicks, Selector, Target, Transport,
+};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::postgres::{self, Postgres};
+
+const RATE_PER_COMPILER: u64 = 50;
+const SECONDS: u64 = 10;
+const BALANCERS: usize = 10;
+const DUE_KICKS: usize = 10_000;
+
+/// Answers every `runonce` at once, "started", and counts them by target.
+#[derive(Clone, Default)]
+struct Counting(Arc<Mutex<BTreeMap<String, u32>>>);
+
+impl Transport for Counting {
+    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
+        *self.0.lock().unwrap().entry(dispatch.target.clone()).or_default() += 1;
+        Outcome::Started
+    }
+
+    fn max_parallel(&self) -> usize {
+        32
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pk-bench-shared-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn shared(pg: &Postgres, schema: &str, dir: &Path, config: KickConfig, transport: &Counting) -> KickService {
+    let yaml = format!(
+        "kick:\n  state: postgresql\n  postgresql:\n    host: 127.0.0.1\n    port: {}\n    database: {}\n    user: {}\n    schema: {schema}\n    ca: {}\n    cert: {}\n    key: {}\n    password_file: {}\n",
+        pg.port,
+        postgres::DATABASE,
+        postgres::USER,
+        pg.ca.display(),
+        pg.cert.display(),
+        pg.key.display(),
+        pg.password_file.display()
+    );
+    let settings = PuppetSettings::default();
+    let parsed = Config::parse(&yaml, Path::new("/etc/puppet/puppet_kicker.yaml"), &settings).unwrap();
+    let connection = parsed.kick.postgresql.connection(&settings).unwrap();
+    let mut store = PgStore::new(connection, schema, 2, "bench");
+    store.check().unwrap();
+    let store = SharedStore::new(store, dir, config.keep_outcomes);
+    KickService::start_with(config, dir, Box::new(store), Vec::new(), Ok(Box::new(transport.clone())), Box::new(|| {}))
+        .unwrap()
+}
+
+fn local(dir: &Path, config: KickConfig, transport: &Counting) -> KickService {
+    KickService::start(config, dir, Ok(Box::new(transport.clone())), Box::new(|| {})).unwrap()
+}
+
+fn report_of(host: &str, kicks: bool) -> ReportKicks {
+    let kicks = if kicks { r#"[{"resource":"Kick[lb]","roles":["lb"]}]"# } else { "[]" };
+    let json = format!(
+        r#"{{"host":"{host}","environment":"production","time":{},"status":"changed","kicks":{kicks}}}"#,
+        puppet_kicker::kick::now_ms()
+    );
+    puppet_kicker::kick::parse_report(json.as_bytes()).unwrap()
+}
+
+fn targets(role: &str, n: usize) -> Vec<Target> {
+    (0..n).map(|i| Target { certname: format!("{role}-{i:05}.example.com"), role: Some(role.into()) }).collect()
+}
+
+fn percentile(values: &mut [Duration], p: f64) -> Duration {
+    values.sort();
+    values[((values.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// (1): each compiler's reports at its rate on a thread of its own; the times of the
+/// kicking reports and of the others.
+fn per_report(compilers: &[KickService; 2]) -> (Vec<Duration>, Vec<Duration>) {
+    let balancers = targets("lb", BALANCERS);
+    let times = std::thread::scope(|scope| {
+        let threads: Vec<_> = compilers
+            .iter()
+            .enumerate()
+            .map(|(c, service)| {
+                let balancers = &balancers;
+                scope.spawn(move || {
+                    let mut kicking = Vec::new();
+                    let mut quiet = Vec::new();
+                    let interval = Duration::from_micros(1_000_000 / RATE_PER_COMPILER);
+                    let start = Instant::now();
+                    for i in 0..(RATE_PER_COMPILER * SECONDS) as usize {
+                        let at = start + interval * i as u32;
+                        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                        let kicks = i % 10 == 0;
+                        let report = report_of(&format!("web-{c}-{i:05}.example.com"), kicks);
+                        let resolve = |_: &Selector, _: &str| balancers.clone();
+                        let t0 = Instant::now();
+                        let lines = service.report(&report, resolve, |_| Some("web".into()));
+                        let took = t0.elapsed();
+                        std::hint::black_box(lines);
+                        if kicks {
+                            kicking.push(took)
+                        } else {
+                            quiet.push(took)
+                        }
+                    }
+                    (kicking, quiet)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect::<Vec<_>>()
+    });
+    let mut kicking = Vec::new();
+    let mut quiet = Vec::new();
+    for (k, q) in times {
+        kicking.extend(k);
+        quiet.extend(q);
+    }
+    (kicking, quiet)
+}
+
+/// (2): one report queues `DUE_KICKS` kicks due in a second; the time from then
+/// until every outcome is saved, and the kicks each compiler sent.
+fn due_kicks(compilers: &[&KickService], counters: &[&Counting]) -> (Duration, Vec<u32>) {
+    let fleet = targets("app", DUE_KICKS);
+    let report = {
+        let json = format!(
+            r#"{{"host":"deployer.example.com","environment":"production","time":{},"kicks":[{{"resource":"Kick[app]","roles":["app"]}}]}}"#,
+            puppet_kicker::kick::now_ms()
+        );
+        puppet_kicker::kick::parse_report(json.as_bytes()).unwrap()
+    };
+    compilers[0].report(&report, |_, _| fleet.clone(), |_| Some("deployer".into()));
+    let queued = Instant::now();
+    // Every compiler knows of them before they are due (its dispatcher wakes then).
+    for c in compilers {
+        c.sync();
+        c.wake();
+    }
+    let due = queued + Duration::from_secs(1);
+    for c in compilers {
+        assert_eq!(c.flush(Duration::from_secs(600)), 0, "every due kick sent");
+    }
+    let took = Instant::now().saturating_duration_since(due);
+    let sent: Vec<u32> = counters.iter().map(|c| c.0.lock().unwrap().values().sum()).collect();
+    let mut each: BTreeMap<String, u32> = BTreeMap::new();
+    for c in counters {
+        for (target, n) in c.0.lock().unwrap().iter() {
+            *each.entry(target.clone()).or_default() += n;
+        }
+    }
+    assert_eq!(each.len(), DUE_KICKS, "every kick sent");
+    assert!(each.values().all(|n| *n == 1), "each kick once");
+    (took, sent)
+}
+
+fn main() {
+    report::print_machine("shared_state");
+    let pg = Postgres::start("bench");
+    let config =
+        KickConfig { budget: ReportBudget { kicks: 32, clauses: 128, targets: DUE_KICKS }, ..KickConfig::default() };
+    println!("### Shared kick state: PostgreSQL next to the local state\n");
+    println!(
+        "PostgreSQL 15 on 127.0.0.1 (TLS, scram password, fsync on), started for this run. Load average at start: {}.\n",
+        report::load_average()
+    );
+
+    // (1)
+    println!(
+        "Per report, at {} reports/s over two compilers for {SECONDS} s (one in ten kicks a role of {BALANCERS}):\n",
+        RATE_PER_COMPILER * 2
+    );
+    println!("| State | Kicking reports p50 | p99 | Other reports p50 | p99 |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    let only_due = std::env::var("PK_BENCH_ONLY").is_ok_and(|o| o == "due");
+    for kind in ["local", "postgresql"].into_iter().filter(|_| !only_due) {
+        let (a_dir, b_dir) = (scratch(&format!("{kind}-a")), scratch(&format!("{kind}-b")));
+        let counting = Counting::default();
+        let compilers = match kind {
+            "local" => [local(&a_dir, config.clone(), &counting), local(&b_dir, config.clone(), &counting)],
+            _ => [
+                shared(&pg, "per_report", &a_dir, config.clone(), &counting),
+                shared(&pg, "per_report", &b_dir, config.clone(), &counting),
+            ],
+        };
+        let (mut kicking, mut quiet) = per_report(&compilers);
+        let (k50, k99) = (percentile(&mut kicking, 0.5), percentile(&mut kicking, 0.99));
+        let (q50, q99) = (percentile(&mut quiet, 0.5), percentile(&mut quiet, 0.99));
+        println!("| {kind} | {} | {} | {} | {} |", ms(k50), ms(k99), ms(q50), ms(q99));
+        for (key, d) in [("kicking_p50", k50), ("kicking_p99", k99), ("other_p50", q50), ("other_p99", q99)] {
+            report::record(&format!("shared_{kind}_{key}"), d.as_nanos() as f64);
+        }
+        drop(compilers);
+        let _ = std::fs::remove_dir_all(a_dir);
+        let _ = std::fs::remove_dir_all(b_dir);
+    }
+
+    // (2)
+    println!("\n{DUE_KICKS} due kicks (one report), claimed and dispatched (32 at a time per compiler):\n");
+    println!("| State | Compilers | From due to every outcome saved | Sent by each |");
+    println!("| --- | ---: | ---: | --- |");
+    {
+        let dir = scratch("due-local");
+        let counting = Counting::default();
+        let only = local(&dir, config.clone(), &counting);
+        let (took, sent) = due_kicks(&[&only], &[&counting]);
+        println!("| local | 1 | {} | {sent:?} |", ms(took));
+        let size = std::fs::metadata(dir.join(puppet_kicker::kick::STATE_FILE)).map_or(0, |m| m.len());
+        eprintln!("kick state after: {size} bytes, generation {}", only.status()["generation"]);
+        report::record("shared_due_local", took.as_nanos() as f64);
+        drop(only);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    {
+        let (a_dir, b_dir) = (scratch("due-a"), scratch("due-b"));
+        let (ca, cb) = (Counting::default(), Counting::default());
+        let a = shared(&pg, "due_kicks", &a_dir, config.clone(), &ca);
+        let b = shared(&pg, "due_kicks", &b_dir, config.clone(), &cb);
+        let (took, sent) = due_kicks(&[&a, &b], &[&ca, &cb]);
+        println!("| postgresql | 2 | {} | {sent:?} |", ms(took));
+        report::record("shared_due_postgresql", took.as_nanos() as f64);
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(a_dir);
+        let _ = std::fs::remove_dir_all(b_dir);
+    }
+}
