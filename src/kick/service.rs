@@ -179,6 +179,8 @@ enum Change {
     Claim(super::Dispatch),
     /// A kick's outcome (of the target named).
     Outcome(String, super::Outcome),
+    /// Nothing: saves what is queued (see [`Inner::queue`]).
+    Nothing,
 }
 
 impl KickService {
@@ -616,6 +618,7 @@ impl Inner {
                             changed = true;
                             (done, true)
                         }
+                        Change::Nothing => (done, true),
                     })
                     .collect();
                 (answers, changed)
@@ -625,6 +628,30 @@ impl Inner {
             }
             self.write_status(StatusWrite::IfDue);
         }
+    }
+
+    /// This process claimed `dispatch` (saved) less than a quarter of
+    /// `kick.in_flight_timeout` ago, and the shared state is reachable: what
+    /// [`Planner::claim`] answers `Held` for, known without a transaction.
+    fn claim_is_fresh(&self, dispatch: &super::Dispatch) -> bool {
+        let now = self.now();
+        let planner = lock(&self.planner);
+        let renew_after = planner.config().in_flight_timeout_ms / 4;
+        let fresh = planner.state().targets.get(&dispatch.target).and_then(|t| t.pending.as_ref()).is_some_and(|p| {
+            p.in_flight && p.attempts == dispatch.attempt && now.saturating_sub(p.dispatched_at) < renew_after
+        });
+        drop(planner);
+        fresh && !self.in_outage() && lock(&self.unsaved).is_none()
+    }
+
+    /// Queues `change` for the next transaction of [`Self::commit`], without waiting
+    /// for it: a sender's outcome goes with the next claim (its own or another
+    /// sender's) into one save, rather than a save each. Until then the kick stays in
+    /// flight in the saved state; were this process to die first, it would be sent
+    /// again after `kick.in_flight_timeout`, as when it dies right after sending.
+    fn queue(&self, change: Change) {
+        let (done, _) = std::sync::mpsc::sync_channel(1);
+        lock(&self.commits).push((change, done));
     }
 
     /// The masterless helper of this cache dir, if one runs (`helper.json`).
@@ -889,8 +916,10 @@ fn dispatch_due(inner: &Inner) {
 fn send_all(inner: &Inner, dispatches: Vec<super::Dispatch>, workers: usize) {
     let send = |dispatch: super::Dispatch| {
         // Renewed (and saved) just before sending, so another process waits a whole
-        // in-flight timeout from here, whatever came before in this batch.
-        if !inner.commit(Change::Claim(dispatch.clone())) {
+        // in-flight timeout from here, whatever came before in this batch; a claim
+        // made within the last quarter of it needs no renewal (`Planner::claim`), and
+        // no transaction: nobody else may take it over before it turns stale.
+        if !inner.claim_is_fresh(&dispatch) && !inner.commit(Change::Claim(dispatch.clone())) {
             return;
         }
         let outcome = match &inner.transport {
@@ -898,11 +927,12 @@ fn send_all(inner: &Inner, dispatches: Vec<super::Dispatch>, workers: usize) {
                 .unwrap_or_else(|_| super::Outcome::Failed("internal error: the transport panicked".into())),
             None => super::Outcome::Failed(inner.transport_error.clone().unwrap_or_else(|| "no transport".into())),
         };
-        inner.commit(Change::Outcome(dispatch.target, outcome));
+        inner.queue(Change::Outcome(dispatch.target, outcome));
     };
     let workers = workers.clamp(1, dispatches.len().max(1));
     if workers == 1 {
         dispatches.into_iter().for_each(send);
+        inner.commit(Change::Nothing);
         return;
     }
     let queue = Mutex::new(dispatches.into_iter());
@@ -919,6 +949,8 @@ fn send_all(inner: &Inner, dispatches: Vec<super::Dispatch>, workers: usize) {
     });
     // Were no thread started, this thread sends them all.
     std::iter::from_fn(next).for_each(send);
+    // The outcomes still queued are saved before the next round is claimed.
+    inner.commit(Change::Nothing);
 }
 
 /// The kick state saved in `cache_dir`, read without starting a service (no

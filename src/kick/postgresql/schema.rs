@@ -21,7 +21,10 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE \"{schema}\".kick_state (
         state bytea NOT NULL,
         updated_at timestamptz NOT NULL,
         updated_by text NOT NULL
-    )"];
+    );
+    -- The state is MessagePack, rewritten whole by each change: stored out of line
+    -- without compression (pglz on megabytes costs more than the bytes it saves).
+    ALTER TABLE \"{schema}\".kick_state ALTER COLUMN state SET STORAGE EXTERNAL"];
 
 /// Why the schema cannot be used.
 #[derive(Debug)]
