@@ -21,7 +21,6 @@
 #[path = "support/report.rs"]
 mod report;
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use puppet_kicker::config::{Config, PuppetSettings};
