@@ -212,7 +212,7 @@ jar_error = if !available?('jruby') then 'JRuby is not installed (script/bootstr
             elsif !system('rake', 'jar', chdir: ROOT, out: $stderr) then '`rake jar` failed: no Java reader to load'
             end
 system('cargo', 'bench', '--locked', '--no-run', '--bench', 'query', '--bench', 'inventory', '--bench', 'puppetdb',
-       '--bench', 'transports', '--bench', 'rollout', '--bench', 'confirm', chdir: ROOT, out: $stderr, exception: true)
+       '--bench', 'transports', '--bench', 'rollout', '--bench', 'confirm', '--bench', 'shared_state', chdir: ROOT, out: $stderr, exception: true)
 system('cargo', 'build', '--quiet', '--release', '--locked', '--features', 'synthetic', '--bin', 'pk-synthetic-facts',
        chdir: ROOT, out: $stderr, exception: true)
 build_seconds = monotonic - build_started
@@ -264,6 +264,8 @@ parts = [
   Part.new(:kick_report, 'The kick report processor', ['ruby', 'benches/ruby/kick_report.rb']),
   Part.new(:rollout, 'Planning a rollout', cargo_bench['rollout'], env: { 'PK_BENCH_SERVERS' => SERVERS.to_s }),
   Part.new(:confirm, 'Confirming kicks in the report processor', cargo_bench['confirm']),
+  Part.new(:shared_state, 'Shared kick state: PostgreSQL next to the local state', cargo_bench['shared_state'],
+           skipped: File.executable?('/usr/lib/postgresql/15/bin/initdb') ? nil : 'PostgreSQL 15 is not installed (`script/bootstrap test` installs it)'),
   Part.new(:transports, 'Kicks through each transport', cargo_bench['transports'], skipped: transports_skip),
   Part.new(:transports_debian13, 'Kicks through SSH on Debian 13', ['benches/transports/debian13'], skipped: debian13_skip),
 ]
@@ -303,6 +305,7 @@ mco = part[:inventory].results
 pdb = part[:puppetdb].results
 kick = part[:kick_report].results
 rollout = part[:rollout].results
+shared_state = part[:shared_state].results
 confirm = part[:confirm].results
 transports = part[:transports].results
 debian13 = part[:transports_debian13].results
@@ -397,6 +400,13 @@ if has?(confirm, 'confirm_service_confirming', 'confirm_service_nothing', 'confi
               "#{ns(confirm['confirm_service_confirming'])}; #{ns(confirm['confirm_service_nothing'])}; " \
               "#{ns(confirm['confirm_drain'])}",
               goal('≤ 50 µs a report', [confirm['confirm_service_confirming'], confirm['confirm_service_nothing']].max <= 50_000),]
+end
+if has?(shared_state, 'shared_local_kicking_p99', 'shared_postgresql_kicking_p99', 'shared_due_postgresql')
+  summary << ['`kick.state: postgresql`, a kicking report at 100 reports/s over two compilers, p99: local; shared. ' \
+              '10,000 due kicks sent by two compilers',
+              "#{ns(shared_state['shared_local_kicking_p99'])}; #{ns(shared_state['shared_postgresql_kicking_p99'])}. " \
+              "#{ns(shared_state['shared_due_postgresql'])}",
+              goal('p99 ≤ 2 ms', shared_state['shared_postgresql_kicking_p99'] <= ms(2)),]
 end
 if has?(rollout, 'rollout_command', 'rollout_plan')
   summary << ['`puppet kicker rollout plan` over every server, 50 roles: the whole command; the plan alone',
@@ -525,6 +535,14 @@ sections = {
     again, with nothing pending. Per report, side by side in one run: the planner alone and the
     core's whole report path; and the time until the 1,000 confirmations are saved (the
     dispatcher takes reports with no kick in, in one transaction and one write).
+  TEXT
+  shared_state: <<~TEXT,
+    `cargo bench --bench shared_state`: a real PostgreSQL 15 started for the run (127.0.0.1, TLS,
+    a password, fsync on) and two kick services standing for two compilers. Per report, at 100
+    reports/s over both for 10 s (one in ten kicks a role of 10 servers), the time of
+    `KickService::report`, with each compiler's own `kicks.msgpack` and with one shared state;
+    then 10,000 due kicks (one report) sent by one compiler on its file, and by two compilers
+    sharing the state: the time from due to every outcome saved, and each compiler's share.
   TEXT
   kick_report: <<~TEXT,
     `ruby benches/ruby/kick_report.rb`: the `kick` report processor on a real in-process report
