@@ -313,3 +313,42 @@ fn a_compiler_killed_holding_claims_loses_none_and_each_target_runs_once_or_twic
     assert_eq!(runs[&first], 2, "the one a sent is sent again after the lease: {runs:?}");
     assert!(started.elapsed() >= Duration::from_millis(lease_ms as u64 / 2), "not before the lease ran out");
 }
+
+#[test]
+fn kicks_kept_during_an_outage_survive_a_restart_of_the_compiler() {
+    let pg = Postgres::start("restart");
+    let recorder = Recorder::default();
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    let dir = cache_dir("restart-a");
+    let start = |recorder: &Recorder| {
+        let (store, dir) = store_with(&pg, "restart", &pg.ca, &pg.password_file, &dir);
+        let store = SharedStore::new(store, &dir, config.keep_outcomes);
+        KickService::start_with(
+            config.clone(),
+            &dir,
+            Box::new(store),
+            Vec::new(),
+            Ok(Box::new(recorder.clone())),
+            Box::new(|| {}),
+        )
+        .unwrap()
+    };
+    {
+        let a = start(&recorder);
+        a.sync();
+        pg.stop();
+        fleet_report(&a, "node1", "haproxy");
+        // The compiler exits during the outage: what it kept is in its cache dir.
+        assert_eq!(a.flush(Duration::from_millis(300)), 2);
+    }
+    assert!(dir.join(puppet_kicker::kick::postgresql::UNSHARED_MARKER).exists());
+    assert!(recorder.kicked().is_empty());
+    pg.run();
+    // Started again (the database back): the kept kicks are merged and sent.
+    let a = start(&recorder);
+    assert_eq!(a.flush(Duration::from_secs(30)), 0, "{:?}", a.waiting_for());
+    assert_eq!(recorder.kicked(), ["lb1", "lb2"]);
+    assert!(!dir.join(puppet_kicker::kick::postgresql::UNSHARED_MARKER).exists(), "merged: no longer marked");
+    let b = compiler(&pg, "restart", "restart-b", KickConfig::default(), &Recorder::default());
+    assert_eq!(b.status()["counters"]["sent"], 2, "in the shared state");
+}
