@@ -352,3 +352,66 @@ fn kicks_kept_during_an_outage_survive_a_restart_of_the_compiler() {
     let b = compiler(&pg, "restart", "restart-b", KickConfig::default(), &Recorder::default());
     assert_eq!(b.status()["counters"]["sent"], 2, "in the shared state");
 }
+
+/// A scratch master whose fact cache is the fixtures' (lb1.example.com has role
+/// haproxy), its kick state in `pg`: Puppet's own certificate, key and CA (here the
+/// test CA's) are the connection's, as the keys' defaults say.
+fn master(pg: &Postgres, name: &str) -> (puppet_kicker::service::Service, PathBuf) {
+    let root = std::env::temp_dir().join(format!("pk-pg-master-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let facts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache/server_data/facts");
+    let target = root.join("var/server_data/facts");
+    std::fs::create_dir_all(&target).unwrap();
+    for entry in std::fs::read_dir(facts).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
+    }
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    let yaml = format!(
+        "kick:\n  dry_run: true\n  coalesce: 0\n  state: postgresql\n  postgresql:\n    host: 127.0.0.1\n    port: {}\n    database: {}\n    user: {}\n    password_file: {}\n    connect_timeout: 2s\n",
+        pg.port,
+        postgres::DATABASE,
+        postgres::USER,
+        pg.password_file.display()
+    );
+    std::fs::write(root.join("etc/puppet_kicker.yaml"), yaml).unwrap();
+    let settings = PuppetSettings {
+        confdir: root.join("etc"),
+        vardir: root.join("var"),
+        hostcert: Some(pg.cert.clone()),
+        hostprivkey: Some(pg.key.clone()),
+        localcacert: Some(pg.ca.clone()),
+        ..Default::default()
+    };
+    (puppet_kicker::service::Service::start(settings).unwrap(), root)
+}
+
+#[test]
+fn the_service_keeps_its_kicks_in_the_shared_state_and_its_status_says_so() {
+    let pg = Postgres::start("service");
+    let (service, root) = master(&pg, "service");
+    let report = support::role_kick("node1.example.com", "Notify[kick -> haproxy]", "haproxy");
+    let lines: Vec<String> = service.kick_report(&report).unwrap().into_iter().map(|l| l.message).collect();
+    assert!(lines.iter().any(|l| l.contains("lb1.example.com")), "{lines:?}");
+    service.kick_flush();
+    // Another compiler's view: the shared state, read now.
+    let (other, other_root) = master(&pg, "service-other");
+    // (`puppet kicker status` puts this document under kicks.document, as the local one.)
+    let status = other.shared_kick_status().expect("a shared state");
+    assert_eq!(status["state"]["shared"], true, "{status}");
+    assert!(status["state"]["store"].as_str().unwrap().starts_with("postgresql://kicker@127.0.0.1:"));
+    assert!(status["state"]["outage"].is_null());
+    assert_eq!(status["role_edges"], serde_json::json!([["node", "haproxy"]]), "{status}");
+    let graph = other.kick_state().unwrap();
+    assert_eq!(graph.graph.edges().map(|(a, b)| format!("{a}->{b}")).collect::<Vec<_>>(), ["node->haproxy"]);
+
+    // The database down: the status says so, with the reason.
+    pg.stop();
+    let status = other.shared_kick_status().unwrap();
+    let reason = status["unreadable"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("shared kick state postgresql://kicker@127.0.0.1:"), "{status}");
+    assert!(status["document"]["state"]["outage"]["reason"].is_string(), "{status}");
+    drop((service, other));
+    let _ = std::fs::remove_dir_all(root);
+    let _ = std::fs::remove_dir_all(other_root);
+}
