@@ -415,3 +415,35 @@ fn the_service_keeps_its_kicks_in_the_shared_state_and_its_status_says_so() {
     let _ = std::fs::remove_dir_all(root);
     let _ = std::fs::remove_dir_all(other_root);
 }
+
+#[test]
+fn a_compiler_started_during_an_outage_does_not_take_an_old_local_file_for_the_state() {
+    let pg = Postgres::start("stale");
+    let dir = cache_dir("stale-a");
+    let recorder = Recorder::default();
+    {
+        // Long ago, on the local state: kicks of the nodes, left pending.
+        let config = KickConfig { coalesce_ms: 3_600_000, ..KickConfig::default() };
+        let local = KickService::start(config, &dir, Ok(Box::new(recorder.clone())), Box::new(|| {})).unwrap();
+        fleet_report(&local, "lb1", "node");
+        assert_eq!(local.flush(Duration::ZERO), 2);
+    }
+    let (mut store, _) = store_with(&pg, "stale", &pg.ca, &pg.password_file, &dir);
+    store.check().unwrap();
+    pg.stop();
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    let store = SharedStore::new(store, &dir, config.keep_outcomes);
+    let a = KickService::start_with(
+        config,
+        &dir,
+        Box::new(store),
+        Vec::new(),
+        Ok(Box::new(recorder.clone())),
+        Box::new(|| {}),
+    )
+    .unwrap();
+    fleet_report(&a, "node1", "haproxy");
+    pg.run();
+    assert_eq!(a.flush(Duration::from_secs(30)), 0, "{:?}", a.waiting_for());
+    assert_eq!(recorder.kicked(), ["lb1", "lb2"], "the old file's kicks are not the shared state's");
+}

@@ -307,6 +307,9 @@ pub struct SharedStore {
     backoff_ms: Millis,
     current: In,
     clock_offset: Millis,
+    /// `load` failed (the database unreachable at start): the next local transaction
+    /// is the outage's first.
+    unloaded: bool,
     /// `kick.keep_outcomes`, for merging histories.
     keep_outcomes: usize,
 }
@@ -322,6 +325,7 @@ impl SharedStore {
             backoff_ms: FIRST_BACKOFF_MS,
             current: In::Local,
             clock_offset: 0,
+            unloaded: false,
             keep_outcomes,
         }
     }
@@ -375,13 +379,16 @@ impl StateStore for SharedStore {
 
     fn begin(&mut self, known: u64) -> Begun {
         if self.outage.as_ref().is_some_and(|o| now_ms() < o.retry_at) {
-            return self.begin_local(known, false);
+            // The first transaction after a failed `load` is the outage's first here.
+            let first = std::mem::take(&mut self.unloaded);
+            return self.begin_local(known, first);
         }
         let had_outage = self.outage.is_some();
-        // Kicks kept by another process of this host during an outage are merged
-        // with the whole shared state: it is read whatever its generation.
+        // Kicks kept during an outage (by this process, or by another of this host)
+        // are merged with the whole shared state: it is read whatever its generation
+        // (another compiler may have reached the same generation meanwhile).
         let unshared = !had_outage && self.unshared();
-        match self.pg.lock_row(if unshared { u64::MAX } else { known }) {
+        match self.pg.lock_row(if unshared || had_outage { u64::MAX } else { known }) {
             Ok((theirs, offset)) => {
                 self.outage = None;
                 self.current = In::Shared;
@@ -414,7 +421,8 @@ impl StateStore for SharedStore {
             }
             Err(e) => {
                 self.failed(e.reason);
-                self.begin_local(known, !had_outage)
+                let first = !had_outage || std::mem::take(&mut self.unloaded);
+                self.begin_local(known, first)
             }
         }
     }
@@ -455,6 +463,9 @@ impl StateStore for SharedStore {
         }
         self.pg.read().map_err(|e| {
             self.failed(e.reason.clone());
+            // The process starts without the state: its first transaction must not take
+            // this host's file (older than the shared state) for it.
+            self.unloaded = true;
             StateError::Shared { store: self.pg.name(), reason: e.reason }
         })
     }
