@@ -25,17 +25,19 @@ describe 'puppet kicker metrics', type: :face do
     expect(types(run.stdout).keys).to eq(%w[index_servers index_age_seconds index_bytes snapshot_bytes refresh_failures
                                             last_refresh_success last_refresh_duration_seconds last_refresh_timestamp_seconds
                                             kicks_pending kicks_sent_total kicks_failed_total kicks_suppressed_total
-                                            kicks_confirmed_total kicks_unconfirmed_total kick_to_report_seconds]
+                                            kicks_confirmed_total kicks_unconfirmed_total kick_to_report_seconds
+                                            kick_state_reachable]
                                            .map { |name| "puppet_kicker_#{name}" })
     expect(values.keys.grep(/confirmed_total\{/)).to eq(%w[changed unchanged failed unknown].map { |o| %(puppet_kicker_kicks_confirmed_total{outcome="#{o}"}) })
     expect(values).to include('puppet_kicker_kick_to_report_seconds_bucket{le="+Inf"}' => '0',
                               'puppet_kicker_kick_to_report_seconds_count' => '0', 'puppet_kicker_kicks_unconfirmed_total' => '0')
     expect(values).to include('puppet_kicker_index_servers' => '6', 'puppet_kicker_refresh_failures' => '0',
-                              'puppet_kicker_last_refresh_success' => '1', 'puppet_kicker_kicks_pending' => '0')
+                              'puppet_kicker_last_refresh_success' => '1', 'puppet_kicker_kicks_pending' => '0',
+                              'puppet_kicker_kick_state_reachable' => '1')
     expect(Float(values['puppet_kicker_index_age_seconds'])).to be_between(0, 600)
     expect(Float(values['puppet_kicker_last_refresh_timestamp_seconds'])).to be_within(600).of(Time.now.to_f)
-    expect(types(run.stdout).values.tally).to eq('gauge' => 9, 'counter' => 5, 'histogram' => 1)
-    expect(run.stdout.lines.grep(/\A# HELP /).size).to eq(15)
+    expect(types(run.stdout).values.tally).to eq('gauge' => 10, 'counter' => 5, 'histogram' => 1)
+    expect(run.stdout.lines.grep(/\A# HELP /).size).to eq(16)
   end
 
   it 'counts a kick that could not be sent (no mcollective here) among the pending' do
