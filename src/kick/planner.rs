@@ -8,7 +8,7 @@ use super::graph::RoleGraph;
 use super::policy::RateLedger;
 use super::{ConfirmBy, KickConfig, KickSpec, Millis, ReportKicks, RunStatus, Selector};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 /// A server a kick resolved to.
@@ -921,6 +921,14 @@ impl Planner {
         merge_states(&mut self.state, theirs, self.config.keep_outcomes);
     }
 
+    /// Takes the shared state again after an outage of it: the servers in `kept`,
+    /// which this process changed while the state was kept locally, keep this
+    /// process's entries; every other server takes the shared state's (see
+    /// [`merge_kept`]).
+    pub fn merge_kept(&mut self, theirs: PlannerState, kept: &BTreeSet<String>) {
+        merge_kept(&mut self.state, theirs, kept, self.config.keep_outcomes);
+    }
+
     /// The generation the next save writes.
     pub fn next_generation(&self) -> u64 {
         self.state.generation.wrapping_add(1)
@@ -1161,6 +1169,40 @@ fn duration_text(ms: Millis) -> String {
         (h, 0, _) => format!("{h} h"),
         (h, m, _) => format!("{h} h {m} min"),
     }
+}
+
+/// The servers whose kicks or awaited runs differ between two states: what a
+/// transaction changed.
+pub fn changed_servers(before: &PlannerState, after: &PlannerState) -> BTreeSet<String> {
+    fn differ<'a, V: PartialEq>(
+        a: &'a BTreeMap<String, V>,
+        b: &'a BTreeMap<String, V>,
+    ) -> impl Iterator<Item = &'a String> + 'a {
+        a.keys().chain(b.keys()).filter(move |name| a.get(*name) != b.get(*name))
+    }
+    differ(&before.targets, &after.targets).chain(differ(&before.awaiting, &after.awaiting)).cloned().collect()
+}
+
+/// Merges the shared state `theirs`, read again after an outage, into `ours`, this
+/// process's view, of which only the servers in `kept` changed during the outage.
+/// Those keep this process's entry (or its absence: a kick sent meanwhile); every
+/// other server takes the shared state's, so that what this view did not see while
+/// the database was away (a kick another compiler sent, a run since reported) is
+/// not brought back. Histories and counters merge as in [`merge_states`].
+pub fn merge_kept(ours: &mut PlannerState, mut theirs: PlannerState, kept: &BTreeSet<String>, keep: usize) {
+    for name in kept {
+        match ours.targets.remove(name) {
+            Some(target) => theirs.targets.insert(name.clone(), target),
+            None => theirs.targets.remove(name),
+        };
+        match ours.awaiting.remove(name) {
+            Some(awaiting) => theirs.awaiting.insert(name.clone(), awaiting),
+            None => theirs.awaiting.remove(name),
+        };
+    }
+    ours.targets = std::mem::take(&mut theirs.targets);
+    ours.awaiting = std::mem::take(&mut theirs.awaiting);
+    merge_states(ours, theirs, keep);
 }
 
 /// Merges `theirs` into `ours` as [`Planner::merge_unsaved`] does: `ours` wins where

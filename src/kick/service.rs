@@ -7,7 +7,7 @@
 //! status is a view of the state, rebuilt from it: it is written off the report's
 //! thread, at most every [`STATUS_INTERVAL`] while kicks go out, and not synced.
 
-use super::planner::{Claim, Event, Planner, PlannerState, Resolved, Target};
+use super::planner::{changed_servers, Claim, Event, Planner, PlannerState, Resolved, Target};
 use super::store::{FileStore, Health, StateError, StateStore};
 use super::transport::Transport;
 use super::{KickConfig, Millis, ReportKicks, RunStatus, Selector};
@@ -131,6 +131,10 @@ struct Inner {
     unsaved: Mutex<Option<Unsaved>>,
     /// Where the state is kept; held for a transaction (before the planner's lock).
     store: Mutex<Box<dyn StateStore>>,
+    /// The servers this process changed while the shared store was unreachable:
+    /// only these keep this process's view when the shared state is merged back
+    /// (see `transact`). Held under the store's lock.
+    kept: Mutex<BTreeSet<String>>,
     /// What the store said of itself after the last transaction.
     health: Mutex<Health>,
     /// The shared store's clock minus this host's, in milliseconds (see [`Health`]).
@@ -228,6 +232,7 @@ impl KickService {
             clock_offset: AtomicI64::new(store.health().clock_offset_ms),
             store_name: store.describe(),
             store: Mutex::new(store),
+            kept: Mutex::new(BTreeSet::new()),
             transport,
             before_dispatch,
             transport_error,
@@ -482,15 +487,27 @@ impl Inner {
         begun.warnings.into_iter().for_each(|message| self.log(LogLine { level: Level::Warning, message }));
         self.took_health(store.health());
         let unsaved = lock(&self.unsaved).is_some();
+        let outage = store.health().outage.is_some();
+        let mut kept = lock(&self.kept);
         if let Some(theirs) = begun.theirs {
-            if unsaved || begun.merge {
+            if begun.merge && !outage {
+                // Back from an outage: this process's view is as old as the outage,
+                // except for the servers it changed meanwhile.
+                planner.merge_kept(theirs, &kept);
+                kept.clear();
+            } else if unsaved || begun.merge {
                 planner.merge_unsaved(theirs);
             } else {
                 planner.replace_state(theirs);
             }
         }
+        let before = outage.then(|| planner.state().clone());
         let ended = self.take_endings(&mut planner);
         let (result, changed) = change(&mut planner);
+        if let Some(before) = before {
+            kept.extend(changed_servers(&before, planner.state()));
+        }
+        drop(kept);
         if changed || unsaved || ended || begun.save {
             self.persist(&mut **store, &mut planner);
             self.took_health(store.health());
