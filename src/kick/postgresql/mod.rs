@@ -136,7 +136,7 @@ impl PgStore {
     /// server refuses, a CA that does not verify the server, a database that does not
     /// exist, a schema newer than this module).
     pub fn check(&mut self) -> Result<(), PgError> {
-        let session = self.take_session()?;
+        let (session, _) = self.take_session()?;
         self.give_back(session);
         Ok(())
     }
@@ -179,14 +179,15 @@ impl PgStore {
         Ok(Session { client, select, update })
     }
 
-    fn take_session(&mut self) -> Result<Session, PgError> {
+    /// A session of the pool, or a new one; and whether it was the pool's.
+    fn take_session(&mut self) -> Result<(Session, bool), PgError> {
         while let Some(session) = self.idle.pop() {
             if !session.client.is_closed() {
-                return Ok(session);
+                return Ok((session, true));
             }
         }
         let client = self.connect_client()?;
-        self.session(client)
+        Ok((self.session(client)?, false))
     }
 
     fn give_back(&mut self, session: Session) {
@@ -197,8 +198,23 @@ impl PgStore {
 
     /// `BEGIN` and the row, locked: its generation, the database's clock, and the
     /// state when its generation is not `known`.
+    ///
+    /// A pooled connection fails at its first use after the server restarted (the
+    /// sync client notices a closed connection only when it uses it): that is not
+    /// an outage, so the pool is emptied and a new connection tried once.
     fn lock_row(&mut self, known: u64) -> Result<(Option<PlannerState>, Millis), PgError> {
-        let mut session = self.take_session()?;
+        let (session, pooled) = self.take_session()?;
+        match self.lock_row_in(session, known) {
+            Err(e) if pooled && e.outage => {
+                self.idle.clear();
+                let (session, _) = self.take_session()?;
+                self.lock_row_in(session, known)
+            }
+            read => read,
+        }
+    }
+
+    fn lock_row_in(&mut self, mut session: Session, known: u64) -> Result<(Option<PlannerState>, Millis), PgError> {
         let read = (|| {
             session.client.batch_execute("BEGIN").map_err(|e| PgError::of(&e))?;
             let row = session
