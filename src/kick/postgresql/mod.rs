@@ -46,16 +46,9 @@ pub const UNSHARED_MARKER: &str = "kicks.unshared";
 /// One open connection and its prepared statements.
 struct Session {
     client: postgres::Client,
-    /// The state alone, in binary, for a state too large to come inline with the lock.
-    select_state: postgres::Statement,
-    /// The row's update, the state in binary.
+    select: postgres::Statement,
     update: postgres::Statement,
 }
-
-/// A changed state up to this size comes in hex in the same round trip as the lock;
-/// a larger one in binary, in a round trip of its own (hex doubles the bytes, which
-/// costs more than a round trip for a large state).
-const INLINE_STATE_MAX: u64 = 64 << 10;
 
 /// The shared state's row, reached through `connection`.
 pub struct PgStore {
@@ -172,24 +165,18 @@ impl PgStore {
 
     fn session(&self, mut client: postgres::Client) -> Result<Session, PgError> {
         let schema = &self.schema;
-        // The locking select, prepared on the server: `lock_row` runs it in the same
-        // simple query as `BEGIN`, without parsing or planning it each time.
-        client
-            .batch_execute(&format!(
-                "PREPARE puppet_kicker_lock(bigint) AS SELECT generation, {DB_NOW_MS}, \
-                 CASE WHEN generation <> $1 AND octet_length(state) <= {INLINE_STATE_MAX} THEN encode(state, 'hex') END, \
-                 octet_length(state) FROM \"{schema}\".kick_state WHERE id = 1 FOR UPDATE"
+        let select = client
+            .prepare(&format!(
+                "SELECT generation, {DB_NOW_MS}, CASE WHEN generation <> $1 AND octet_length(state) <= $2 THEN state END, octet_length(state) \
+                 FROM \"{schema}\".kick_state WHERE id = 1 FOR UPDATE"
             ))
-            .map_err(|e| PgError::of(&e))?;
-        let select_state = client
-            .prepare(&format!("SELECT state FROM \"{schema}\".kick_state WHERE id = 1"))
             .map_err(|e| PgError::of(&e))?;
         let update = client
             .prepare(&format!(
                 "UPDATE \"{schema}\".kick_state SET generation = $1, state = $2, updated_at = clock_timestamp(), updated_by = $3 WHERE id = 1"
             ))
             .map_err(|e| PgError::of(&e))?;
-        Ok(Session { client, select_state, update })
+        Ok(Session { client, select, update })
     }
 
     fn take_session(&mut self) -> Result<Session, PgError> {
@@ -209,48 +196,31 @@ impl PgStore {
     }
 
     /// `BEGIN` and the row, locked: its generation, the database's clock, and the
-    /// state when its generation is not `known`. One round trip (`BEGIN` and the
-    /// locking `SELECT` in one simple query, the state inline in hex), two when the
-    /// state changed and is over [`INLINE_STATE_MAX`].
+    /// state when its generation is not `known`.
     fn lock_row(&mut self, known: u64) -> Result<(Option<PlannerState>, Millis), PgError> {
         let mut session = self.take_session()?;
-        let schema = &self.schema;
         let read = (|| {
-            // Only an integer is formatted into the statement.
-            let query = format!("BEGIN; EXECUTE puppet_kicker_lock({})", known as i64);
-            let messages = session.client.simple_query(&query).map_err(|e| PgError::of(&e))?;
-            let row = messages
-                .iter()
-                .find_map(|m| match m {
-                    postgres::SimpleQueryMessage::Row(row) => Some(row),
-                    _ => None,
-                })
-                .ok_or_else(|| PgError::fatal(format!("the row of {schema}.kick_state is missing")))?;
-            let int = |i: usize| -> Result<i64, PgError> {
-                row.get(i)
-                    .and_then(|text| text.parse().ok())
-                    .ok_or_else(|| PgError::fatal(format!("unexpected answer from {schema}.kick_state")))
-            };
-            let offset = int(1)? - now_ms();
-            let generation = int(0)?;
+            session.client.batch_execute("BEGIN").map_err(|e| PgError::of(&e))?;
+            let row = session
+                .client
+                .query_opt(&session.select, &[&(known as i64), &(MAX_STATE_SIZE as i32)])
+                .map_err(|e| PgError::of(&e))?
+                .ok_or_else(|| PgError::fatal(format!("the row of {}.kick_state is missing", self.schema)))?;
+            let db_now: i64 = row.get(1);
+            let offset = db_now - now_ms();
+            let generation: i64 = row.get(0);
             if generation as u64 == known {
                 return Ok((None, offset));
             }
-            let size = int(3)?;
-            let bytes = match row.get(2) {
-                Some(text) => from_hex(text)
-                    .ok_or_else(|| PgError::fatal(format!("unexpected answer from {schema}.kick_state")))?,
-                None if size as u64 <= MAX_STATE_SIZE => {
-                    session.client.query_one(&session.select_state, &[]).map_err(|e| PgError::of(&e))?.get(0)
-                }
-                None => {
-                    return Err(PgError::fatal(format!(
-                        "the saved state is {size} bytes, over the {} MiB limit",
-                        MAX_STATE_SIZE >> 20
-                    )))
-                }
+            let bytes: Option<Vec<u8>> = row.get(2);
+            let Some(bytes) = bytes else {
+                let size: i32 = row.get(3);
+                return Err(PgError::fatal(format!(
+                    "the saved state is {size} bytes, over the {} MiB limit",
+                    MAX_STATE_SIZE >> 20
+                )));
             };
-            let state = decode_state(&PathBuf::from(format!("{schema}.kick_state")), &bytes)
+            let state = decode_state(&PathBuf::from(format!("{}.kick_state", self.schema)), &bytes)
                 .map_err(|e| PgError::fatal(e.to_string()))?;
             Ok((Some(state), offset))
         })();
@@ -298,24 +268,6 @@ impl PgStore {
         self.unlock_row();
         Ok(state.unwrap_or_default())
     }
-}
-
-/// The bytes of `text`, hex digits as PostgreSQL's `encode(.., 'hex')` writes them;
-/// `None` when it is not that.
-fn from_hex(text: &str) -> Option<Vec<u8>> {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let text = text.as_bytes();
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    text.chunks_exact(2).map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?)).collect()
 }
 
 /// The error's text with its cause: tokio-postgres's own says "db error" or "error
@@ -520,20 +472,5 @@ impl StateStore for SharedStore {
 
     fn health(&self) -> Health {
         Health { outage: self.outage.clone(), clock_offset_ms: self.clock_offset, shared: true }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::from_hex;
-
-    #[test]
-    fn hex_as_postgresql_encodes_it_is_read_back_and_anything_else_refused() {
-        assert_eq!(from_hex("00ff7fA0"), Some(vec![0, 255, 127, 160]));
-        assert_eq!(from_hex(""), Some(Vec::new()));
-        assert_eq!(from_hex("abc"), None);
-        assert_eq!(from_hex("\\x00"), None);
-        assert_eq!(from_hex("0g"), None);
-        assert_eq!(from_hex("é0"), None);
     }
 }
