@@ -17,6 +17,11 @@
 //!     once: checked). Local: one compiler alone, its own file, for comparison.
 //!
 //! Markdown on stdout; with `PK_BENCH_RESULTS`, the figures for `script/bench --report`.
+//! `PK_BENCH_ONLY=report` runs (1) alone, `PK_BENCH_ONLY=due` (2) alone.
+//! `PK_BENCH_ONLY=store` runs neither: the PostgreSQL store's own transactions, one
+//! thread, no other compiler (what a transaction costs without waiting for the row):
+//! 2,000 that change nothing (`begin`, `release`: a dispatcher's wakeup) and 300 that
+//! save (`begin`, `commit`, the commit synced to disk).
 
 #[path = "support/report.rs"]
 mod report;
@@ -61,7 +66,7 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn shared(pg: &Postgres, schema: &str, dir: &Path, config: KickConfig, transport: &Counting) -> KickService {
+fn connection_of(pg: &Postgres, schema: &str) -> puppet_kicker::kick::postgresql::Connection {
     let yaml = format!(
         "kick:\n  state: postgresql\n  postgresql:\n    host: 127.0.0.1\n    port: {}\n    database: {}\n    user: {}\n    schema: {schema}\n    ca: {}\n    cert: {}\n    key: {}\n    password_file: {}\n",
         pg.port,
@@ -74,8 +79,11 @@ fn shared(pg: &Postgres, schema: &str, dir: &Path, config: KickConfig, transport
     );
     let settings = PuppetSettings::default();
     let parsed = Config::parse(&yaml, Path::new("/etc/puppet/puppet_kicker.yaml"), &settings).unwrap();
-    let connection = parsed.kick.postgresql.connection(&settings).unwrap();
-    let mut store = PgStore::new(connection, schema, 2, "bench");
+    parsed.kick.postgresql.connection(&settings).unwrap()
+}
+
+fn shared(pg: &Postgres, schema: &str, dir: &Path, config: KickConfig, transport: &Counting) -> KickService {
+    let mut store = PgStore::new(connection_of(pg, schema), schema, 2, "bench");
     store.check().unwrap();
     let store = SharedStore::new(store, dir, config.keep_outcomes);
     KickService::start_with(config, dir, Box::new(store), Vec::new(), Ok(Box::new(transport.clone())), Box::new(|| {}))
@@ -191,6 +199,54 @@ fn due_kicks(compilers: &[&KickService], counters: &[&Counting]) -> (Duration, V
     (took, sent)
 }
 
+/// `PK_BENCH_ONLY=store`: the store's transactions alone (see the header).
+fn store_transactions(pg: &Postgres, config: &KickConfig) {
+    use puppet_kicker::kick::StateStore;
+    let dir = scratch("store");
+    let service = shared(pg, "store_only", &dir, config.clone(), &Counting::default());
+    // A state of the size (1) reaches: a role of 10 kicked, a few hundred reporters.
+    for i in 0..300 {
+        service.report(
+            &report_of(&format!("web-{i:05}.example.com"), i % 10 == 0),
+            |_, _| targets("lb", 10),
+            |_| Some("web".into()),
+        );
+    }
+    drop(service);
+    let store_dir = scratch("store-b");
+    let mut pg_store = PgStore::new(connection_of(pg, "store_only"), "store_only", 2, "bench");
+    pg_store.check().unwrap();
+    let mut store = SharedStore::new(pg_store, &store_dir, config.keep_outcomes);
+    let mut state = store.load().unwrap();
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    for _ in 0..2_000 {
+        let t0 = Instant::now();
+        let begun = store.begin(state.generation);
+        assert!(begun.theirs.is_none());
+        store.release();
+        reads.push(t0.elapsed());
+    }
+    for _ in 0..300 {
+        let t0 = Instant::now();
+        let _ = store.begin(state.generation);
+        state.generation += 1;
+        store.commit(&state).unwrap();
+        writes.push(t0.elapsed());
+    }
+    println!(
+        "PostgreSQL store alone, one thread ({} bytes of state):\n",
+        rmp_serde::to_vec_named(&state).unwrap().len()
+    );
+    println!("| Transaction | p50 | p90 | p99 |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (name, times) in [("begin, release", &mut reads), ("begin, commit", &mut writes)] {
+        let (p50, p90, p99) = (percentile(times, 0.5), percentile(times, 0.9), percentile(times, 0.99));
+        println!("| {name} | {} | {} | {} |", ms(p50), ms(p90), ms(p99));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(store_dir);
+}
+
 fn main() {
     report::print_machine("shared_state");
     let pg = Postgres::start("bench");
@@ -209,7 +265,12 @@ fn main() {
     );
     println!("| State | Kicking reports p50 | p99 | Other reports p50 | p99 |");
     println!("| --- | ---: | ---: | ---: | ---: |");
-    let only_due = std::env::var("PK_BENCH_ONLY").is_ok_and(|o| o == "due");
+    let only = std::env::var("PK_BENCH_ONLY").ok();
+    if only.as_deref() == Some("store") {
+        store_transactions(&pg, &config);
+        return;
+    }
+    let only_due = only.as_deref() == Some("due");
     for kind in ["local", "postgresql"].into_iter().filter(|_| !only_due) {
         let (a_dir, b_dir) = (scratch(&format!("{kind}-a")), scratch(&format!("{kind}-b")));
         let counting = Counting::default();
@@ -233,6 +294,9 @@ fn main() {
     }
 
     // (2)
+    if only.as_deref() == Some("report") {
+        return;
+    }
     println!("\n{DUE_KICKS} due kicks (one report), claimed and dispatched (32 at a time per compiler):\n");
     println!("| State | Compilers | From due to every outcome saved | Sent by each |");
     println!("| --- | ---: | ---: | --- |");
