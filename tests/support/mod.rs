@@ -44,6 +44,40 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A fresh directory `$TMPDIR/{name}-{pid}` for one test, removed with what it holds
+/// when dropped: at the test's end, passed or failed (declared before anything
+/// mounted in it, such as a [`Tmpfs`], it is dropped after).
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(name: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = PathBuf;
+
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for ScratchDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A small deterministic PRNG, so the mutation tests need no crate.
 pub struct Lcg(pub u64);
 
