@@ -503,10 +503,31 @@ pub(crate) mod tests {
         }
     }
 
+    /// A scratch directory, removed with what it holds when dropped.
+    struct Scratch(PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    thread_local! {
+        /// The scratch directories made on this thread, removed when it ends: libtest
+        /// runs each test on a thread of its own, so when the test does, passed or
+        /// failed.
+        static SCRATCH: std::cell::RefCell<Vec<Scratch>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// A fresh directory `$TMPDIR/pk-test-{name}-{pid}` for the calling test, removed
+    /// when the test ends (its thread's [`SCRATCH`]), so that a test leaves nothing
+    /// behind without having to outlive a guard: some make it in a helper that
+    /// returns only what uses it.
     pub(crate) fn tempdir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("pk-test-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
+        SCRATCH.with(|scratch| scratch.borrow_mut().push(Scratch(dir.clone())));
         dir
     }
 }

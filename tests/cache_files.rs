@@ -8,16 +8,14 @@ use puppet_kicker::Index;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use support::{require_root, Tmpfs};
+use std::path::Path;
+use support::{require_root, ScratchDir, Tmpfs};
 
 mod support;
 
-fn tempdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pk-cache-files-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch directory for the test, removed when it ends.
+fn tempdir(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("pk-cache-files-{name}"))
 }
 
 /// An index of `nodes` servers, each with `padding` bytes of a fact of its own.

@@ -332,25 +332,13 @@ fn a_certificate_that_is_not_the_certnames_is_refused_at_start() {
 /// are the kicker's (as on a master whose certname is kicker.mcollective), so no
 /// `choria.certname` or `choria.ssl_*` key is set.
 fn master(name: &str, choria: Value) -> (Service, PathBuf) {
-    let root = std::env::temp_dir().join(format!("pk-choria-master-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let facts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache/server_data/facts");
-    let target = root.join("var/server_data/facts");
-    std::fs::create_dir_all(&target).unwrap();
-    for entry in std::fs::read_dir(facts).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
-    }
-    std::fs::create_dir_all(root.join("etc")).unwrap();
     let yaml = json!({"kick": {"transport": "choria", "coalesce": 0, "reply_timeout": 2}, "choria": choria});
-    std::fs::write(root.join("etc/puppet_kicker.yaml"), yaml.to_string()).unwrap();
+    let (settings, root) = support::scratch_master(&format!("pk-choria-master-{name}"), &yaml.to_string());
     let settings = PuppetSettings {
-        confdir: root.join("etc"),
-        vardir: root.join("var"),
         hostcert: Some(fixture("kicker.mcollective.pem")),
         hostprivkey: Some(fixture("kicker.mcollective.key")),
         localcacert: Some(fixture("ca.pem")),
-        ..Default::default()
+        ..settings
     };
     (Service::start(settings).unwrap(), root)
 }

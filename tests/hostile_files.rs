@@ -7,6 +7,8 @@ use puppet_kicker::yaml;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod support;
+
 const CHILD: &str = "PK_HOSTILE_FILES_CHILD";
 
 /// Runs `body` in a child process running only the test `name`; fails when the
@@ -92,11 +94,9 @@ fn deep_flow_nesting_is_refused_not_a_stack_overflow() {
     });
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("pk-hostile-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch directory for the test, removed when it ends.
+fn tempdir(name: &str) -> support::ScratchDir {
+    support::ScratchDir::new(&format!("pk-hostile-{name}"))
 }
 
 /// A msgpack string.

@@ -4,7 +4,7 @@
 
 use puppet_kicker::config::{Config, PuppetSettings};
 use puppet_kicker::kick::postgresql::{PgStore, SharedStore};
-use puppet_kicker::kick::{Dispatch, KickConfig, KickService, Outcome, RateLimit, Selector, Target, Transport};
+use puppet_kicker::kick::{Dispatch, KickConfig, KickService, Outcome, RateLimit, Transport};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,19 +71,11 @@ fn compiler(pg: &Postgres, schema: &str, name: &str, config: KickConfig, recorde
         .unwrap()
 }
 
+/// The servers the compilers know: two nodes, two load balancers.
+const FLEET: &[(&str, &str)] = &[("node1", "node"), ("node2", "node"), ("lb1", "haproxy"), ("lb2", "haproxy")];
+
 fn fleet_report(service: &KickService, host: &str, role: &str) -> Vec<String> {
-    let report = support::role_kick(host, &format!("Notify[kick -> {role}]"), role);
-    let fleet = [("node1", "node"), ("node2", "node"), ("lb1", "haproxy"), ("lb2", "haproxy")];
-    let resolve = |selector: &Selector, _: &str| match selector {
-        Selector::Roles(roles) => fleet
-            .iter()
-            .filter(|(_, r)| roles.iter().any(|x| x == r))
-            .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
-            .collect(),
-        Selector::Facts(_) => Vec::new(),
-    };
-    let role_of = |host: &str| fleet.iter().find(|(n, _)| *n == host).map(|(_, r)| r.to_string());
-    service.report(&report, resolve, role_of).into_iter().map(|l| l.message).collect()
+    support::fleet_report(service, FLEET, host, role)
 }
 
 /// Waits until `done` holds, at most `timeout`.
@@ -357,16 +349,6 @@ fn kicks_kept_during_an_outage_survive_a_restart_of_the_compiler() {
 /// haproxy), its kick state in `pg`: Puppet's own certificate, key and CA (here the
 /// test CA's) are the connection's, as the keys' defaults say.
 fn master(pg: &Postgres, name: &str) -> (puppet_kicker::service::Service, PathBuf) {
-    let root = std::env::temp_dir().join(format!("pk-pg-master-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let facts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache/server_data/facts");
-    let target = root.join("var/server_data/facts");
-    std::fs::create_dir_all(&target).unwrap();
-    for entry in std::fs::read_dir(facts).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
-    }
-    std::fs::create_dir_all(root.join("etc")).unwrap();
     let yaml = format!(
         "kick:\n  dry_run: true\n  coalesce: 0\n  state: postgresql\n  postgresql:\n    host: 127.0.0.1\n    port: {}\n    database: {}\n    user: {}\n    password_file: {}\n    connect_timeout: 2s\n",
         pg.port,
@@ -374,14 +356,12 @@ fn master(pg: &Postgres, name: &str) -> (puppet_kicker::service::Service, PathBu
         postgres::USER,
         pg.password_file.display()
     );
-    std::fs::write(root.join("etc/puppet_kicker.yaml"), yaml).unwrap();
+    let (settings, root) = support::scratch_master(&format!("pk-pg-master-{name}"), &yaml);
     let settings = PuppetSettings {
-        confdir: root.join("etc"),
-        vardir: root.join("var"),
         hostcert: Some(pg.cert.clone()),
         hostprivkey: Some(pg.key.clone()),
         localcacert: Some(pg.ca.clone()),
-        ..Default::default()
+        ..settings
     };
     (puppet_kicker::service::Service::start(settings).unwrap(), root)
 }

@@ -33,19 +33,11 @@ fn process(dir: &Path, recorder: &Recorder) -> KickService {
     KickService::start(config, dir, Ok(Box::new(recorder.clone())), Box::new(|| {})).unwrap()
 }
 
+/// The servers the processes know: two nodes, a load balancer.
+const FLEET: &[(&str, &str)] = &[("node1", "node"), ("node2", "node"), ("lb1", "haproxy")];
+
 fn report(service: &KickService, host: &str, role: &str) -> Vec<String> {
-    let report = support::role_kick(host, &format!("Notify[kick -> {role}]"), role);
-    let fleet = [("node1", "node"), ("node2", "node"), ("lb1", "haproxy")];
-    let resolve = |selector: &Selector, _: &str| match selector {
-        Selector::Roles(roles) => fleet
-            .iter()
-            .filter(|(_, r)| roles.iter().any(|x| x == r))
-            .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
-            .collect(),
-        Selector::Facts(_) => Vec::new(),
-    };
-    let role_of = |host: &str| fleet.iter().find(|(n, _)| *n == host).map(|(_, r)| r.to_string());
-    service.report(&report, resolve, role_of).into_iter().map(|l| l.message).collect()
+    support::fleet_report(service, FLEET, host, role)
 }
 
 #[test]

@@ -19,41 +19,15 @@ use puppet_kicker::mcollective::message::{Reply, Request};
 use puppet_kicker::mcollective::stomp::{Frame, FrameReader, FrameWriter, Limits};
 use puppet_kicker::mcollective::tls::{TlsSettings, MAX_PEM_FILE_BYTES};
 use puppet_kicker::mcollective::{Client, Filter};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection, StreamOwned};
+use support::ca::Ca;
+
+mod support;
 
 const PSK: &str = "tls-psk";
-
-/// A CA made for the test, able to sign server and client certificates.
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Ca { cert, key }
-    }
-
-    /// A leaf certificate for `names` (DNS names or IP addresses) and its key, as PEM.
-    fn issue(&self, names: &[&str]) -> (String, String) {
-        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        let mut params = CertificateParams::new(names).unwrap();
-        params.distinguished_name.push(DnType::CommonName, "leaf");
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 /// Files of one test in a fresh temporary directory.
 struct Dir(PathBuf);

@@ -4,9 +4,8 @@
 
 mod support;
 
-use puppet_kicker::{api, PuppetSettings, Service};
+use puppet_kicker::{api, Service};
 use serde_json::{json, Value};
-use std::path::Path;
 
 fn command(args: Value) -> Result<Value, String> {
     let request = json!({"name": "rollout_plan", "args": args}).to_string();
@@ -15,18 +14,7 @@ fn command(args: Value) -> Result<Value, String> {
 
 #[test]
 fn a_plan_from_the_fact_cache_and_the_graph_reports_drew() {
-    let root = std::env::temp_dir().join(format!("pk-rollout-command-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let facts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache/server_data/facts");
-    let target = root.join("var/server_data/facts");
-    std::fs::create_dir_all(&target).unwrap();
-    for entry in std::fs::read_dir(facts).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
-    }
-    std::fs::create_dir_all(root.join("etc")).unwrap();
-    std::fs::write(root.join("etc/puppet_kicker.yaml"), "kick:\n  dry_run: true\n").unwrap();
-    let settings = PuppetSettings { confdir: root.join("etc"), vardir: root.join("var"), ..Default::default() };
+    let (settings, _root) = support::scratch_master("pk-rollout-command", "kick:\n  dry_run: true\n");
     let service = Service::configure(settings).unwrap();
 
     // Before any kick: no graph, so the roles come by name.

@@ -869,11 +869,10 @@ impl Planner {
     /// at once, most are. [`Claim::Lost`] when the kick is no longer this dispatch's:
     /// another process took it over or it was answered meanwhile.
     pub fn claim(&mut self, dispatch: &Dispatch, now: Millis) -> Claim {
-        let renew_after = self.config.in_flight_timeout_ms / 4;
         let pending = self.state.targets.get_mut(&dispatch.target).and_then(|t| t.pending.as_mut());
         match pending {
-            Some(p) if p.in_flight && p.attempts == dispatch.attempt => {
-                if now.saturating_sub(p.dispatched_at) < renew_after {
+            Some(p) if is_dispatch_of(p, dispatch) => {
+                if is_fresh(&self.config, p, now) {
                     Claim::Held
                 } else {
                     p.dispatched_at = now;
@@ -882,6 +881,15 @@ impl Planner {
             }
             _ => Claim::Lost,
         }
+    }
+
+    /// Whether [`Self::claim`] would answer [`Claim::Held`] for `dispatch` at `now`
+    /// (still its kick's, handed out or renewed less than a quarter of
+    /// `kick.in_flight_timeout` ago), asked without changing anything: a sender that
+    /// knows this needs no transaction before sending.
+    pub fn holds_fresh(&self, dispatch: &Dispatch, now: Millis) -> bool {
+        let pending = self.state.targets.get(&dispatch.target).and_then(|t| t.pending.as_ref());
+        pending.is_some_and(|p| is_dispatch_of(p, dispatch) && is_fresh(&self.config, p, now))
     }
 
     /// When the dispatcher should look again.
@@ -1136,6 +1144,17 @@ impl Planner {
     fn forget_idle(&mut self) {
         self.state.targets.retain(|_, t| t.pending.is_some() || t.running.is_some() || t.follow_up.is_some());
     }
+}
+
+/// `pending` is still `dispatch`'s: in flight, at the dispatch's attempt.
+fn is_dispatch_of(pending: &Pending, dispatch: &Dispatch) -> bool {
+    pending.in_flight && pending.attempts == dispatch.attempt
+}
+
+/// `pending` was handed out (or its claim renewed) less than a quarter of
+/// `kick.in_flight_timeout` before `now`: its claim is held without renewal.
+fn is_fresh(config: &KickConfig, pending: &Pending, now: Millis) -> bool {
+    now.saturating_sub(pending.dispatched_at) < config.in_flight_timeout_ms / 4
 }
 
 /// Whether a run that started at `run_started` (the agent's clock) is the kicked

@@ -647,17 +647,12 @@ impl Inner {
         }
     }
 
-    /// This process claimed `dispatch` (saved) less than a quarter of
-    /// `kick.in_flight_timeout` ago, and the shared state is reachable: what
-    /// [`Planner::claim`] answers `Held` for, known without a transaction.
+    /// This process claimed `dispatch` (saved) recently enough that
+    /// [`Planner::claim`] would answer `Held` ([`Planner::holds_fresh`]), and the
+    /// shared state is reachable: known without a transaction.
     fn claim_is_fresh(&self, dispatch: &super::Dispatch) -> bool {
         let now = self.now();
-        let planner = lock(&self.planner);
-        let renew_after = planner.config().in_flight_timeout_ms / 4;
-        let fresh = planner.state().targets.get(&dispatch.target).and_then(|t| t.pending.as_ref()).is_some_and(|p| {
-            p.in_flight && p.attempts == dispatch.attempt && now.saturating_sub(p.dispatched_at) < renew_after
-        });
-        drop(planner);
+        let fresh = lock(&self.planner).holds_fresh(dispatch, now);
         fresh && !self.in_outage() && lock(&self.unsaved).is_none()
     }
 

@@ -3,8 +3,13 @@
 //! answering the puppetdb source's PQL from a fleet the caller changes.
 #![allow(dead_code)]
 
+// The test CA (tests/support/ca.rs), taken in here so that benches/puppetdb.rs, which
+// includes this file alone, has it too.
+#[path = "ca.rs"]
+mod ca;
+pub use ca::Ca;
+
 use puppet_kicker::source::puppetdb::query;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -16,33 +21,6 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// A CA made for the test, able to sign server and client certificates.
-pub struct Ca {
-    pub cert: rcgen::Certificate,
-    pub key: KeyPair,
-}
-
-impl Ca {
-    pub fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Ca { cert, key }
-    }
-
-    /// A leaf certificate for `names` and its key, as PEM.
-    pub fn issue(&self, names: &[&str]) -> (String, String) {
-        let mut params = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, names[0]);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 /// Files of one test in a fresh temporary directory.
 pub struct Dir(pub PathBuf);

@@ -4,6 +4,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+pub mod ca;
 pub mod postgres;
 
 pub fn is_root() -> bool {
@@ -43,6 +44,40 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A fresh directory `$TMPDIR/{name}-{pid}` for one test, removed with what it holds
+/// when dropped: at the test's end, passed or failed (declared before anything
+/// mounted in it, such as a [`Tmpfs`], it is dropped after).
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(name: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = PathBuf;
+
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for ScratchDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A small deterministic PRNG, so the mutation tests need no crate.
 pub struct Lcg(pub u64);
 
@@ -75,4 +110,50 @@ pub fn role_kick(host: &str, resource: &str, role: &str) -> puppet_kicker::kick:
             environment: None,
         }],
     }
+}
+
+/// `host`'s report kicking `role` ([`role_kick`]) taken in by `service`, its targets
+/// resolved in `fleet` (certname, role); the lines it logged.
+pub fn fleet_report(
+    service: &puppet_kicker::kick::KickService,
+    fleet: &[(&str, &str)],
+    host: &str,
+    role: &str,
+) -> Vec<String> {
+    use puppet_kicker::kick::{Selector, Target};
+    let report = role_kick(host, &format!("Notify[kick -> {role}]"), role);
+    let resolve = |selector: &Selector, _: &str| match selector {
+        Selector::Roles(roles) => fleet
+            .iter()
+            .filter(|(_, r)| roles.iter().any(|x| x == r))
+            .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
+            .collect(),
+        Selector::Facts(_) => Vec::new(),
+    };
+    let role_of = |host: &str| fleet.iter().find(|(n, _)| *n == host).map(|(_, r)| r.to_string());
+    service.report(&report, resolve, role_of).into_iter().map(|l| l.message).collect()
+}
+
+/// A scratch master in `$TMPDIR/{dir}-{pid}`, made afresh: the fixtures' fact cache
+/// (tests/fixtures/puppet_cache: lb1.example.com has role haproxy) as its
+/// `var/server_data/facts`, `yaml` as its `etc/puppet_kicker.yaml`. Puppet's settings
+/// for it (confdir and vardir; the caller adds the rest) and its root.
+pub fn scratch_master(dir: &str, yaml: &str) -> (puppet_kicker::config::PuppetSettings, PathBuf) {
+    let root = std::env::temp_dir().join(format!("{dir}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let facts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache/server_data/facts");
+    let target = root.join("var/server_data/facts");
+    std::fs::create_dir_all(&target).unwrap();
+    for entry in std::fs::read_dir(facts).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
+    }
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/puppet_kicker.yaml"), yaml).unwrap();
+    let settings = puppet_kicker::config::PuppetSettings {
+        confdir: root.join("etc"),
+        vardir: root.join("var"),
+        ..Default::default()
+    };
+    (settings, root)
 }

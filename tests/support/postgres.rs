@@ -5,7 +5,7 @@
 //! stopped by the pid in postmaster.pid, removed on drop. As root (CI), the cluster
 //! runs as the `postgres` user, as PostgreSQL requires.
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use super::ca::Ca;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -25,24 +25,6 @@ pub struct Postgres {
     /// A CA that signed nothing here: the server's certificate does not verify against it.
     pub other_ca: PathBuf,
     data: PathBuf,
-}
-
-fn ca(name: &str) -> (rcgen::Certificate, KeyPair) {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let key = KeyPair::generate().unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    (cert, key)
-}
-
-fn issue(ca: &(rcgen::Certificate, KeyPair), cn: &str, names: &[&str]) -> (String, String) {
-    let mut params = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, cn);
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca.0, &ca.1).unwrap();
-    (cert.pem(), key.serialize_pem())
 }
 
 fn free_port() -> u16 {
@@ -79,17 +61,17 @@ impl Postgres {
         let dir = std::env::temp_dir().join(format!("pk-pg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let ca_pair = ca("puppet-kicker test CA");
-        let other = ca("another CA");
+        let test_ca = Ca::new("puppet-kicker test CA");
+        let other = Ca::new("another CA");
         let write = |file: &str, text: &str| {
             let path = dir.join(file);
             std::fs::write(&path, text).unwrap();
             path
         };
-        let ca = write("ca.pem", &ca_pair.0.pem());
-        let other_ca = write("other-ca.pem", &other.0.pem());
-        let (server_cert, server_key) = issue(&ca_pair, "127.0.0.1", &["127.0.0.1", "localhost"]);
-        let (client_cert, client_key) = issue(&ca_pair, "compiler.test", &["compiler.test"]);
+        let ca = write("ca.pem", &test_ca.cert.pem());
+        let other_ca = write("other-ca.pem", &other.cert.pem());
+        let (server_cert, server_key) = test_ca.issue(&["127.0.0.1", "localhost"]);
+        let (client_cert, client_key) = test_ca.issue(&["compiler.test"]);
         let cert = write("compiler.pem", &client_cert);
         let key = write("compiler.key", &client_key);
         let password_file = write("password", &format!("{PASSWORD}\n"));
@@ -97,7 +79,7 @@ impl Postgres {
         std::fs::create_dir_all(&server).unwrap();
         std::fs::write(server.join("server.crt"), server_cert).unwrap();
         std::fs::write(server.join("server.key"), server_key).unwrap();
-        std::fs::write(server.join("ca.crt"), ca_pair.0.pem()).unwrap();
+        std::fs::write(server.join("ca.crt"), test_ca.cert.pem()).unwrap();
         let data = dir.join("data");
         std::fs::create_dir_all(&data).unwrap();
         std::fs::write(dir.join("pwfile"), format!("{PASSWORD}\n")).unwrap();
