@@ -427,3 +427,64 @@ fn a_compiler_started_during_an_outage_does_not_take_an_old_local_file_for_the_s
     assert_eq!(a.flush(Duration::from_secs(30)), 0, "{:?}", a.waiting_for());
     assert_eq!(recorder.kicked(), ["lb1", "lb2"], "the old file's kicks are not the shared state's");
 }
+
+/// A report of `host` that kicks nothing (its kicked run, when one is under way).
+fn quiet_report(service: &KickService, host: &str) {
+    let mut report = support::role_kick(host, "Notify[quiet]", "none");
+    report.kicks.clear();
+    service.report(&report, |_, _| Vec::new(), |_| None);
+}
+
+/// The servers whose kicked run the status shows under way.
+fn running(service: &KickService) -> Vec<String> {
+    service.sync();
+    let status = service.status();
+    status["running"].as_array().unwrap().iter().map(|r| r["target"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_compiler_idle_through_an_outage_does_not_bring_back_what_it_last_saw() {
+    let pg = Postgres::start("idle-outage");
+    let recorder = Recorder::default();
+    let config = KickConfig { coalesce_ms: 0, ..KickConfig::default() };
+    let a = compiler(&pg, "idle_outage", "idle-outage-a", config.clone(), &recorder);
+    let b = compiler(&pg, "idle_outage", "idle-outage-b", config, &recorder);
+    fleet_report(&a, "node1", "haproxy");
+    assert_eq!(a.flush(Duration::from_secs(20)), 0);
+    assert_eq!(recorder.kicked(), ["lb1", "lb2"]);
+    // b last sees both load balancers' kicked runs under way ...
+    assert_eq!(running(&b), ["lb1", "lb2"]);
+    // ... which then report, at a.
+    quiet_report(&a, "lb1");
+    quiet_report(&a, "lb2");
+    assert_eq!(running(&a), Vec::<String>::new());
+    // The database goes away; a report at b kicks another role meanwhile.
+    pg.stop();
+    let lines = fleet_report(&b, "node2", "node");
+    assert!(lines.iter().any(|l| l.contains("kick queued for node1")), "{lines:?}");
+    pg.run();
+    wait_for(Duration::from_secs(60), "b's kick sent after the outage", || recorder.kicked().contains(&"node1".into()));
+    // The shared state has b's kick, and not b's old view of the load balancers.
+    assert_eq!(running(&a), ["node1"]);
+    assert_eq!(running(&b), ["node1"]);
+    assert_eq!(recorder.kicked(), ["lb1", "lb2", "node1"]);
+}
+
+#[test]
+fn a_restart_of_the_database_between_two_transactions_is_not_an_outage() {
+    use puppet_kicker::kick::StateStore;
+    let pg = Postgres::start("db-restart");
+    let dir = cache_dir("db-restart");
+    let (mut pg_store, dir) = store_with(&pg, "db_restart", &pg.ca, &pg.password_file, &dir);
+    pg_store.check().expect("the shared state is reachable");
+    let mut store = SharedStore::new(pg_store, &dir, 10);
+    store.begin(u64::MAX);
+    store.release();
+    // The pooled connection dies with the server; the next transaction finds it dead.
+    pg.stop();
+    pg.run();
+    let begun = store.begin(u64::MAX);
+    store.release();
+    assert!(begun.warnings.is_empty(), "{:?}", begun.warnings);
+    assert!(store.health().outage.is_none(), "{:?}", store.health().outage);
+}
