@@ -22,8 +22,8 @@ pub use chain::Chain;
 pub use config::{KickSettings, ReplyTimeoutTooLong, TransportKind};
 pub use graph::{RoleGraph, MAX_ROLE_CYCLES_LISTED, MAX_ROLE_EDGES};
 pub use planner::{
-    changed_servers, merge_kept, merge_states, Awaiting, Claim, Confirmation, Counters, Dispatch, Event, Outcome,
-    Planner, PlannerState, Resolved, ResolvedKick, Suppression, Target, CONFIRM_BUCKETS, CONFIRM_POLL_MS,
+    merge_states, Awaiting, Claim, Confirmation, Counters, Dispatch, Event, Outcome, Planner, PlannerState, Resolved,
+    ResolvedKick, Suppression, Target, CONFIRM_BUCKETS, CONFIRM_POLL_MS,
 };
 pub use policy::{Policy, RateLedger, RateLimit};
 pub use service::{
