@@ -628,7 +628,7 @@ unless scaling.empty?
   TEXT
 end
 
-%i[inventory puppetdb puppetdb_real kick_report confirm rollout transports transports_debian13].each do |key|
+%i[inventory puppetdb puppetdb_real kick_report confirm rollout shared_state transports transports_debian13].each do |key|
   p = part[key]
   add.call(p.title, section(p, sections.fetch(key)))
 end
