@@ -66,7 +66,8 @@ fn an_idle_daemon_is_woken_with_sigusr1_instead_of_a_second_agent() {
     std::fs::write(sshd.state("agent.pid"), daemon.id().to_string()).unwrap();
     let outcome = transport.runonce(&dispatch("lb1", "production"));
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !signalled.exists() && Instant::now() < deadline {
+    // Until the trap's line is whole: the shell creates the file before it writes it.
+    while !std::fs::read_to_string(&signalled).is_ok_and(|s| s.ends_with('\n')) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = daemon.kill();
