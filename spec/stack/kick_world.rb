@@ -56,17 +56,6 @@ module KickWorld
     WAIT
   end
 
-  def read(path)
-    File.exist?(path) ? File.read(path) : "(no #{path})"
-  end
-
-  def sh(*cmd, allow_fail: false)
-    out, status = Open3.capture2e(*cmd, chdir: ROOT)
-    raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless allow_fail || status.success?
-
-    out
-  end
-
   # What every server ran and logged in the failed scenario, and the kick status.
   def dump_failure(example)
     warn "\n===== kick e2e failure: #{example.description}"

@@ -63,23 +63,12 @@ module Masterless
       warn "----- mco-stack status:\n#{sh('script/mco-stack', 'status', allow_fail: true)}"
     end
 
-    def read(path)
-      File.exist?(path) ? File.read(path) : "(no #{path})"
-    end
-
     def tail(path, lines)
       File.exist?(path) ? File.readlines(path).last(lines).join : "(no #{path})"
     end
 
     def longest_wait
       WAIT
-    end
-
-    def sh(*cmd, allow_fail: false, env: {})
-      out, status = Open3.capture2e(env, *cmd, chdir: ROOT)
-      raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless allow_fail || status.success?
-
-      out
     end
 
     def cache_dir

@@ -2,12 +2,29 @@
 
 # What the stack specs read back from a test node's own files: its puppet runs
 # (runs.log, written by spec/fixtures/kick_e2e/run-puppet), whether one is running,
-# and its puppet log; and waiting for any of it. The including spec sets `@stack`
+# and its puppet log; and waiting for any of it; and a command run from the checkout
+# (`sh`), for the scripts that start and stop parts of the stack. The including spec sets `@stack`
 # (script/mco-stack's directory), `@runs_before` and `@log_before` (per node: runs
 # and log bytes before the current scenario), and defines `longest_wait` (seconds).
+require 'open3'
+
 module NodeRuns
   def node_file(id, name)
     File.join(@stack, 'nodes', id, name)
+  end
+
+  # A file's text, or a line saying it is missing (for failure dumps).
+  def read(path)
+    File.exist?(path) ? File.read(path) : "(no #{path})"
+  end
+
+  # Runs `cmd` in the checkout; its output. A failure raises, with the output, unless
+  # `allow_fail`.
+  def sh(*cmd, allow_fail: false, env: {})
+    out, status = Open3.capture2e(env, *cmd, chdir: ROOT)
+    raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless allow_fail || status.success?
+
+    out
   end
 
   # The block's first truthy answer, asked every 0.2 s; an error after `timeout` s.

@@ -58,17 +58,6 @@ module SharedStateE2E
       WAIT
     end
 
-    def read(path)
-      File.exist?(path) ? File.read(path) : "(no #{path})"
-    end
-
-    def sh(*cmd, allow_fail: false, env: {})
-      out, status = Open3.capture2e(env, *cmd, chdir: ROOT)
-      raise "#{cmd.join(' ')} failed (#{status}):\n#{out}" unless allow_fail || status.success?
-
-      out
-    end
-
     def compiler_dir(which)
       File.join(@dir, "compiler-#{which}")
     end

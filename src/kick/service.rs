@@ -485,9 +485,10 @@ impl Inner {
         let mut planner = lock(&self.planner);
         let begun = store.begin(planner.state().generation);
         begun.warnings.into_iter().for_each(|message| self.log(LogLine { level: Level::Warning, message }));
-        self.took_health(store.health());
+        let health = store.health();
+        let outage = health.outage.is_some();
+        self.took_health(health);
         let unsaved = lock(&self.unsaved).is_some();
-        let outage = store.health().outage.is_some();
         let mut kept = lock(&self.kept);
         if let Some(theirs) = begun.theirs {
             if begun.merge && !outage {
