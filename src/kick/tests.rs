@@ -99,7 +99,7 @@ fn kicks_within_the_window_coalesce_into_one_run() {
     assert!(sim.dispatch(started).is_empty(), "not due before the window closes");
     sim.advance(5 * SECOND);
     assert_eq!(sim.dispatch(started), ["lb1"]);
-    assert!(sim.logged("kick of lb1 joins the one already queued (chain node1 -> lb1 -> node2)"));
+    assert!(sim.logged("kick of lb1 joins the one already queued (chain node1 -> lb1 (also caused by node2))"));
     sim.advance(60 * SECOND);
     assert!(sim.dispatch(started).is_empty(), "exactly one run");
 }
@@ -228,6 +228,29 @@ fn chains_longer_than_max_hops_stop() {
     sim.report_started_at("lb1", t, false, &["db"]);
     assert!(sim
         .logged("kick of db1 by lb1 (Notify[kick -> db]) suppressed: the chain exceeds max_hops: node1 -> lb1 -> db1"));
+}
+
+#[test]
+fn kicks_coalesced_into_one_run_are_one_hop_for_max_hops() {
+    // Three nodes kick the load balancer together; its run kicks the database: two
+    // hops on every path, within max_hops 2 (the causes are not hops).
+    let mut sim = Sim::new(KickConfig { max_hops: 2, ..KickConfig::default() });
+    for node in ["node1", "node2", "node3"] {
+        sim.report(node, &["haproxy"]);
+    }
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    let t = sim.now;
+    // Every cause still counts for loops: lb1's run may not kick node3 back.
+    sim.report_started_at("lb1", t, false, &["db", "node"]);
+    assert!(
+        sim.logged("kick queued for db1 (chain node1 -> lb1 -> db1 (also caused by node2, node3))"),
+        "{:#?}",
+        sim.log
+    );
+    assert!(sim.logged(
+        "kick of node3 by lb1 (Notify[kick -> node]) suppressed: it would close a loop: node1 -> lb1 -> node3 (also caused by node2)"
+    ), "{:#?}", sim.log);
 }
 
 #[test]
