@@ -262,6 +262,45 @@ fn pending_targets(service: &KickService) -> Vec<String> {
     status["pending"].as_array().unwrap().iter().map(|p| p["target"].as_str().unwrap().to_string()).collect()
 }
 
+/// A report with no kick (most reports), from `host`, of a run started now.
+fn report_without_kicks(service: &KickService, host: &str) {
+    let json = format!(
+        r#"{{"host":"{host}","environment":"production","time":{},"status":"changed","kicks":[]}}"#,
+        puppet_kicker::kick::now_ms()
+    );
+    let report = puppet_kicker::kick::parse_report(json.as_bytes()).unwrap();
+    service.report(&report, |_: &Selector, _: &str| Vec::new(), |_: &str| None);
+}
+
+#[test]
+fn a_report_ending_a_kick_another_process_sent_is_taken_in_within_a_second() {
+    // b has not seen a's kick of lb1 when lb1's report reaches it: it does not wake
+    // its dispatcher for a report that ends nothing it knows of, but takes it in
+    // within a second, so that a sees lb1's kicked run reported.
+    let dir = cache_dir("late-ending");
+    let recorder = Recorder::default();
+    let b = process(&dir, &recorder);
+    let a = process(&dir, &recorder);
+    report(&a, "node1", "haproxy");
+    assert_eq!(a.flush(Duration::from_secs(5)), 0);
+    assert_eq!(a.status()["awaiting_confirmation"][0]["target"], "lb1");
+    std::thread::sleep(Duration::from_millis(20));
+    let reported = std::time::Instant::now();
+    report_without_kicks(&b, "lb1");
+    let confirmed = loop {
+        a.sync();
+        let status = a.status();
+        if status["awaiting_confirmation"].as_array().unwrap().is_empty() {
+            break status;
+        }
+        assert!(reported.elapsed() < Duration::from_secs(3), "not taken in: {status:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(confirmed["running"], serde_json::json!([]));
+    assert_eq!(confirmed["confirmations"][0]["target"], "lb1", "{confirmed:#}");
+    assert_eq!(confirmed["confirmations"][0]["outcome"], "changed", "{confirmed:#}");
+}
+
 #[test]
 fn another_process_write_is_seen_even_with_the_same_length_and_mtime() {
     // A coarse-mtime file system: another process's write keeps length and mtime,

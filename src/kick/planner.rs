@@ -568,6 +568,12 @@ impl Planner {
         events
     }
 
+    /// Whether a report from `host` would end something: its kicked run, or its kick
+    /// awaiting confirmation.
+    pub fn awaits_report_of(&self, host: &str) -> bool {
+        self.state.awaiting.contains_key(host) || self.state.targets.get(host).is_some_and(|t| t.running.is_some())
+    }
+
     /// Takes in an operator's kick (`puppet kicker kick`), its targets found by
     /// [`Planner::resolve`] as a report's from `report.host` (this machine's
     /// certname): the same policy (as that certname's role), rate limit, loop and hop

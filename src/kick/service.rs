@@ -40,6 +40,9 @@ const SAVE_RETRY: Duration = Duration::from_secs(5);
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
 /// How often `flush` takes in the shared state while it waits.
 const FLUSH_SYNC: Duration = Duration::from_millis(250);
+/// How long a report with no kick waits at most to be taken in when it ends no kick
+/// this process knows of (see `KickService::report`).
+const ENDINGS_DELAY: Duration = Duration::from_secs(1);
 /// How often the dispatcher looks whether a process holding a server's kicks exited.
 pub const HOLD_POLL: Duration = Duration::from_secs(1);
 /// `kick-status.json` is rewritten at most this often while kicks are being sent,
@@ -119,7 +122,17 @@ impl std::error::Error for NoTransport {
 
 pub struct KickService {
     inner: Arc<Inner>,
-    wake: Sender<()>,
+    wake: Sender<Wake>,
+}
+
+/// What a message to the dispatcher asks of it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// Take in the state, end holds and send what is due, now.
+    Now,
+    /// Only look again at when to wake: a report with no kick is waiting
+    /// (at most [`ENDINGS_DELAY`]).
+    Soon,
 }
 
 struct Inner {
@@ -254,7 +267,7 @@ impl KickService {
             .name("puppet-kicker-dispatch".into())
             .spawn(move || dispatch_loop(&worker, &wakeups))
             .map_err(|source| KickError::StartDispatcher { source })?;
-        let _ = wake.send(());
+        let _ = wake.send(Wake::Now);
         Ok(KickService { inner, wake })
     }
 
@@ -276,9 +289,24 @@ impl KickService {
         // a kicked fleet's reports arrive together, and the dispatcher saves them in
         // one write. Nothing is lost: a kick that a report queues, and anything that
         // reads the state, goes through a transaction, which takes them in first.
+        //
+        // The dispatcher is woken at once when the report may end a kick this process
+        // knows of (a kicked run, a kick awaiting confirmation) or holds a masterless
+        // server's kicks. Any other waits at most ENDINGS_DELAY, with those that
+        // arrive meanwhile: with a shared state, a transaction for each would lock the
+        // row that the compilers' kicking reports wait for. (One that ends a kick this
+        // process has not yet seen, another compiler's, is still taken in, with its
+        // arrival time, within ENDINGS_DELAY.)
         if report.kicks.is_empty() {
-            lock(&self.inner.endings).push((report.clone(), self.inner.now()));
-            let _ = self.wake.send(());
+            let now = report.reporter_pid.is_some() || self.inner.may_end_a_kick(&report.host);
+            let first = {
+                let mut endings = lock(&self.inner.endings);
+                endings.push((report.clone(), self.inner.now()));
+                endings.len() == 1
+            };
+            if now || first {
+                let _ = self.wake.send(if now { Wake::Now } else { Wake::Soon });
+            }
             return self.take_log();
         }
         let resolved = Planner::resolve(&self.inner.config, report, resolve, role_of);
@@ -291,7 +319,7 @@ impl KickService {
         // The dispatcher sends what was queued, and writes the status file: neither
         // on the report's thread.
         if self.inner.status_dirty.load(Ordering::Acquire) {
-            let _ = self.wake.send(());
+            let _ = self.wake.send(Wake::Now);
         }
         let mut lines = most_severe_first(events.iter().map(log_line).collect(), MAX_LOG_LINES_PER_REPORT);
         if events.len() > MAX_LOG_LINES_PER_REPORT {
@@ -327,7 +355,7 @@ impl KickService {
         // An operator's process may exit at once: its status is written now.
         self.inner.write_status(StatusWrite::IfChanged);
         if events.iter().any(|e| matches!(e, Event::Queued { .. } | Event::Coalesced { .. })) {
-            let _ = self.wake.send(());
+            let _ = self.wake.send(Wake::Now);
         }
         (events, attempts)
     }
@@ -377,7 +405,7 @@ impl KickService {
         if !lock(&self.inner.endings).is_empty() {
             self.inner.transact(|_| ((), false));
         }
-        let _ = self.wake.send(());
+        let _ = self.wake.send(Wake::Now);
         let reporters = lock(&self.inner.reporters).clone();
         let mut synced = Instant::now();
         loop {
@@ -427,7 +455,7 @@ impl KickService {
     /// Makes the dispatcher look at once: it re-reads the shared state, ends the holds
     /// of processes that exited, and sends what is due.
     pub fn wake(&self) {
-        let _ = self.wake.send(());
+        let _ = self.wake.send(Wake::Now);
     }
 
     /// Takes in what other processes wrote to the shared state since this one last
@@ -560,6 +588,17 @@ impl Inner {
     /// Where the state is kept and whether it can be reached, for the status.
     fn state_json(&self) -> serde_json::Value {
         state_json(&self.store_name, &lock(&self.health))
+    }
+
+    /// Whether a report with no kick from `host` may end a kick this process knows
+    /// of: a kicked run, or a kick awaiting confirmation. True when the planner is
+    /// busy (a transaction in progress): the report's thread does not wait for it.
+    fn may_end_a_kick(&self, host: &str) -> bool {
+        match self.planner.try_lock() {
+            Ok(planner) => planner.awaits_report_of(host),
+            Err(std::sync::TryLockError::Poisoned(planner)) => planner.into_inner().awaits_report_of(host),
+            Err(std::sync::TryLockError::WouldBlock) => true,
+        }
     }
 
     /// The shared store is unreachable: due kicks wait (their claims could not be
@@ -817,7 +856,7 @@ struct Unsaved {
     attempts: u64,
 }
 
-fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
+fn dispatch_loop(inner: &Inner, wakeups: &Receiver<Wake>) {
     loop {
         let now = inner.now();
         let mut wait = lock(&inner.planner).next_wakeup().map_or(IDLE_WAKEUP, |at| {
@@ -838,11 +877,21 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<()>) {
         if inner.status_dirty.load(Ordering::Acquire) {
             wait = wait.min(STATUS_INTERVAL);
         }
-        match wakeups.recv_timeout(wait) {
-            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+        if let Some((_, arrived)) = lock(&inner.endings).first() {
+            let waited = Duration::from_millis((inner.now() - arrived).max(0) as u64);
+            wait = wait.min(ENDINGS_DELAY.saturating_sub(waited));
         }
-        while wakeups.try_recv().is_ok() {}
+        let mut now = match wakeups.recv_timeout(wait) {
+            Ok(wake) => wake == Wake::Now,
+            Err(RecvTimeoutError::Timeout) => true,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        while let Ok(wake) = wakeups.try_recv() {
+            now |= wake == Wake::Now;
+        }
+        if !now {
+            continue;
+        }
         let _ = catch_unwind(AssertUnwindSafe(|| dispatch_due(inner)));
         let _ = catch_unwind(AssertUnwindSafe(|| confirm_by_transport(inner)));
         let _ = catch_unwind(AssertUnwindSafe(|| inner.write_status(StatusWrite::IfChanged)));
