@@ -3,13 +3,16 @@
 //! the run (tests/support/postgres.rs: 127.0.0.1, TLS, a password; fsync on).
 //!
 //! (1) **Per report, at 100 reports/s over two compilers.** Two kick services stand
-//!     for two compilers; reports arrive at 50 a second at each, on its own thread,
-//!     for 10 seconds. A tenth of the reports kick (a load balancer role of 10
+//!     for two compilers; reports arrive at 50 a second at each on average, at random
+//!     (a Poisson process with a fixed seed, so every run has the same times), on its
+//!     own thread, for 30 seconds. A tenth of the reports kick (a load balancer role of 10
 //!     servers, as a new web node does; each from a host of its own); the rest kick
 //!     nothing (most reports). The time is that of `KickService::report` on the
 //!     report's thread (the planner's resolve included), p50 and p99 of each kind.
 //!     Local: each compiler with its own `kicks.msgpack` (what two compilers had
-//!     before); shared: both on one state in PostgreSQL. The goal: p99 ≤ 2 ms.
+//!     before); shared: both on one state in PostgreSQL. The goal: p99 ≤ 2 ms. The
+//!     load balancers never report, so each kick keeps every server that kicked it as
+//!     a cause: the shared state's size at the end is printed.
 //! (2) **10,000 due kicks claimed and dispatched by two compilers.** One report
 //!     kicks a role of 10,000 servers (the budget raised for it), due one second
 //!     later; both compilers' dispatchers wake for them. The time from the due time
@@ -31,7 +34,7 @@ mod support;
 use puppet_kicker::config::{Config, PuppetSettings};
 use puppet_kicker::kick::postgresql::{PgStore, SharedStore};
 use puppet_kicker::kick::{
-    Dispatch, KickConfig, KickService, Outcome, ReportBudget, ReportKicks, Selector, Target, Transport,
+    Dispatch, KickConfig, KickService, Outcome, ReportBudget, ReportKicks, Selector, StateStore, Target, Transport,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,7 +43,7 @@ use std::time::{Duration, Instant};
 use support::postgres::{self, Postgres};
 
 const RATE_PER_COMPILER: u64 = 50;
-const SECONDS: u64 = 10;
+const SECONDS: u64 = 30;
 const BALANCERS: usize = 10;
 const DUE_KICKS: usize = 10_000;
 
@@ -116,6 +119,43 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
+/// When reports arrive at a compiler: at random, at `RATE_PER_COMPILER` a second on
+/// average (a Poisson process: agents' runs are spread by `splay` and their own
+/// run times, not in step), the same times at every run (a fixed seed per compiler).
+struct Arrivals {
+    state: u64,
+    at: Duration,
+}
+
+impl Arrivals {
+    fn new(compiler: u64) -> Arrivals {
+        Arrivals { state: 0x5eed_0000 + compiler, at: Duration::ZERO }
+    }
+
+    /// The next arrival, from the start: an exponential gap after the last
+    /// (splitmix64 for the uniform draw).
+    fn next_after(&mut self) -> Duration {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let uniform = ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        self.at += Duration::from_secs_f64(-uniform.ln() / RATE_PER_COMPILER as f64);
+        self.at
+    }
+}
+
+/// The size of the state saved in `schema`, encoded as the store writes it.
+fn state_size(pg: &Postgres, schema: &str, config: &KickConfig) -> usize {
+    let dir = scratch("size");
+    let mut store =
+        SharedStore::new(PgStore::new(connection_of(pg, schema), schema, 1, "bench"), &dir, config.keep_outcomes);
+    let state = store.load().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    rmp_serde::to_vec_named(&state).unwrap().len()
+}
+
 /// (1): each compiler's reports at its rate on a thread of its own; the times of the
 /// kicking reports and of the others.
 fn per_report(compilers: &[KickService; 2]) -> (Vec<Duration>, Vec<Duration>) {
@@ -129,10 +169,10 @@ fn per_report(compilers: &[KickService; 2]) -> (Vec<Duration>, Vec<Duration>) {
                 scope.spawn(move || {
                     let mut kicking = Vec::new();
                     let mut quiet = Vec::new();
-                    let interval = Duration::from_micros(1_000_000 / RATE_PER_COMPILER);
+                    let mut arrivals = Arrivals::new(c as u64);
                     let start = Instant::now();
                     for i in 0..(RATE_PER_COMPILER * SECONDS) as usize {
-                        let at = start + interval * i as u32;
+                        let at = start + arrivals.next_after();
                         if let Some(wait) = at.checked_duration_since(Instant::now()) {
                             std::thread::sleep(wait);
                         }
@@ -260,7 +300,7 @@ fn main() {
 
     // (1)
     println!(
-        "Per report, at {} reports/s over two compilers for {SECONDS} s (one in ten kicks a role of {BALANCERS}):\n",
+        "Per report, at {} reports/s over two compilers, at random times, for {SECONDS} s (one in ten kicks a role of {BALANCERS}):\n",
         RATE_PER_COMPILER * 2
     );
     println!("| State | Kicking reports p50 | p99 | Other reports p50 | p99 |");
@@ -271,6 +311,7 @@ fn main() {
         return;
     }
     let only_due = only.as_deref() == Some("due");
+    let mut shared_size = None;
     for kind in ["local", "postgresql"].into_iter().filter(|_| !only_due) {
         let (a_dir, b_dir) = (scratch(&format!("{kind}-a")), scratch(&format!("{kind}-b")));
         let counting = Counting::default();
@@ -291,6 +332,15 @@ fn main() {
         drop(compilers);
         let _ = std::fs::remove_dir_all(a_dir);
         let _ = std::fs::remove_dir_all(b_dir);
+        if kind == "postgresql" {
+            shared_size = Some(state_size(&pg, "per_report", &config));
+        }
+    }
+    if let Some(bytes) = shared_size {
+        println!(
+            "\nThe shared state after the run: {bytes} bytes of MessagePack, which each transaction reads (when another compiler changed it) and writes whole."
+        );
+        report::record("shared_state_bytes", bytes as f64);
     }
 
     // (2)
