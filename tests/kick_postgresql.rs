@@ -6,30 +6,13 @@ use puppet_kicker::config::{Config, PuppetSettings};
 use puppet_kicker::kick::postgresql::{PgStore, SharedStore};
 use puppet_kicker::kick::{Dispatch, KickConfig, KickService, Outcome, RateLimit, Transport};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 use support::postgres::{self, Postgres};
 
 mod support;
 
-/// Answers every runonce with "started" and remembers who was kicked, by which compiler.
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<String>>>);
-
-impl Transport for Recorder {
-    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
-        self.0.lock().unwrap().push(dispatch.target.clone());
-        Outcome::Started
-    }
-}
-
-impl Recorder {
-    fn kicked(&self) -> Vec<String> {
-        let mut kicked = self.0.lock().unwrap().clone();
-        kicked.sort();
-        kicked
-    }
-}
+use support::Recorder;
 
 fn cache_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pk-pgkick-{name}-{}", std::process::id()));

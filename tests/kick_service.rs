@@ -11,16 +11,7 @@ use support::Tmpfs;
 
 mod support;
 
-/// Answers every runonce with "started" and remembers who was kicked.
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<String>>>);
-
-impl Transport for Recorder {
-    fn runonce(&self, dispatch: &Dispatch) -> Outcome {
-        self.0.lock().unwrap().push(dispatch.target.clone());
-        Outcome::Started
-    }
-}
+use support::Recorder;
 
 fn cache_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pk-kick-{name}-{}", std::process::id()));

@@ -11,7 +11,8 @@ require_relative 'kick_world'
 # runonce runs a real `puppet agent` against the compiler each scenario names
 # (spec/fixtures/shared_state/run-agent), so that each report goes to that compiler's
 # `kick` report processor. The kicks go out through mcollective from whichever
-# compiler dispatches them.
+# compiler dispatches them. The last example SIGKILLs compiler a: it runs last
+# (`order: :defined`).
 #
 # Run by script/test-shared-state, which starts all of it and sets PK_SHARED_STATE_DIR
 # and PK_SHARED_STATE_PORTS (spec/stack/ is not in the default rspec run).
@@ -24,8 +25,11 @@ module SharedStateE2E
   WAIT = Integer(ENV.fetch('PK_SHARED_STATE_WAIT', '150'))
   # After settling: this long without a new run means nothing more comes.
   QUIET = Integer(ENV.fetch('PK_SHARED_STATE_QUIET', '8'))
-  # kick.coalesce in both compilers' puppet_kicker.yaml (script/test-shared-state).
+  # kick.coalesce, kick.in_flight_timeout (a claim's lease) and kick.reply_timeout in
+  # both compilers' puppet_kicker.yaml (script/test-shared-state).
   COALESCE = 20
+  LEASE = 30
+  REPLY_TIMEOUT = 14
 
   RSpec.describe 'one kick state for two puppetserver compilers (kick.state: postgresql)', order: :defined do
     include NodeRuns
@@ -174,6 +178,24 @@ module SharedStateE2E
          '-U', 'postgres', '-d', 'puppet_kicker', '-c', query).strip
     end
 
+    # The pid in a pid file of the compilers or of the stack.
+    def pid_in(path)
+      Integer(File.read(path).strip)
+    end
+
+    def compiler_pid(which)
+      pid_in(File.join(compiler_dir(which), 'run', 'puppetserver.pid'))
+    end
+
+    def daemon_pid(id)
+      pid_in(File.join(@stack, 'run', "#{id}.pid"))
+    end
+
+    # Sessions of the kick state's user inside a transaction (holding the row, perhaps).
+    def sessions_in_transaction
+      Integer(psql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'puppet_kicker' AND state <> 'idle'"))
+    end
+
     def haproxy_servers
       File.read(node_file(LB1, 'out/haproxy.cfg')).lines.grep(/^\s+server /).map(&:strip)
     end
@@ -275,6 +297,58 @@ module SharedStateE2E
       # on a pooled connection the restart closed, is not taken for an outage.
       expect(server_log(:b)).not_to include('unreachable')
       @times << "outage: lb1's kicked run started #{format('%.1f', runs(LB1).first[:start] - back)} s after PostgreSQL was started again"
+    end
+
+    # Last: compiler a does not come back.
+    it 'a compiler SIGKILLed holding a claim: the other sends the kick after the lease, and lb1 runs once or twice' do
+      scenario('killed compiler', compilers: { NODE1 => :a, NODE2 => :a, LB1 => :b, WEB1 => :a },
+                                  node_pp: "notify { 'kick -> haproxy': }")
+      runonce(NODE1)
+      wait_for("#{NODE1}'s run to end") { runs(NODE1).first&.key?(:end) }
+      expect(server_log(:a)).to include("puppet-kicker: kick queued for #{LB1}")
+      # Compiler a is to claim the kick when it is due: compiler b is paused (SIGSTOP),
+      # never inside a transaction; lb1's mcollectived is paused too, so that a's
+      # runonce waits for its reply (kick.reply_timeout) holding the claim.
+      Process.kill('STOP', daemon_pid(LB1))
+      20.times do
+        Process.kill('STOP', compiler_pid(:b))
+        break if sessions_in_transaction.zero?
+
+        Process.kill('CONT', compiler_pid(:b))
+        sleep 0.2
+      end
+      begin
+        claimed = wait_for("compiler a to claim #{LB1}'s kick", COALESCE + 30) do
+          shared_status(:a).fetch('pending').find { |p| p['target'] == LB1 && p['in_flight'] }
+        end
+        killed_at = Time.now.to_f
+        Process.kill('KILL', compiler_pid(:a))
+      ensure
+        Process.kill('CONT', compiler_pid(:b))
+        Process.kill('CONT', daemon_pid(LB1))
+      end
+      expect(claimed['attempts']).to eq(1), claimed.inspect
+      wait_for("#{LB1}'s kick to be sent by compiler b", LEASE + WAIT) do
+        outcomes(shared_status(:b)).any? { |target, result, _| target == LB1 && result == 'started' }
+      end
+      settle!
+      # The claim of a, taken over (attempt 2). Logged by b's dispatcher; puppetserver's log
+      # has it from lb1's next compile there.
+      expect(server_log(:b)).to include("puppet-kicker: kicked #{LB1}: Puppet run started (attempt 2, chain #{NODE1} -> #{LB1})")
+
+      # a's runonce may have reached lb1 before a died (its mcollectived took it in
+      # when resumed): once or twice, never zero times.
+      expect(runs(LB1).size).to be_between(1, 2), runs(LB1).inspect
+      expect(runs(LB1).map { |r| r[:kicked] }.uniq).to eq([true])
+      SERVERS.each { |id| expect_applied(id) }
+      # Compiler b waited for the lease: a's claim was at most kick.reply_timeout old
+      # when a was killed.
+      expect(runs(LB1).last[:start]).to be >= killed_at + LEASE - REPLY_TIMEOUT - 2
+      status = shared_status(:b)
+      expect(outcomes(status).map { |t, r, _| [t, r] }).to eq([[LB1, 'started']])
+      expect(runs(NODE1).size + runs(NODE2).size).to eq(1)
+      @times << "killed compiler: lb1's runs started #{runs(LB1).map { |r| format('%.1f', r[:start] - killed_at) }.join(', ')} s " \
+                "after compiler a was killed (lease #{LEASE} s)"
     end
   end
 end

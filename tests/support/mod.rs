@@ -157,3 +157,24 @@ pub fn scratch_master(dir: &str, yaml: &str) -> (puppet_kicker::config::PuppetSe
     };
     (settings, root)
 }
+
+/// A transport that answers every runonce with "started" and remembers who was
+/// kicked, in order.
+#[derive(Clone, Default)]
+pub struct Recorder(pub std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl puppet_kicker::kick::Transport for Recorder {
+    fn runonce(&self, dispatch: &puppet_kicker::kick::Dispatch) -> puppet_kicker::kick::Outcome {
+        self.0.lock().unwrap().push(dispatch.target.clone());
+        puppet_kicker::kick::Outcome::Started
+    }
+}
+
+impl Recorder {
+    /// Who was kicked, sorted.
+    pub fn kicked(&self) -> Vec<String> {
+        let mut kicked = self.0.lock().unwrap().clone();
+        kicked.sort();
+        kicked
+    }
+}
