@@ -27,7 +27,7 @@ module SharedStateE2E
   QUIET = Integer(ENV.fetch('PK_SHARED_STATE_QUIET', '8'))
   # kick.coalesce, kick.in_flight_timeout (a claim's lease) and kick.reply_timeout in
   # both compilers' puppet_kicker.yaml (script/test-shared-state).
-  COALESCE = 20
+  COALESCE = 10
   LEASE = 30
   REPLY_TIMEOUT = 14
 
