@@ -50,8 +50,13 @@ fn two_processes_share_kicks_and_still_see_the_loop() {
         )),
         "{lines:?}"
     );
-    lb1_apply.flush(Duration::from_secs(5));
-    assert_eq!(*recorder.0.lock().unwrap(), ["lb1", "node2"]);
+    let undelivered = lb1_apply.flush(Duration::from_secs(5));
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        ["lb1", "node2"],
+        "undelivered {undelivered}; lb1's report logged {lines:#?}; its process's status {:#}",
+        lb1_apply.status()
+    );
 
     let status: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(STATUS_FILE)).unwrap()).unwrap();
     let outcomes: Vec<&str> =
