@@ -400,6 +400,10 @@ impl KickService {
     /// It does not wait for a kick of a host whose report this process took in: that
     /// host's agent is busy with this very run until the process exits.
     pub fn flush(&self, timeout: Duration) -> usize {
+        // The wait is timed by the monotonic clock: a step of the wall clock (a VM's
+        // clock set right) must not end it at once. The deadline by the state's clock
+        // says which kicks are due by then.
+        let started = Instant::now();
         let deadline = self.inner.now() + timeout.as_millis() as Millis;
         // This process's reports with no kick are taken in now: it may exit next.
         if !lock(&self.inner.endings).is_empty() {
@@ -421,7 +425,7 @@ impl KickService {
                 });
                 (busy, planner.undelivered())
             };
-            if !busy || self.inner.now() >= deadline {
+            if !busy || started.elapsed() >= timeout {
                 // A `puppet apply` exits next: the status shows where it left off.
                 self.inner.write_status(StatusWrite::IfChanged);
                 return undelivered;
