@@ -411,13 +411,6 @@ fn a_compiler_started_during_an_outage_does_not_take_an_old_local_file_for_the_s
     assert_eq!(recorder.kicked(), ["lb1", "lb2"], "the old file's kicks are not the shared state's");
 }
 
-/// A report of `host` that kicks nothing (its kicked run, when one is under way).
-fn quiet_report(service: &KickService, host: &str) {
-    let mut report = support::role_kick(host, "Notify[quiet]", "none");
-    report.kicks.clear();
-    service.report(&report, |_, _| Vec::new(), |_| None);
-}
-
 /// The servers whose kicked run the status shows under way.
 fn running(service: &KickService) -> Vec<String> {
     service.sync();
@@ -438,8 +431,8 @@ fn a_compiler_idle_through_an_outage_does_not_bring_back_what_it_last_saw() {
     // b last sees both load balancers' kicked runs under way ...
     assert_eq!(running(&b), ["lb1", "lb2"]);
     // ... which then report, at a.
-    quiet_report(&a, "lb1");
-    quiet_report(&a, "lb2");
+    support::report_without_kicks(&a, "lb1");
+    support::report_without_kicks(&a, "lb2");
     assert_eq!(running(&a), Vec::<String>::new());
     // The database goes away; a report at b kicks another role meanwhile.
     pg.stop();

@@ -258,16 +258,6 @@ fn pending_targets(service: &KickService) -> Vec<String> {
     status["pending"].as_array().unwrap().iter().map(|p| p["target"].as_str().unwrap().to_string()).collect()
 }
 
-/// A report with no kick (most reports), from `host`, of a run started now.
-fn report_without_kicks(service: &KickService, host: &str) {
-    let json = format!(
-        r#"{{"host":"{host}","environment":"production","time":{},"status":"changed","kicks":[]}}"#,
-        puppet_kicker::kick::now_ms()
-    );
-    let report = puppet_kicker::kick::parse_report(json.as_bytes()).unwrap();
-    service.report(&report, |_: &Selector, _: &str| Vec::new(), |_: &str| None);
-}
-
 #[test]
 fn a_report_ending_a_kick_another_process_sent_is_taken_in_within_a_second() {
     // b has not seen a's kick of lb1 when lb1's report reaches it: it does not wake
@@ -282,7 +272,7 @@ fn a_report_ending_a_kick_another_process_sent_is_taken_in_within_a_second() {
     assert_eq!(a.status()["awaiting_confirmation"][0]["target"], "lb1");
     std::thread::sleep(Duration::from_millis(20));
     let reported = std::time::Instant::now();
-    report_without_kicks(&b, "lb1");
+    support::report_without_kicks(&b, "lb1");
     let confirmed = loop {
         a.sync();
         let status = a.status();

@@ -298,14 +298,14 @@ impl KickService {
         // process has not yet seen, another compiler's, is still taken in, with its
         // arrival time, within ENDINGS_DELAY.)
         if report.kicks.is_empty() {
-            let now = report.reporter_pid.is_some() || self.inner.may_end_a_kick(&report.host);
+            let urgent = report.reporter_pid.is_some() || self.inner.may_end_a_kick(&report.host);
             let first = {
                 let mut endings = lock(&self.inner.endings);
                 endings.push((report.clone(), self.inner.now()));
                 endings.len() == 1
             };
-            if now || first {
-                let _ = self.wake.send(if now { Wake::Now } else { Wake::Soon });
+            if urgent || first {
+                let _ = self.wake.send(if urgent { Wake::Now } else { Wake::Soon });
             }
             return self.take_log();
         }
@@ -885,15 +885,15 @@ fn dispatch_loop(inner: &Inner, wakeups: &Receiver<Wake>) {
             let waited = Duration::from_millis((inner.now() - arrived).max(0) as u64);
             wait = wait.min(ENDINGS_DELAY.saturating_sub(waited));
         }
-        let mut now = match wakeups.recv_timeout(wait) {
+        let mut act = match wakeups.recv_timeout(wait) {
             Ok(wake) => wake == Wake::Now,
             Err(RecvTimeoutError::Timeout) => true,
             Err(RecvTimeoutError::Disconnected) => return,
         };
         while let Ok(wake) = wakeups.try_recv() {
-            now |= wake == Wake::Now;
+            act |= wake == Wake::Now;
         }
-        if !now {
+        if !act {
             continue;
         }
         let _ = catch_unwind(AssertUnwindSafe(|| dispatch_due(inner)));

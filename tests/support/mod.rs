@@ -114,6 +114,14 @@ pub fn role_kick(host: &str, resource: &str, role: &str) -> puppet_kicker::kick:
 
 /// `host`'s report kicking `role` ([`role_kick`]) taken in by `service`, its targets
 /// resolved in `fleet` (certname, role); the lines it logged.
+/// A report with no kick (most reports), from `host`, of a changed run started now.
+pub fn report_without_kicks(service: &puppet_kicker::kick::KickService, host: &str) {
+    let mut report = role_kick(host, "Notify[quiet]", "none");
+    report.kicks.clear();
+    report.status = Some(puppet_kicker::kick::RunStatus::Changed);
+    service.report(&report, |_, _| Vec::new(), |_| None);
+}
+
 pub fn fleet_report(
     service: &puppet_kicker::kick::KickService,
     fleet: &[(&str, &str)],
