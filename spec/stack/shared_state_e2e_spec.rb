@@ -310,13 +310,16 @@ module SharedStateE2E
       # never inside a transaction; lb1's mcollectived is paused too, so that a's
       # runonce waits for its reply (kick.reply_timeout) holding the claim.
       Process.kill('STOP', daemon_pid(LB1))
-      20.times do
+      paused = 20.times.any? do
         Process.kill('STOP', compiler_pid(:b))
-        break if sessions_in_transaction.zero?
+        next true if sessions_in_transaction.zero?
 
         Process.kill('CONT', compiler_pid(:b))
         sleep 0.2
+        false
       end
+      raise 'compiler b was inside a transaction each of 20 times it was paused' unless paused
+
       begin
         claimed = wait_for("compiler a to claim #{LB1}'s kick", COALESCE + 30) do
           shared_status(:a).fetch('pending').find { |p| p['target'] == LB1 && p['in_flight'] }
