@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod support;
+
 fn fixture(dir: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache").join(dir)
 }
@@ -22,12 +24,7 @@ impl Master {
         let root = std::env::temp_dir().join(format!("pk-service-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         for dir in ["server_data/facts", "yaml/facts"] {
-            let target = root.join("var").join(dir);
-            fs::create_dir_all(&target).unwrap();
-            for entry in fs::read_dir(fixture(dir)).unwrap() {
-                let entry = entry.unwrap();
-                fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
-            }
+            support::copy_facts_as_of_now(&fixture(dir), &root.join("var").join(dir));
         }
         fs::create_dir_all(root.join("etc")).unwrap();
         fs::write(root.join("etc/puppet_kicker.yaml"), config).unwrap();

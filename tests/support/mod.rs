@@ -150,12 +150,7 @@ pub fn scratch_master(dir: &str, yaml: &str) -> (puppet_kicker::config::PuppetSe
     let root = std::env::temp_dir().join(format!("{dir}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let facts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache/server_data/facts");
-    let target = root.join("var/server_data/facts");
-    std::fs::create_dir_all(&target).unwrap();
-    for entry in std::fs::read_dir(facts).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
-    }
+    copy_facts_as_of_now(&facts, &root.join("var/server_data/facts"));
     std::fs::create_dir_all(root.join("etc")).unwrap();
     std::fs::write(root.join("etc/puppet_kicker.yaml"), yaml).unwrap();
     let settings = puppet_kicker::config::PuppetSettings {
@@ -164,6 +159,38 @@ pub fn scratch_master(dir: &str, yaml: &str) -> (puppet_kicker::config::PuppetSe
         ..Default::default()
     };
     (settings, root)
+}
+
+/// When the fixtures' fact caches (tests/fixtures/puppet_cache) were written: their
+/// newest facts are from then, node0's a month older.
+pub const FIXTURES_WRITTEN: &str = "2026-11-22T20:09:22Z";
+
+/// Copies the fact cache files of `from` into `to` (created), their timestamps moved
+/// forward by the time since [`FIXTURES_WRITTEN`]: fresh facts stay fresh (within
+/// `max_age`) and stale ones stale, whatever day the tests run.
+pub fn copy_facts_as_of_now(from: &Path, to: &Path) {
+    let written = puppet_kicker::time::parse_timestamp(FIXTURES_WRITTEN).unwrap();
+    let shift = puppet_kicker::time::now() - written;
+    let stamp = regex::Regex::new(r"(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)((?:\.\d+)?)( ?)(Z|[+-]\d\d:?\d\d)").unwrap();
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let bytes = std::fs::read(entry.path()).unwrap();
+        let Ok(text) = String::from_utf8(bytes.clone()) else {
+            std::fs::write(to.join(entry.file_name()), bytes).unwrap();
+            continue;
+        };
+        let moved = stamp.replace_all(&text, |c: &regex::Captures<'_>| {
+            let Some(at) = puppet_kicker::time::parse_timestamp(&c[0]) else { return c[0].to_string() };
+            let t = puppet_kicker::time::CalendarTime::utc(at + shift);
+            let sep = if c[1].contains('T') { 'T' } else { ' ' };
+            format!(
+                "{:04}-{:02}-{:02}{sep}{:02}:{:02}:{:02}{}{}+00:00",
+                t.year, t.month, t.day, t.hour, t.minute, t.second, &c[2], &c[3]
+            )
+        });
+        std::fs::write(to.join(entry.file_name()), moved.as_bytes()).unwrap();
+    }
 }
 
 /// A transport that answers every runonce with "started" and remembers who was
