@@ -14,11 +14,14 @@ struct Sim {
     planner: Planner,
     now: Millis,
     log: Vec<String>,
+    /// Certname to role; [`fleet`] unless a test needs more servers.
+    fleet: BTreeMap<String, String>,
 }
 
 impl Sim {
     fn new(config: KickConfig) -> Sim {
-        Sim { planner: Planner::new(config, PlannerState::default()), now: 1_000_000, log: Vec::new() }
+        let fleet = fleet().into_iter().map(|(n, r)| (n.to_string(), r.to_string())).collect();
+        Sim { planner: Planner::new(config, PlannerState::default()), now: 1_000_000, log: Vec::new(), fleet }
     }
 
     fn report(&mut self, host: &str, kicks: &[&str]) -> Vec<Event> {
@@ -42,7 +45,7 @@ impl Sim {
                 })
                 .collect(),
         };
-        let fleet = fleet();
+        let fleet = &self.fleet;
         let events = self.planner.on_report(
             &report,
             self.now,
@@ -50,11 +53,11 @@ impl Sim {
                 Selector::Roles(roles) => fleet
                     .iter()
                     .filter(|(_, r)| roles.iter().any(|x| x == *r))
-                    .map(|(n, r)| Target { certname: n.to_string(), role: Some(r.to_string()) })
+                    .map(|(n, r)| Target { certname: n.clone(), role: Some(r.clone()) })
                     .collect(),
                 Selector::Facts(_) => Vec::new(),
             },
-            |host| fleet.get(host).map(|r| r.to_string()),
+            |host| fleet.get(host).cloned(),
         );
         self.log.extend(events.iter().map(ToString::to_string));
         events
@@ -251,6 +254,45 @@ fn kicks_coalesced_into_one_run_are_one_hop_for_max_hops() {
     assert!(sim.logged(
         "kick of node3 by lb1 (Notify[kick -> node]) suppressed: it would close a loop: node1 -> lb1 -> node3 (also caused by node2)"
     ), "{:#?}", sim.log);
+}
+
+#[test]
+fn a_loop_through_a_cause_counted_but_not_named_stops_one_run_later() {
+    // Thirty nodes kick lb1 in one window: its chain names the first sixteen other
+    // causes and counts the rest. lb1's run kicks the nodes back: those named are
+    // suppressed at once; one only counted runs, and its kick of lb1 closes the loop.
+    let mut sim = Sim::new(KickConfig { max_hops: 10, ..KickConfig::default() });
+    let nodes: Vec<String> = (1..=30).map(|n| format!("web{n:02}")).collect();
+    for node in &nodes {
+        sim.fleet.insert(node.clone(), "web".into());
+    }
+    for node in &nodes {
+        sim.report(node, &["haproxy"]);
+    }
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.dispatch(started), ["lb1"]);
+    let t = sim.now;
+    sim.report_started_at("lb1", t, false, &["web"]);
+    assert!(sim.logged(
+        "kick of web17 by lb1 (Notify[kick -> web]) suppressed: it would close a loop: web01 -> lb1 -> web17 (also caused by web02, web03, web04 and 25 more)"
+    ), "{:#?}", sim.log);
+    assert!(
+        sim.logged(
+            "kick queued for web18 (chain web01 -> lb1 -> web18 (also caused by web02, web03, web04 and 26 more))"
+        ),
+        "{:#?}",
+        sim.log
+    );
+    sim.advance(10 * SECOND);
+    let kicked = sim.dispatch(started);
+    assert_eq!(kicked, nodes[17..], "the nodes only counted as causes");
+    let t = sim.now;
+    sim.report_started_at("web18", t, false, &["haproxy"]);
+    assert!(
+        sim.logged("kick of lb1 by web18 (Notify[kick -> haproxy]) suppressed: it would close a loop"),
+        "{:#?}",
+        sim.log
+    );
 }
 
 #[test]
