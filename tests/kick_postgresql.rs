@@ -211,6 +211,15 @@ fn the_schema_is_created_once_and_only_in_its_schema() {
     );
     assert_eq!(tables, "kicks_here.kick_state,kicks_here.schema_version");
     assert_eq!(pg.psql("SELECT string_agg(version::text, ',') FROM kicks_here.schema_version"), "1");
+    // PostgreSQL 15 as Debian builds it has lz4: the state is stored with it.
+    let storage = "SELECT attstorage::text || attcompression::text FROM pg_attribute WHERE attrelid = 'kicks_here.kick_state'::regclass AND attname = 'state'";
+    assert_eq!(pg.psql(storage), "xl", "extended storage, lz4");
+    // A schema made before (stored out of line, uncompressed) is set so at the next start.
+    pg.psql("ALTER TABLE kicks_here.kick_state ALTER COLUMN state SET STORAGE EXTERNAL, ALTER COLUMN state SET COMPRESSION DEFAULT");
+    assert_eq!(pg.psql(storage), "e");
+    drop(compiler(&pg, "kicks_here", "schema-c", KickConfig::default(), &recorder));
+    assert_eq!(pg.psql(storage), "xl");
+    assert_eq!(pg.psql("SELECT string_agg(version::text, ',') FROM kicks_here.schema_version"), "1");
 }
 
 /// Records the kick in a file, then never answers: a compiler that hangs mid-send
