@@ -540,8 +540,8 @@ sections = {
     `cargo bench --bench shared_state`: a real PostgreSQL 15 started for the run (127.0.0.1, TLS,
     a password, fsync on) and two kick services standing for two compilers. Per report, at 100
     reports/s over both for 30 s, at random times (a Poisson process with a fixed seed; one in
-    ten kicks a role of 10 servers, which never report, so each keeps every server that kicked
-    it as a cause), the time of `KickService::report`, with each compiler's own `kicks.msgpack`
+    ten kicks a role of 10 servers, which never report, so each keeps the servers that kicked
+    it as causes), the time of `KickService::report`, with each compiler's own `kicks.msgpack`
     and with one shared state, and the shared state's size at the end;
     then 10,000 due kicks (one report) sent by one compiler on its file, and by two compilers
     sharing the state: the time from due to every outcome saved, and each compiler's share.

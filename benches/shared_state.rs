@@ -11,8 +11,9 @@
 //!     report's thread (the planner's resolve included), p50 and p99 of each kind.
 //!     Local: each compiler with its own `kicks.msgpack` (what two compilers had
 //!     before); shared: both on one state in PostgreSQL. The goal: p99 ≤ 2 ms. The
-//!     load balancers never report, so each kick keeps every server that kicked it as
-//!     a cause: the shared state's size at the end is printed.
+//!     load balancers never report, so each kick keeps the servers that kicked it as
+//!     causes (16 named, the rest counted): the shared state's size at the end is
+//!     printed.
 //! (2) **10,000 due kicks claimed and dispatched by two compilers.** One report
 //!     kicks a role of 10,000 servers (the budget raised for it), due one second
 //!     later; both compilers' dispatchers wake for them. The time from the due time

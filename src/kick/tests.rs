@@ -244,7 +244,7 @@ fn kicks_coalesced_into_one_run_are_one_hop_for_max_hops() {
     sim.advance(10 * SECOND);
     assert_eq!(sim.dispatch(started), ["lb1"]);
     let t = sim.now;
-    // Every cause still counts for loops: lb1's run may not kick node3 back.
+    // Every cause named still counts for loops: lb1's run may not kick node3 back.
     sim.report_started_at("lb1", t, false, &["db", "node"]);
     assert!(
         sim.logged("kick queued for db1 (chain node1 -> lb1 -> db1 (also caused by node2, node3))"),
