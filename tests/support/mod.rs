@@ -112,8 +112,6 @@ pub fn role_kick(host: &str, resource: &str, role: &str) -> puppet_kicker::kick:
     }
 }
 
-/// `host`'s report kicking `role` ([`role_kick`]) taken in by `service`, its targets
-/// resolved in `fleet` (certname, role); the lines it logged.
 /// A report with no kick (most reports), from `host`, of a changed run started now.
 pub fn report_without_kicks(service: &puppet_kicker::kick::KickService, host: &str) {
     let mut report = role_kick(host, "Notify[quiet]", "none");
@@ -122,6 +120,8 @@ pub fn report_without_kicks(service: &puppet_kicker::kick::KickService, host: &s
     service.report(&report, |_, _| Vec::new(), |_| None);
 }
 
+/// `host`'s report kicking `role` ([`role_kick`]) taken in by `service`, its targets
+/// resolved in `fleet` (certname, role); the lines it logged.
 pub fn fleet_report(
     service: &puppet_kicker::kick::KickService,
     fleet: &[(&str, &str)],
@@ -171,25 +171,24 @@ pub const FIXTURES_WRITTEN: &str = "2026-11-22T20:09:22Z";
 pub fn copy_facts_as_of_now(from: &Path, to: &Path) {
     let written = puppet_kicker::time::parse_timestamp(FIXTURES_WRITTEN).unwrap();
     let shift = puppet_kicker::time::now() - written;
-    let stamp = regex::Regex::new(r"(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)((?:\.\d+)?)( ?)(Z|[+-]\d\d:?\d\d)").unwrap();
+    // The one form the fixtures' timestamps take: puppetserver's, as the synthetic
+    // fleet writes it.
+    let stamp = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.(\d{9})\+00:00").unwrap();
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         let bytes = std::fs::read(entry.path()).unwrap();
-        let Ok(text) = String::from_utf8(bytes.clone()) else {
-            std::fs::write(to.join(entry.file_name()), bytes).unwrap();
-            continue;
+        let moved = match String::from_utf8(bytes) {
+            Ok(text) => stamp
+                .replace_all(&text, |c: &regex::Captures<'_>| {
+                    let at = puppet_kicker::time::parse_timestamp(&c[0]).unwrap();
+                    puppet_kicker::synthetic::rfc3339(at + shift, c[1].parse().unwrap())
+                })
+                .into_owned()
+                .into_bytes(),
+            Err(not_text) => not_text.into_bytes(),
         };
-        let moved = stamp.replace_all(&text, |c: &regex::Captures<'_>| {
-            let Some(at) = puppet_kicker::time::parse_timestamp(&c[0]) else { return c[0].to_string() };
-            let t = puppet_kicker::time::CalendarTime::utc(at + shift);
-            let sep = if c[1].contains('T') { 'T' } else { ' ' };
-            format!(
-                "{:04}-{:02}-{:02}{sep}{:02}:{:02}:{:02}{}{}+00:00",
-                t.year, t.month, t.day, t.hour, t.minute, t.second, &c[2], &c[3]
-            )
-        });
-        std::fs::write(to.join(entry.file_name()), moved.as_bytes()).unwrap();
+        std::fs::write(to.join(entry.file_name()), moved).unwrap();
     }
 }
 
