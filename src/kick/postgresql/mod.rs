@@ -23,6 +23,7 @@
 //! backoff. When it answers, this host's state is merged into the shared one (this
 //! host's view wins where both know a server: at worst a kick twice, never none).
 
+mod client;
 mod schema;
 mod settings;
 
@@ -33,6 +34,8 @@ use super::planner::{merge_states, PlannerState};
 use super::store::{decode_state, Begun, FileStore, Health, Outage, StateError, StateStore, MAX_STATE_SIZE};
 use super::Millis;
 use crate::time::now_ms;
+use client::{Client, ConnectError};
+use futures_util::future::join;
 use std::path::PathBuf;
 
 /// The database's now, in milliseconds since the epoch.
@@ -45,9 +48,9 @@ pub const UNSHARED_MARKER: &str = "kicks.unshared";
 
 /// One open connection and its prepared statements.
 struct Session {
-    client: postgres::Client,
-    select: postgres::Statement,
-    update: postgres::Statement,
+    client: Client,
+    select: tokio_postgres::Statement,
+    update: tokio_postgres::Statement,
 }
 
 /// The shared state's row, reached through `connection`.
@@ -73,7 +76,7 @@ pub struct PgError {
 }
 
 impl PgError {
-    fn of(e: &postgres::Error) -> PgError {
+    fn of(e: &tokio_postgres::Error) -> PgError {
         PgError { reason: error_text(e), outage: is_outage(e) }
     }
 
@@ -91,7 +94,7 @@ impl std::fmt::Display for PgError {
 
 /// The server unreachable, or not taking connections now: worth retrying, unlike a
 /// refusal (authentication, a certificate, a missing database or table, privileges).
-fn is_outage(e: &postgres::Error) -> bool {
+fn is_outage(e: &tokio_postgres::Error) -> bool {
     if let Some(db) = e.as_db_error() {
         // 08: connection exception; 53: insufficient resources (too many
         // connections); 57: operator intervention (shutting down, starting up);
@@ -145,14 +148,19 @@ impl PgStore {
         format!("{} (schema {})", self.connection.name, self.schema)
     }
 
-    fn connect_client(&mut self) -> Result<postgres::Client, PgError> {
+    fn connect_client(&mut self) -> Result<Client, PgError> {
+        let config = &self.connection.config;
         let connected = match &self.connection.tls {
-            Some(tls) => self.connection.config.connect(tls.clone()),
-            None => self.connection.config.connect(postgres::NoTls),
+            Some(tls) => Client::connect(config, tls.clone()),
+            None => Client::connect(config, tokio_postgres::NoTls),
         };
-        let mut client = connected.map_err(|e| PgError::of(&e))?;
+        let mut client = connected.map_err(|e| match e {
+            ConnectError::Postgres(e) => PgError::of(&e),
+            ConnectError::Runtime(e) => PgError { reason: format!("no connection could be made: {e}"), outage: true },
+        })?;
         if !self.migrated {
-            schema::migrate(&mut client, &self.schema, &self.writer).map_err(|e| match e {
+            let (schema, writer) = (&self.schema, &self.writer);
+            client.run(|c| schema::migrate(c, schema, writer)).map_err(|e| match e {
                 schema::SchemaError::Statement { ref source, .. } => {
                     PgError { outage: source.outage, reason: e.to_string() }
                 }
@@ -163,19 +171,18 @@ impl PgStore {
         Ok(client)
     }
 
-    fn session(&self, mut client: postgres::Client) -> Result<Session, PgError> {
+    fn session(&self, mut client: Client) -> Result<Session, PgError> {
         let schema = &self.schema;
-        let select = client
-            .prepare(&format!(
-                "SELECT generation, {DB_NOW_MS}, CASE WHEN generation <> $1 AND octet_length(state) <= $2 THEN state END, octet_length(state) \
-                 FROM \"{schema}\".kick_state WHERE id = 1 FOR UPDATE"
-            ))
-            .map_err(|e| PgError::of(&e))?;
-        let update = client
-            .prepare(&format!(
-                "UPDATE \"{schema}\".kick_state SET generation = $1, state = $2, updated_at = clock_timestamp(), updated_by = $3 WHERE id = 1"
-            ))
-            .map_err(|e| PgError::of(&e))?;
+        let select = format!(
+            "SELECT generation, {DB_NOW_MS}, CASE WHEN generation <> $1 AND octet_length(state) <= $2 THEN state END, octet_length(state) \
+             FROM \"{schema}\".kick_state WHERE id = 1 FOR UPDATE"
+        );
+        let update = format!(
+            "UPDATE \"{schema}\".kick_state SET generation = $1, state = $2, updated_at = clock_timestamp(), updated_by = $3 WHERE id = 1"
+        );
+        let (select, update) = client.run(|c| join(c.prepare(&select), c.prepare(&update)));
+        let select = select.map_err(|e| PgError::of(&e))?;
+        let update = update.map_err(|e| PgError::of(&e))?;
         Ok(Session { client, select, update })
     }
 
@@ -196,11 +203,11 @@ impl PgStore {
         }
     }
 
-    /// `BEGIN` and the row, locked: its generation, the database's clock, and the
-    /// state when its generation is not `known`.
+    /// `BEGIN` and the row, locked (one round trip): its generation, the database's
+    /// clock, and the state when its generation is not `known`.
     ///
     /// A pooled connection fails at its first use after the server restarted (the
-    /// sync client notices a closed connection only when it uses it): that is not
+    /// client notices a closed connection only when it uses it): that is not
     /// an outage, so the pool is emptied and a new connection tried once.
     fn lock_row(&mut self, known: u64) -> Result<(Option<PlannerState>, Millis), PgError> {
         let (session, pooled) = self.take_session()?;
@@ -216,10 +223,11 @@ impl PgStore {
 
     fn lock_row_in(&mut self, mut session: Session, known: u64) -> Result<(Option<PlannerState>, Millis), PgError> {
         let read = (|| {
-            session.client.batch_execute("BEGIN").map_err(|e| PgError::of(&e))?;
-            let row = session
-                .client
-                .query_opt(&session.select, &[&(known as i64), &(MAX_STATE_SIZE as i32)])
+            let select = &session.select;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&(known as i64), &(MAX_STATE_SIZE as i32)];
+            let (begun, row) = session.client.run(|c| join(c.batch_execute("BEGIN"), c.query_opt(select, &params)));
+            begun.map_err(|e| PgError::of(&e))?;
+            let row = row
                 .map_err(|e| PgError::of(&e))?
                 .ok_or_else(|| PgError::fatal(format!("the row of {}.kick_state is missing", self.schema)))?;
             let db_now: i64 = row.get(1);
@@ -246,7 +254,7 @@ impl PgStore {
                 Ok(read)
             }
             Err(e) => {
-                let _ = session.client.batch_execute("ROLLBACK");
+                let _ = session.client.run(|c| c.batch_execute("ROLLBACK"));
                 self.give_back(session);
                 Err(e)
             }
@@ -258,14 +266,17 @@ impl PgStore {
         let written = (|| {
             let bytes = rmp_serde::to_vec_named(state).map_err(|e| PgError::fatal(e.to_string()))?;
             let generation = state.generation as i64;
-            session
-                .client
-                .execute(&session.update, &[&generation, &bytes, &self.writer])
-                .map_err(|e| PgError::of(&e))?;
-            session.client.batch_execute("COMMIT").map_err(|e| PgError::of(&e))
+            let update = &session.update;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&generation, &bytes, &self.writer];
+            // One round trip. A failed UPDATE makes the COMMIT a rollback (PostgreSQL
+            // answers COMMIT in a failed transaction with ROLLBACK, not an error): its
+            // own error is the one that counts.
+            let (updated, committed) = session.client.run(|c| join(c.execute(update, &params), c.batch_execute("COMMIT")));
+            updated.map_err(|e| PgError::of(&e))?;
+            committed.map_err(|e| PgError::of(&e))
         })();
         if written.is_err() {
-            let _ = session.client.batch_execute("ROLLBACK");
+            let _ = session.client.run(|c| c.batch_execute("ROLLBACK"));
         }
         self.give_back(session);
         written
@@ -273,7 +284,7 @@ impl PgStore {
 
     fn unlock_row(&mut self) {
         if let Some(mut session) = self.current.take() {
-            let _ = session.client.batch_execute("ROLLBACK");
+            let _ = session.client.run(|c| c.batch_execute("ROLLBACK"));
             self.give_back(session);
         }
     }
@@ -289,7 +300,7 @@ impl PgStore {
 /// The error's text with its cause: tokio-postgres's own says "db error" or "error
 /// connecting to server" and keeps the server's message (a wrong password) or the
 /// TLS failure (an unknown CA) in its source.
-fn error_text(e: &postgres::Error) -> String {
+fn error_text(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{} ({})", db.message(), db.code().code());
     }

@@ -55,15 +55,15 @@ impl std::error::Error for SchemaError {}
 
 /// Creates the schema's tables or brings them to [`SCHEMA_VERSION`], in one
 /// transaction.
-pub fn migrate(client: &mut postgres::Client, schema: &str, writer: &str) -> Result<(), SchemaError> {
+pub async fn migrate(client: &mut tokio_postgres::Client, schema: &str, writer: &str) -> Result<(), SchemaError> {
     let fail =
-        |e: postgres::Error| SchemaError::Statement { schema: schema.to_string(), source: super::PgError::of(&e) };
-    let mut tx = client.transaction().map_err(fail)?;
+        |e: tokio_postgres::Error| SchemaError::Statement { schema: schema.to_string(), source: super::PgError::of(&e) };
+    let tx = client.transaction().await.map_err(fail)?;
     // One compiler at a time; released at the transaction's end.
-    tx.execute("SELECT pg_advisory_xact_lock(hashtext('puppet-kicker schema ' || $1))", &[&schema]).map_err(fail)?;
-    let exists = tx.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = $1", &[&schema]).map_err(fail)?;
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext('puppet-kicker schema ' || $1))", &[&schema]).await.map_err(fail)?;
+    let exists = tx.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = $1", &[&schema]).await.map_err(fail)?;
     if exists.get::<_, i64>(0) == 0 {
-        tx.batch_execute(&format!("CREATE SCHEMA \"{schema}\"")).map_err(fail)?;
+        tx.batch_execute(&format!("CREATE SCHEMA \"{schema}\"")).await.map_err(fail)?;
     }
     tx.batch_execute(&format!(
         "CREATE TABLE IF NOT EXISTS \"{schema}\".schema_version (
@@ -72,16 +72,18 @@ pub fn migrate(client: &mut postgres::Client, schema: &str, writer: &str) -> Res
             applied_by text NOT NULL
         )"
     ))
+    .await
     .map_err(fail)?;
     let current: i32 = tx
         .query_one(&format!("SELECT coalesce(max(version), 0) FROM \"{schema}\".schema_version"), &[])
+        .await
         .map_err(fail)?
         .get(0);
     if current > SCHEMA_VERSION {
         return Err(SchemaError::Newer { schema: schema.to_string(), found: current });
     }
     for version in current + 1..=SCHEMA_VERSION {
-        tx.batch_execute(&MIGRATIONS[(version - 1) as usize].replace("{schema}", schema)).map_err(fail)?;
+        tx.batch_execute(&MIGRATIONS[(version - 1) as usize].replace("{schema}", schema)).await.map_err(fail)?;
         if version == 1 {
             let empty = rmp_serde::to_vec_named(&PlannerState::default()).unwrap_or_default();
             tx.execute(
@@ -90,16 +92,18 @@ pub fn migrate(client: &mut postgres::Client, schema: &str, writer: &str) -> Res
                 ),
                 &[&empty, &writer],
             )
+            .await
             .map_err(fail)?;
         }
         tx.execute(
             &format!("INSERT INTO \"{schema}\".schema_version (version, applied_by) VALUES ($1, $2)"),
             &[&version, &writer],
         )
+        .await
         .map_err(fail)?;
     }
-    tx.batch_execute(&STORAGE.replace("{schema}", schema)).map_err(fail)?;
-    tx.commit().map_err(fail)
+    tx.batch_execute(&STORAGE.replace("{schema}", schema)).await.map_err(fail)?;
+    tx.commit().await.map_err(fail)
 }
 
 /// The state's storage, set where it is not yet (not a change of the tables' shape:

@@ -1,5 +1,5 @@
 //! The `kick.state` and `kick.postgresql.*` keys (declared in `config::keys`), and the
-//! connection they describe: a `postgres::Config` with TLS verified against Puppet's
+//! connection they describe: a `tokio_postgres::Config` with TLS verified against Puppet's
 //! CA, the password read from its file. Nothing here is logged with a secret: the
 //! connection string and the password are shown as `[redacted]`.
 
@@ -147,7 +147,7 @@ impl std::error::Error for SetupError {
 
 /// A connection's configuration, ready to connect.
 pub struct Connection {
-    pub config: postgres::Config,
+    pub config: tokio_postgres::Config,
     /// TLS, unless the host is a Unix socket.
     pub tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     /// `postgresql://user@host:port/database`, for messages.
@@ -162,9 +162,9 @@ impl PgSettings {
     pub fn connection(&self, puppet: &PuppetSettings) -> Result<Connection, SetupError> {
         let mut config = match &self.connection {
             // The parser's message may quote the string: only its kind is kept.
-            Some(text) => postgres::Config::from_str(text).map_err(|e| SetupError::Connection(kind_of(&e)))?,
+            Some(text) => tokio_postgres::Config::from_str(text).map_err(|e| SetupError::Connection(kind_of(&e)))?,
             None => {
-                let mut config = postgres::Config::new();
+                let mut config = tokio_postgres::Config::new();
                 config.host(&self.host).port(self.port).dbname(&self.database).user(&self.user);
                 config
             }
@@ -181,12 +181,12 @@ impl PgSettings {
                 millis.saturating_mul(4)
             ),
         );
-        let unix = config.get_hosts().iter().all(|h| matches!(h, postgres::config::Host::Unix(_)));
+        let unix = config.get_hosts().iter().all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
         let tls = if unix {
-            config.ssl_mode(postgres::config::SslMode::Disable);
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
             None
         } else {
-            config.ssl_mode(postgres::config::SslMode::Require);
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
             let file = |set: &Option<PathBuf>, default: Option<PathBuf>, key, puppet_setting| {
                 set.clone().or(default).ok_or(SetupError::NoDefault { key, puppet_setting })
             };
@@ -207,11 +207,11 @@ impl PgSettings {
 }
 
 /// `postgresql://user@host:port/database` of `config`: never its password.
-fn describe(config: &postgres::Config) -> String {
+fn describe(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
-        Some(postgres::config::Host::Tcp(host)) if host.contains(':') => format!("[{host}]"),
-        Some(postgres::config::Host::Tcp(host)) => host.clone(),
-        Some(postgres::config::Host::Unix(path)) => path.display().to_string(),
+        Some(tokio_postgres::config::Host::Tcp(host)) if host.contains(':') => format!("[{host}]"),
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
         None => "localhost".to_string(),
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
@@ -221,7 +221,7 @@ fn describe(config: &postgres::Config) -> String {
 }
 
 /// What kind of error a connection string's parse is, without the string.
-fn kind_of(e: &postgres::Error) -> String {
+fn kind_of(e: &tokio_postgres::Error) -> String {
     let text = e.to_string();
     // tokio-postgres says "invalid connection string: unexpected EOF" and the like; a
     // value it quotes could be a password.
@@ -265,7 +265,7 @@ mod tests {
             key: Some("/nonexistent/key.pem".into()),
             ..PgSettings::unset()
         };
-        let config = postgres::Config::from_str(settings.connection.as_deref().unwrap()).unwrap();
+        let config = tokio_postgres::Config::from_str(settings.connection.as_deref().unwrap()).unwrap();
         assert_eq!(describe(&config), "postgresql://kicker@db.example:6432/kicks");
         let shown = format!("{settings:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
