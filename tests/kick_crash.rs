@@ -88,8 +88,7 @@ fn a_kick_is_delivered_at_most_once_more_after_a_sigkill_at_any_point() {
         child(point, Path::new(dir));
     }
     for point in POINTS {
-        let dir = std::env::temp_dir().join(format!("pk-kick-crash-{point}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = support::scratch_path(&format!("kick-crash-{point}"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut process = Command::new(std::env::current_exe().unwrap())
             .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])

@@ -15,9 +15,7 @@ mod support;
 use support::Recorder;
 
 fn cache_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pk-pgkick-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    support::scratch_path(&format!("pgkick-{name}"))
 }
 
 /// The `kick.postgresql.*` keys for `pg`, read as puppet_kicker.yaml is.

@@ -14,9 +14,7 @@ mod support;
 use support::Recorder;
 
 fn cache_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pk-kick-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    support::scratch_path(&format!("kick-{name}"))
 }
 
 fn process(dir: &Path, recorder: &Recorder) -> KickService {

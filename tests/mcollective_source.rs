@@ -29,6 +29,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod support;
+
 // ------------------------------------------------------------------ helpers
 
 /// A scratch master: confdir, vardir and a puppet_kicker.yaml.
@@ -38,8 +40,7 @@ struct Master {
 
 impl Master {
     fn new(name: &str, yaml: &str) -> Master {
-        let root = std::env::temp_dir().join(format!("pk-mco-source-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = support::scratch_path(&format!("mco-source-{name}"));
         std::fs::create_dir_all(root.join("etc")).unwrap();
         std::fs::write(root.join("etc/puppet_kicker.yaml"), yaml).unwrap();
         Master { root }

@@ -21,8 +21,7 @@ struct Master {
 
 impl Master {
     fn new(name: &str, config: &str) -> Master {
-        let root = std::env::temp_dir().join(format!("pk-service-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&root);
+        let root = support::scratch_path(&format!("service-{name}"));
         for dir in ["server_data/facts", "yaml/facts"] {
             support::copy_facts_as_of_now(&fixture(dir), &root.join("var").join(dir));
         }

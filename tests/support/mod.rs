@@ -44,6 +44,28 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Where a test's files go when they outlive the function that makes them (a kick
+/// service's cache dir, a master's root): `$TMPDIR/pk-tests/{pid}/{name}`, emptied,
+/// not created. They are left when the test process ends, for a look at a failure;
+/// a later test process removes those of every process that has exited. After
+/// `cargo test`, what is left is the last test binary's: the failed one, since
+/// `cargo test` stops at the first binary that fails.
+pub fn scratch_path(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let root = std::env::temp_dir().join("pk-tests");
+    SWEPT.call_once(|| {
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+            if pid.is_some_and(|pid| pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    });
+    let dir = root.join(std::process::id().to_string()).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
 /// A fresh directory `$TMPDIR/{name}-{pid}` for one test, removed with what it holds
 /// when dropped: at the test's end, passed or failed (declared before anything
 /// mounted in it, such as a [`Tmpfs`], it is dropped after).
@@ -147,8 +169,7 @@ pub fn fleet_report(
 /// `var/server_data/facts`, `yaml` as its `etc/puppet_kicker.yaml`. Puppet's settings
 /// for it (confdir and vardir; the caller adds the rest) and its root.
 pub fn scratch_master(dir: &str, yaml: &str) -> (puppet_kicker::config::PuppetSettings, PathBuf) {
-    let root = std::env::temp_dir().join(format!("{dir}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = scratch_path(dir);
     let facts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/puppet_cache/server_data/facts");
     copy_facts_as_of_now(&facts, &root.join("var/server_data/facts"));
     std::fs::create_dir_all(root.join("etc")).unwrap();
