@@ -171,6 +171,9 @@ class Part
     self.results_file = File.join(scratch, "#{key}.json")
     command = lock ? ['flock', STACK_LOCK, *self.command] : self.command
     FileUtils.mkdir_p(File.dirname(STACK_LOCK)) if lock
+    # What the parts before wrote (fleets of fact files) is flushed first, so that its
+    # writeback does not land in this part's fsyncs: a part's figures are its own.
+    system('sync')
     warn "==> #{title}: #{command.join(' ')}"
     started = monotonic
     tail = []
