@@ -74,8 +74,8 @@ impl Client {
 }
 
 impl Drop for Client {
-    /// Ends the session the way a client should (`Terminate`, the TLS close), so the
-    /// server's log has no "unexpected EOF" for a pool that shrinks.
+    /// Ends the session the way a client should (`Terminate`, the TLS close), as the
+    /// sync crate did, rather than by dropping the socket under the server.
     fn drop(&mut self) {
         drop(self.client.take());
         let connection = &mut self.connection;

@@ -271,7 +271,8 @@ impl PgStore {
             // One round trip. A failed UPDATE makes the COMMIT a rollback (PostgreSQL
             // answers COMMIT in a failed transaction with ROLLBACK, not an error): its
             // own error is the one that counts.
-            let (updated, committed) = session.client.run(|c| join(c.execute(update, &params), c.batch_execute("COMMIT")));
+            let (updated, committed) =
+                session.client.run(|c| join(c.execute(update, &params), c.batch_execute("COMMIT")));
             updated.map_err(|e| PgError::of(&e))?;
             committed.map_err(|e| PgError::of(&e))
         })();

@@ -56,12 +56,17 @@ impl std::error::Error for SchemaError {}
 /// Creates the schema's tables or brings them to [`SCHEMA_VERSION`], in one
 /// transaction.
 pub async fn migrate(client: &mut tokio_postgres::Client, schema: &str, writer: &str) -> Result<(), SchemaError> {
-    let fail =
-        |e: tokio_postgres::Error| SchemaError::Statement { schema: schema.to_string(), source: super::PgError::of(&e) };
+    let fail = |e: tokio_postgres::Error| SchemaError::Statement {
+        schema: schema.to_string(),
+        source: super::PgError::of(&e),
+    };
     let tx = client.transaction().await.map_err(fail)?;
     // One compiler at a time; released at the transaction's end.
-    tx.execute("SELECT pg_advisory_xact_lock(hashtext('puppet-kicker schema ' || $1))", &[&schema]).await.map_err(fail)?;
-    let exists = tx.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = $1", &[&schema]).await.map_err(fail)?;
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext('puppet-kicker schema ' || $1))", &[&schema])
+        .await
+        .map_err(fail)?;
+    let exists =
+        tx.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = $1", &[&schema]).await.map_err(fail)?;
     if exists.get::<_, i64>(0) == 0 {
         tx.batch_execute(&format!("CREATE SCHEMA \"{schema}\"")).await.map_err(fail)?;
     }
