@@ -545,7 +545,8 @@ sections = {
     reports/s over both for 30 s, at random times (a Poisson process with a fixed seed; one in
     ten kicks a role of 10 servers, which never report, so each keeps the servers that kicked
     it as causes), the time of `KickService::report`, with each compiler's own `kicks.msgpack`
-    and with one shared state, and the shared state's size at the end;
+    and with one shared state: three runs of each, alternating, each from an empty state, their
+    times pooled (each run's p99 is printed too), and the shared state's size at the end;
     then 10,000 due kicks (one report) sent by one compiler on its file, and by two compilers
     sharing the state: the time from due to every outcome saved, and each compiler's share.
   TEXT
