@@ -114,15 +114,26 @@ pub async fn migrate(client: &mut tokio_postgres::Client, schema: &str, writer: 
 /// The state's storage, set where it is not yet (not a change of the tables' shape:
 /// a module before it reads and writes the column the same). Compressed with lz4
 /// (PostgreSQL 14 and later, built with it, as Debian's and the PGDG packages are):
-/// a transaction writes the state whole, and lz4 makes the out-of-line chunks and the
-/// WAL a fraction of its size for little CPU, unlike pglz, which costs more than the
-/// bytes it saves. Without lz4 the column stays stored out of line, uncompressed.
+/// a transaction writes the state whole, and lz4 makes it a fraction of its size for
+/// little CPU, unlike pglz, which costs more than the bytes it saves. And kept in the
+/// row while it fits in a page once compressed (`STORAGE MAIN`, `toast_tuple_target`
+/// at its maximum), rather than in TOAST chunks: each transaction would otherwise
+/// write new chunks and their index entries, and read them back (a kicking report
+/// takes less with the state in the row, in runs of `cargo bench --bench
+/// shared_state` alternating the two). A larger state is still moved out of line.
+/// Without lz4 the column stays stored out of line, uncompressed.
 const STORAGE: &str = "DO $$
+DECLARE
+    state_table constant regclass := '\"{schema}\".kick_state'::regclass;
 BEGIN
-    IF (SELECT attcompression FROM pg_attribute
-        WHERE attrelid = '\"{schema}\".kick_state'::regclass AND attname = 'state') IS DISTINCT FROM 'l' THEN
-        ALTER TABLE \"{schema}\".kick_state ALTER COLUMN state SET COMPRESSION lz4,
-            ALTER COLUMN state SET STORAGE EXTENDED;
+    IF (SELECT attcompression FROM pg_attribute WHERE attrelid = state_table AND attname = 'state')
+        IS DISTINCT FROM 'l' THEN
+        ALTER TABLE \"{schema}\".kick_state ALTER COLUMN state SET COMPRESSION lz4;
+    END IF;
+    IF (SELECT attstorage FROM pg_attribute WHERE attrelid = state_table AND attname = 'state') <> 'm'
+        OR NOT coalesce((SELECT reloptions FROM pg_class WHERE oid = state_table)
+                        @> ARRAY['toast_tuple_target=8160'], false) THEN
+        ALTER TABLE \"{schema}\".kick_state ALTER COLUMN state SET STORAGE MAIN, SET (toast_tuple_target = 8160);
     END IF;
 EXCEPTION WHEN feature_not_supported OR syntax_error OR undefined_column THEN
     NULL;
