@@ -13,10 +13,9 @@
 //!     before); shared: both on one state in PostgreSQL. Three runs of each, local
 //!     and shared alternating, each from an empty state, their times pooled (the
 //!     p99 of one run is its third-slowest kicking report; each run's is printed
-//!     too). The goal: p99 ≤ 2 ms. The
-//!     load balancers never report, so each kick keeps the servers that kicked it as
-//!     causes (16 named, the rest counted): the shared state's size at the end is
-//!     printed.
+//!     too). The goal: p99 ≤ 2 ms. The load balancers never report, so each kick
+//!     keeps the servers that kicked it as causes (16 named, the rest counted): the
+//!     shared state's size at the end is printed, and how PostgreSQL stores it.
 //! (2) **10,000 due kicks claimed and dispatched by two compilers.** One report
 //!     kicks a role of 10,000 servers (the budget raised for it), due one second
 //!     later; both compilers' dispatchers wake for them. The time from the due time
@@ -53,6 +52,15 @@ const SECONDS: u64 = 30;
 /// to run by more than the difference between the states.
 const RUNS: usize = 3;
 const BALANCERS: usize = 10;
+
+/// One state's times over the runs of (1): its kicking and other reports' pooled,
+/// and each run's kicking p99.
+#[derive(Default)]
+struct Pooled {
+    kicking: Vec<Duration>,
+    quiet: Vec<Duration>,
+    each_p99: Vec<Duration>,
+}
 const DUE_KICKS: usize = 10_000;
 
 /// Answers every `runonce` at once, "started", and counts them by target.
@@ -321,8 +329,7 @@ fn main() {
     let only_due = only.as_deref() == Some("due");
     let mut shared_size = None;
     let kinds: &[&str] = if only_due { &[] } else { &["local", "postgresql"] };
-    // Per state: the kicking and the other reports' times, pooled; each run's p99.
-    let mut pooled: BTreeMap<&str, (Vec<Duration>, Vec<Duration>, Vec<Duration>)> = BTreeMap::new();
+    let mut pooled: BTreeMap<&str, Pooled> = BTreeMap::new();
     for run in 0..RUNS {
         for &kind in kinds {
             let (a_dir, b_dir) = (scratch(&format!("{kind}-a")), scratch(&format!("{kind}-b")));
@@ -339,9 +346,9 @@ fn main() {
             let (mut kicking, quiet) = per_report(&compilers);
             let this_run = percentile(&mut kicking, 0.99);
             let entry = pooled.entry(kind).or_default();
-            entry.0.extend(kicking);
-            entry.1.extend(quiet);
-            entry.2.push(this_run);
+            entry.kicking.extend(kicking);
+            entry.quiet.extend(quiet);
+            entry.each_p99.push(this_run);
             drop(compilers);
             let _ = std::fs::remove_dir_all(a_dir);
             let _ = std::fs::remove_dir_all(b_dir);
@@ -358,7 +365,7 @@ fn main() {
         }
     }
     for &kind in kinds {
-        let (kicking, quiet, _) = pooled.get_mut(kind).expect("each state ran");
+        let Pooled { kicking, quiet, .. } = pooled.get_mut(kind).expect("each state ran");
         let (k50, k99) = (percentile(kicking, 0.5), percentile(kicking, 0.99));
         let (q50, q99) = (percentile(quiet, 0.5), percentile(quiet, 0.99));
         println!("| {kind} | {} | {} | {} | {} |", ms(k50), ms(k99), ms(q50), ms(q99));
@@ -367,7 +374,7 @@ fn main() {
         }
     }
     if !kinds.is_empty() {
-        let each = |kind: &str| pooled[kind].2.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(", ");
+        let each = |kind: &str| pooled[kind].each_p99.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(", ");
         println!(
             "\nThe times of {RUNS} runs of {SECONDS} s each, local and shared alternating (each from an empty state), pooled. \
              The kicking reports' p99 of each run alone: local {}; postgresql {}.",
