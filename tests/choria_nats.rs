@@ -183,14 +183,37 @@ fn kicks_sent_at_once_share_requests_and_each_gets_its_own_servers_outcome() {
     let nats = NatsServer::start("batched", None);
     let responder = Responder::start(&nats.broker());
     let choria = transport(&config(&nats.broker(), json!({})));
-    // 24 sending threads at once, as the dispatcher's are: started, busy, silent and
-    // forged servers mixed, so that requests shared by several of them carry them all.
-    let targets: Vec<String> = (0..24)
+    // Whether kicks share a request depends on how the threads are scheduled: on a
+    // loaded machine each may take the signing turn before the next one queues. A
+    // round where none shared proves nothing about shared requests, so it is run
+    // again (with other servers), up to ROUNDS times; every round's outcomes are
+    // checked all the same.
+    const ROUNDS: usize = 5;
+    let mut shared_in = None;
+    for round in 0..ROUNDS {
+        let requests = kick_at_once(&choria, &responder, round);
+        if requests < KICKS_AT_ONCE {
+            shared_in = Some((round, requests));
+            break;
+        }
+    }
+    assert!(shared_in.is_some(), "in {ROUNDS} rounds of {KICKS_AT_ONCE} kicks at once, no request was shared");
+    assert!(responder.refused().is_empty(), "{:?}", responder.refused());
+}
+
+const KICKS_AT_ONCE: usize = 24;
+
+/// One round of [`KICKS_AT_ONCE`] sending threads at once, as the dispatcher's are:
+/// started, busy, silent and forged servers mixed, so that requests shared by
+/// several of them carry them all. Asserts each kick's outcome and that each server
+/// got its kick once; returns how many requests carried them.
+fn kick_at_once(choria: &ChoriaTransport, responder: &Responder, round: usize) -> usize {
+    let targets: Vec<String> = (0..KICKS_AT_ONCE)
         .map(|i| match i % 8 {
-            0 | 4 => format!("busy.rack{i}.example.com"),
-            3 => format!("silent.rack{i}.example.com"),
-            6 => format!("badhash.rack{i}.example.com"),
-            _ => format!("web{i}.example.com"),
+            0 | 4 => format!("busy.rack{i}-{round}.example.com"),
+            3 => format!("silent.rack{i}-{round}.example.com"),
+            6 => format!("badhash.rack{i}-{round}.example.com"),
+            _ => format!("web{i}-{round}.example.com"),
         })
         .collect();
     let start = std::sync::Barrier::new(targets.len());
@@ -198,7 +221,7 @@ fn kicks_sent_at_once_share_requests_and_each_gets_its_own_servers_outcome() {
         let threads: Vec<_> = targets
             .iter()
             .map(|target| {
-                let (choria, start) = (&choria, &start);
+                let start = &start;
                 s.spawn(move || {
                     start.wait();
                     (target.clone(), kick(choria, target))
@@ -221,16 +244,14 @@ fn kicks_sent_at_once_share_requests_and_each_gets_its_own_servers_outcome() {
             (_, other) => panic!("{target}: {other:?}"),
         }
     }
-    // Each server got its kick once; the requests were fewer than the kicks.
-    let seen = responder.seen();
+    // Each server got its kick once.
+    let seen: Vec<_> = responder.seen().into_iter().filter(|s| targets.contains(&s.identity)).collect();
     let mut identities: Vec<&str> = seen.iter().map(|s| s.identity.as_str()).collect();
     identities.sort_unstable();
     let mut expected: Vec<&str> = targets.iter().map(String::as_str).collect();
     expected.sort_unstable();
-    assert_eq!(identities, expected);
-    let requests: std::collections::BTreeSet<&str> = seen.iter().map(|s| s.requestid.as_str()).collect();
-    assert!(requests.len() < targets.len(), "{} requests for {} kicks", requests.len(), targets.len());
-    assert!(responder.refused().is_empty(), "{:?}", responder.refused());
+    assert_eq!(identities, expected, "round {round}");
+    seen.iter().map(|s| s.requestid.as_str()).collect::<std::collections::BTreeSet<_>>().len()
 }
 
 #[test]
