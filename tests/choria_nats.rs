@@ -192,6 +192,7 @@ fn kicks_sent_at_once_share_requests_and_each_gets_its_own_servers_outcome() {
     let mut shared_in = None;
     for round in 0..ROUNDS {
         let requests = kick_at_once(&choria, &responder, round);
+        eprintln!("round {round}: {requests} requests for {KICKS_AT_ONCE} kicks");
         if requests < KICKS_AT_ONCE {
             shared_in = Some((round, requests));
             break;
