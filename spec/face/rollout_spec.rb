@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require 'socket'
+require 'yaml'
 require_relative 'face_helper'
 
 describe 'puppet kicker rollout', type: :face do
@@ -65,7 +67,19 @@ describe 'puppet kicker rollout', type: :face do
   end
 
   context 'run, with a broker that cannot be reached' do
-    before(:all) { @dir = ScratchMaster.create }
+    before(:all) do
+      # The scratch master's own client.cfg and a broker port nothing listens on, not
+      # whatever mcollective configuration the machine has.
+      closed = TCPServer.new('127.0.0.1', 0)
+      port = closed.addr[1]
+      closed.close
+      @dir = ScratchMaster.create
+      File.write(File.join(@dir, 'client.cfg'), "connector = rabbitmq\nplugin.psk = k\n")
+      config = File.join(@dir, 'puppet_kicker.yaml')
+      mcollective = { 'client_config' => File.join(@dir, 'client.cfg'), 'pool' => ["127.0.0.1:#{port}"],
+                      'connect_timeout' => 2, }
+      File.write(config, YAML.load_file(config).merge('mcollective' => mcollective).to_yaml)
+    end
 
     it 'stops before running anything, says why, and exits 2' do
       run = kicker(@dir, 'rollout', 'run', '--batch', '2')
