@@ -172,10 +172,17 @@ module SharedStateE2E
     end
 
     # A query of the kick state's PostgreSQL cluster, as its superuser (over its socket).
+    # Its answer is stdout alone, run from / : as postgres, psql warns on stderr when
+    # it cannot enter the working directory (a clone under /root).
     def psql(query)
-      sh('runuser', '-u', 'postgres', '--', '/usr/lib/postgresql/15/bin/psql', '-X', '-tA', '-v', 'ON_ERROR_STOP=1',
-         '-h', File.join(ENV.fetch('PK_PUPPETDB_DIR'), 'postgresql', 'run'), '-p', ENV.fetch('PK_PUPPETDB_PG_PORT'),
-         '-U', 'postgres', '-d', 'puppet_kicker', '-c', query).strip
+      out, err, status = Open3.capture3(
+        'runuser', '-u', 'postgres', '--', '/usr/lib/postgresql/15/bin/psql', '-X', '-tA', '-v', 'ON_ERROR_STOP=1',
+        '-h', File.join(ENV.fetch('PK_PUPPETDB_DIR'), 'postgresql', 'run'), '-p', ENV.fetch('PK_PUPPETDB_PG_PORT'),
+        '-U', 'postgres', '-d', 'puppet_kicker', '-c', query, chdir: '/'
+      )
+      raise "psql #{query.inspect} failed (#{status}):\n#{err}" unless status.success?
+
+      out.strip
     end
 
     # The pid in a pid file of the compilers or of the stack.
