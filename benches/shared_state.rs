@@ -52,6 +52,7 @@ const SECONDS: u64 = 30;
 /// to run by more than the difference between the states.
 const RUNS: usize = 3;
 const BALANCERS: usize = 10;
+const DUE_KICKS: usize = 10_000;
 
 /// One state's times over the runs of (1): its kicking and other reports' pooled,
 /// and each run's kicking p99.
@@ -61,7 +62,6 @@ struct Pooled {
     quiet: Vec<Duration>,
     each_p99: Vec<Duration>,
 }
-const DUE_KICKS: usize = 10_000;
 
 /// Answers every `runonce` at once, "started", and counts them by target.
 #[derive(Clone, Default)]
